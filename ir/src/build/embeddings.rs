@@ -1,0 +1,49 @@
+//! Token, position and segment embeddings.
+
+use super::{Builder, seq};
+use crate::dtype::DType;
+use crate::graph::{GraphError, Value};
+use crate::op::{Init, Op};
+use crate::shape::{Shape, TensorType};
+use crate::spec::{NormPlacement, PositionEncoding};
+
+impl Builder<'_> {
+    /// `[batch, seq, hidden]` embeddings of the input tokens.
+    ///
+    /// word (+ learned position) (+ token type), then LayerNorm (post-norm
+    /// models only: Megatron-BERT has none here), dropout, and for ALBERT's
+    /// factorised embeddings a projection from E to `hidden`.
+    pub(super) fn embeddings(&mut self) -> Result<Value, GraphError> {
+        let spec = self.spec;
+        let e = spec.embedding_width();
+        let input_ids = self.token_input("input_ids")?;
+        let normal = self.normal();
+        let word_table = self.param("embeddings.word.weight", &[spec.vocab_size, e], normal.clone())?;
+        let mut x = self.graph.add("embeddings.word", Op::Embedding, &[word_table, input_ids])?;
+        if spec.position == PositionEncoding::Learned {
+            let ids = TensorType::new(Shape(vec![seq()]), DType::I64);
+            let positions = self.graph.source("embeddings.position_ids", Op::Arange, ids)?;
+            let table = self.param("embeddings.position.weight", &[spec.max_position, e], normal.clone())?;
+            let pos = self.graph.add("embeddings.position", Op::Embedding, &[table, positions])?;
+            x = self.graph.add("embeddings.with_position", Op::Add, &[x, pos])?;
+        }
+        if spec.type_vocab > 0 {
+            let token_types = self.token_input("token_type_ids")?;
+            let table = self.param("embeddings.token_type.weight", &[spec.type_vocab, e], normal.clone())?;
+            let types = self.graph.add("embeddings.token_type", Op::Embedding, &[table, token_types])?;
+            x = self.graph.add("embeddings.with_token_type", Op::Add, &[x, types])?;
+        }
+        if spec.norm == NormPlacement::Post {
+            let gamma = self.param("embeddings.norm.gamma", &[e], Init::Ones)?;
+            let beta = self.param("embeddings.norm.beta", &[e], Init::Zeros)?;
+            x = self.layer_norm("embeddings.norm", x, gamma, beta)?;
+        }
+        x = self.dropout("embeddings.dropout", x, spec.hidden_dropout)?;
+        if e != spec.hidden {
+            let w = self.param("embeddings.project.weight", &[spec.hidden, e], normal)?;
+            let b = self.param("embeddings.project.bias", &[spec.hidden], Init::Zeros)?;
+            x = self.linear("embeddings.project", x, w, Some(b))?;
+        }
+        Ok(x)
+    }
+}

@@ -1,0 +1,209 @@
+//! The dataflow graph: typed ops on a petgraph [`StableGraph`].
+//!
+//! Nodes hold an op, a readable unique name (`layer3.attn.q`) and the types of
+//! their outputs; an edge from producer to consumer says which output feeds
+//! which operand. The edges are the only record of operands, so petgraph's
+//! algorithms (toposort, reachability) see exactly what the passes see.
+//! `StableGraph` keeps node indices valid when passes remove nodes.
+
+use petgraph::Direction;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::EdgeRef;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use crate::infer::infer;
+use crate::op::{Init, Op};
+use crate::shape::TensorType;
+
+/// One output of one node: what an operand refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value {
+    pub node: NodeIndex,
+    pub output: u32,
+}
+
+/// A node of the graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    pub outputs: Vec<TensorType>,
+}
+
+/// An edge: output `output` of the source feeds operand `operand` of the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operand {
+    pub output: u32,
+    pub operand: u32,
+}
+
+/// An error raised while adding a node; it names the node.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("node `{node}` ({op}): {message}")]
+pub struct GraphError {
+    pub node: String,
+    pub op: &'static str,
+    pub message: String,
+}
+
+/// A dataflow graph with named outputs (the loss, logits…).
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: String,
+    pub(crate) graph: StableGraph<Node, Operand>,
+    pub(crate) by_name: HashMap<String, NodeIndex>,
+    /// The graph's results, by name, in the order they were declared.
+    pub outputs: Vec<(String, Value)>,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph { name: name.into(), ..Graph::default() }
+    }
+
+    /// Adds a node after inferring its output types from its operands.
+    ///
+    /// Source ops take their type from `declared`; other ops must pass an
+    /// empty `declared`. Names must be unique.
+    pub fn add_node(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        operands: &[Value],
+        declared: Vec<TensorType>,
+    ) -> Result<NodeIndex, GraphError> {
+        let name = name.into();
+        let fail = |message: String| GraphError { node: name.clone(), op: op.name(), message };
+        if self.by_name.contains_key(&name) {
+            return Err(fail("a node of this name already exists".into()));
+        }
+        if !op.is_source() && !declared.is_empty() {
+            return Err(fail("only sources declare their type".into()));
+        }
+        let types: Vec<&TensorType> = operands
+            .iter()
+            .map(|v| self.try_type(*v).ok_or_else(|| fail(format!("operand {v:?} does not exist"))))
+            .collect::<Result<_, _>>()?;
+        let outputs = infer(&op, &types, &declared).map_err(fail)?;
+        let index = self.graph.add_node(Node { name: name.clone(), op, outputs });
+        for (i, v) in operands.iter().enumerate() {
+            self.graph.add_edge(v.node, index, Operand { output: v.output, operand: i as u32 });
+        }
+        self.by_name.insert(name, index);
+        Ok(index)
+    }
+
+    /// Adds a single-output node and returns its value.
+    pub fn add(&mut self, name: impl Into<String>, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
+        let node = self.add_node(name, op, operands, Vec::new())?;
+        Ok(Value { node, output: 0 })
+    }
+
+    /// Adds a multi-output node (`split`) and returns all its values.
+    pub fn add_multi(&mut self, name: impl Into<String>, op: Op, operands: &[Value]) -> Result<Vec<Value>, GraphError> {
+        let node = self.add_node(name, op, operands, Vec::new())?;
+        Ok((0..self.graph[node].outputs.len() as u32).map(|output| Value { node, output }).collect())
+    }
+
+    pub fn input(&mut self, name: impl Into<String>, ty: TensorType) -> Result<Value, GraphError> {
+        self.source(name, Op::Input, ty)
+    }
+
+    pub fn param(&mut self, name: impl Into<String>, ty: TensorType, init: Init) -> Result<Value, GraphError> {
+        self.source(name, Op::Param { init }, ty)
+    }
+
+    pub fn source(&mut self, name: impl Into<String>, op: Op, ty: TensorType) -> Result<Value, GraphError> {
+        let node = self.add_node(name, op, &[], vec![ty])?;
+        Ok(Value { node, output: 0 })
+    }
+
+    /// Declares a named result of the graph.
+    pub fn set_output(&mut self, name: impl Into<String>, value: Value) {
+        self.outputs.push((name.into(), value));
+    }
+
+    pub fn node(&self, index: NodeIndex) -> &Node {
+        &self.graph[index]
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeIndex> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    /// The underlying petgraph, for passes that use its algorithms.
+    pub fn petgraph(&self) -> &StableGraph<Node, Operand> {
+        &self.graph
+    }
+
+    pub fn value_type(&self, v: Value) -> &TensorType {
+        &self.graph[v.node].outputs[v.output as usize]
+    }
+
+    fn try_type(&self, v: Value) -> Option<&TensorType> {
+        self.graph.node_weight(v.node)?.outputs.get(v.output as usize)
+    }
+
+    /// The operands of a node, in operand order.
+    pub fn operands(&self, index: NodeIndex) -> Vec<Value> {
+        let mut edges: Vec<(u32, Value)> = self
+            .graph
+            .edges_directed(index, Direction::Incoming)
+            .map(|e| (e.weight().operand, Value { node: e.source(), output: e.weight().output }))
+            .collect();
+        edges.sort_by_key(|(i, _)| *i);
+        edges.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Nodes in a deterministic topological order: among ready nodes, the one
+    /// added first goes first. `None` if the graph has a cycle.
+    pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
+        let mut pending: HashMap<NodeIndex, usize> = self
+            .graph
+            .node_indices()
+            .map(|n| (n, self.graph.edges_directed(n, Direction::Incoming).count()))
+            .collect();
+        let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex>> =
+            pending.iter().filter(|(_, c)| **c == 0).map(|(n, _)| std::cmp::Reverse(*n)).collect();
+        let mut order = Vec::with_capacity(pending.len());
+        while let Some(std::cmp::Reverse(n)) = ready.pop() {
+            order.push(n);
+            for e in self.graph.edges_directed(n, Direction::Outgoing) {
+                let count = pending.get_mut(&e.target()).expect("edge to a live node");
+                *count -= 1;
+                if *count == 0 {
+                    ready.push(std::cmp::Reverse(e.target()));
+                }
+            }
+        }
+        (order.len() == self.graph.node_count()).then_some(order)
+    }
+
+    /// Parameter nodes, in topological order.
+    pub fn params(&self) -> Vec<NodeIndex> {
+        let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
+        order.into_iter().filter(|n| matches!(self.graph[*n].op, Op::Param { .. })).collect()
+    }
+
+    /// The number of trainable scalars: each parameter node counted once,
+    /// however many ops use it (shared weights count once).
+    pub fn parameter_count(&self) -> u64 {
+        self.params()
+            .iter()
+            .filter_map(|n| self.graph[*n].outputs[0].shape.numel().as_constant())
+            .sum()
+    }
+
+    /// How many nodes of each op, by op name.
+    pub fn op_histogram(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for n in self.graph.node_indices() {
+            *counts.entry(self.graph[n].op.name()).or_default() += 1;
+        }
+        counts
+    }
+}

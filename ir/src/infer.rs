@@ -1,0 +1,325 @@
+//! Type inference: the typing rule of every op.
+//!
+//! [`infer`] computes an op's output types from its operand types. The graph
+//! calls it when a node is added, and the verifier calls it again to check
+//! that stored types still agree. Errors are sentences that name the operands
+//! and the mismatch; the caller prefixes the node's name.
+
+use crate::dtype::DType;
+use crate::op::Op;
+use crate::shape::{Dim, Shape, TensorType};
+
+/// The output types of `op` applied to operands of types `operands`.
+///
+/// Source ops (inputs, parameters, `arange`) have no operands: their type is
+/// `declared`, which is checked here for what the op requires.
+pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    if !op.arity().accepts(operands.len()) {
+        return Err(format!("{} takes {} operands, got {}", op.name(), op.arity(), operands.len()));
+    }
+    let one = |t: TensorType| Ok(vec![t]);
+    match op {
+        Op::Input => one(single_declared(op, declared)?),
+        Op::Param { .. } => {
+            let t = single_declared(op, declared)?;
+            require_float("the parameter", &t)?;
+            if let Some(d) = t.shape.dims().iter().find(|d| d.as_constant().is_none()) {
+                return Err(format!("parameters have constant shapes, but dimension `{d}` of {t} is symbolic"));
+            }
+            one(t)
+        }
+        Op::Arange => {
+            let t = single_declared(op, declared)?;
+            if t.shape.rank() != 1 || !t.dtype.is_int() {
+                return Err(format!("arange produces a rank-1 integer tensor, not {t}"));
+            }
+            one(t)
+        }
+        Op::Embedding => {
+            let (table, ids) = (operands[0], operands[1]);
+            require_float("the embedding table", table)?;
+            if table.shape.rank() != 2 {
+                return Err(format!("the embedding table must be [rows, width], got {table}"));
+            }
+            if !ids.dtype.is_int() {
+                return Err(format!("embedding ids must be integers, got {ids}"));
+            }
+            let mut dims = ids.shape.0.clone();
+            dims.push(table.shape.0[1].clone());
+            one(TensorType::new(Shape(dims), table.dtype))
+        }
+        Op::MatMul { transpose_a, transpose_b } => matmul(operands[0], operands[1], *transpose_a, *transpose_b),
+        Op::Add | Op::Sub | Op::Mul => {
+            let (a, b) = (operands[0], operands[1]);
+            require_same_dtype(a, b)?;
+            let shape = broadcast(&a.shape, &b.shape)
+                .ok_or_else(|| format!("shapes {} and {} do not broadcast", a.shape, b.shape))?;
+            one(TensorType::new(shape, a.dtype))
+        }
+        Op::Scale { .. } | Op::Gelu { .. } | Op::Silu | Op::Relu | Op::Tanh | Op::Softmax => {
+            require_float("the operand", operands[0])?;
+            one(operands[0].clone())
+        }
+        Op::Dropout { p, .. } => {
+            require_float("the operand", operands[0])?;
+            if !(0.0..1.0).contains(p) {
+                return Err(format!("dropout probability must be in [0, 1), got {p}"));
+            }
+            one(operands[0].clone())
+        }
+        Op::Cast { to } => one(TensorType::new(operands[0].shape.clone(), *to)),
+        Op::LayerNorm { eps } => {
+            let (x, gamma, beta) = (operands[0], operands[1], operands[2]);
+            require_float("the operand", x)?;
+            if !(*eps > 0.0) {
+                return Err(format!("layer_norm eps must be positive, got {eps}"));
+            }
+            let width = x.shape.last().ok_or("layer_norm needs an operand of rank ≥ 1, got a scalar")?;
+            for (what, t) in [("gamma", gamma), ("beta", beta)] {
+                require_same_dtype(x, t)?;
+                if t.shape.dims() != [width.clone()] {
+                    return Err(format!("{what} must be [{width}] to match the rows of {x}, got {t}"));
+                }
+            }
+            one(x.clone())
+        }
+        Op::AttentionMask => {
+            let (scores, mask) = (operands[0], operands[1]);
+            require_float("the scores", scores)?;
+            let [b, _, _, sk] = scores4(scores)?;
+            if !mask.dtype.is_int() || mask.shape.dims() != [b.clone(), sk.clone()] {
+                return Err(format!("the mask must be an integer [{b}, {sk}] for scores {scores}, got {mask}"));
+            }
+            one(scores.clone())
+        }
+        Op::AlibiBias => {
+            let scores = operands[0];
+            require_float("the scores", scores)?;
+            let [_, h, _, _] = scores4(scores)?;
+            if h.as_constant().is_none() {
+                return Err(format!("alibi_bias needs a constant head count, got `{h}`"));
+            }
+            one(scores.clone())
+        }
+        Op::Reshape { shape } => {
+            let x = operands[0];
+            if x.shape.numel() != shape.numel() {
+                return Err(format!(
+                    "cannot reshape {} ({} elements) to {shape} ({} elements)",
+                    x.shape,
+                    x.shape.numel(),
+                    shape.numel()
+                ));
+            }
+            one(TensorType::new(shape.clone(), x.dtype))
+        }
+        Op::Transpose { perm } => {
+            let x = operands[0];
+            let mut seen = vec![false; x.shape.rank()];
+            let valid = perm.len() == x.shape.rank()
+                && perm.iter().all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+            if !valid {
+                return Err(format!("{perm:?} is not a permutation of the {} axes of {x}", x.shape.rank()));
+            }
+            let dims = perm.iter().map(|&p| x.shape.0[p].clone()).collect();
+            one(TensorType::new(Shape(dims), x.dtype))
+        }
+        Op::Split { axis, sizes } => {
+            let x = operands[0];
+            let dim = axis_dim(x, *axis)?;
+            let total: u64 = sizes.iter().sum();
+            if sizes.is_empty() || sizes.contains(&0) || dim.as_constant() != Some(total) {
+                return Err(format!("split sizes {sizes:?} must be positive and sum to axis {axis} of {x}"));
+            }
+            Ok(sizes
+                .iter()
+                .map(|&s| {
+                    let mut dims = x.shape.0.clone();
+                    dims[*axis] = Dim::constant(s);
+                    TensorType::new(Shape(dims), x.dtype)
+                })
+                .collect())
+        }
+        Op::Slice { axis, start, len } => {
+            let x = operands[0];
+            let dim = axis_dim(x, *axis)?;
+            // A symbolic axis is checked when its symbols are bound.
+            let fits = dim.as_constant().is_none_or(|n| start.checked_add(*len).is_some_and(|end| end <= n));
+            if *len == 0 || !fits {
+                return Err(format!("slice [{start}, {start}+{len}) is out of axis {axis} of {x}"));
+            }
+            let mut dims = x.shape.0.clone();
+            dims[*axis] = Dim::constant(*len);
+            one(TensorType::new(Shape(dims), x.dtype))
+        }
+        Op::Concat { axis } => concat(operands, *axis),
+        Op::CrossEntropy { .. } => {
+            let (logits, labels) = (operands[0], operands[1]);
+            require_float("the logits", logits)?;
+            let n = match logits.shape.dims() {
+                [n, _] => n,
+                _ => return Err(format!("cross_entropy logits must be [rows, classes], got {logits}")),
+            };
+            if !labels.dtype.is_int() || labels.shape.dims() != [n.clone()] {
+                return Err(format!("cross_entropy labels must be integer [{n}] for logits {logits}, got {labels}"));
+            }
+            one(TensorType::new(Shape::scalar(), DType::F32))
+        }
+        Op::Mse => {
+            let (prediction, target) = (operands[0], operands[1]);
+            require_float("the prediction", prediction)?;
+            require_same_dtype(prediction, target)?;
+            if prediction.shape.rank() != 1 || prediction.shape != target.shape {
+                return Err(format!("mse needs two rank-1 tensors of one shape, got {prediction} and {target}"));
+            }
+            one(TensorType::new(Shape::scalar(), DType::F32))
+        }
+    }
+}
+
+fn single_declared(op: &Op, declared: &[TensorType]) -> Result<TensorType, String> {
+    match declared {
+        [t] => Ok(t.clone()),
+        _ => Err(format!("{} declares exactly one output type, got {}", op.name(), declared.len())),
+    }
+}
+
+fn require_float(what: &str, t: &TensorType) -> Result<(), String> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("{what} must be a float tensor, got {t}"))
+    }
+}
+
+fn require_same_dtype(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(format!("dtypes differ: {a} and {b} (insert a cast)"))
+    }
+}
+
+fn axis_dim(x: &TensorType, axis: usize) -> Result<&Dim, String> {
+    x.shape.dims().get(axis).ok_or_else(|| format!("axis {axis} is out of range for {x}"))
+}
+
+fn scores4(scores: &TensorType) -> Result<[Dim; 4], String> {
+    <[Dim; 4]>::try_from(scores.shape.0.clone())
+        .map_err(|_| format!("attention scores must be [batch, heads, query, key], got {scores}"))
+}
+
+/// NumPy broadcasting: align from the right; each pair is equal or has a 1.
+pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
+    let rank = a.rank().max(b.rank());
+    let at = |s: &Shape, i: usize| {
+        (i + s.rank()).checked_sub(rank).map_or(Dim::constant(1), |j| s.0[j].clone())
+    };
+    let mut dims = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (x, y) = (at(a, i), at(b, i));
+        dims.push(if x == y || y.is_one() {
+            x
+        } else if x.is_one() {
+            y
+        } else {
+            return None;
+        });
+    }
+    Some(Shape(dims))
+}
+
+fn matmul(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<Vec<TensorType>, String> {
+    require_float("matmul's left operand", a)?;
+    require_same_dtype(a, b)?;
+    if a.shape.rank() < 2 || b.shape.rank() < 2 {
+        return Err(format!("matmul operands need rank ≥ 2, got {a} and {b}"));
+    }
+    let last_two = |s: &Shape, t: bool| {
+        let n = s.rank();
+        let (r, c) = (s.0[n - 2].clone(), s.0[n - 1].clone());
+        if t { (c, r) } else { (r, c) }
+    };
+    let (m, k) = last_two(&a.shape, ta);
+    let (k2, n) = last_two(&b.shape, tb);
+    if k != k2 {
+        return Err(format!("inner dimensions differ: {a} contributes K = {k}, {b} contributes K = {k2}"));
+    }
+    let batch_a = Shape(a.shape.0[..a.shape.rank() - 2].to_vec());
+    let batch_b = Shape(b.shape.0[..b.shape.rank() - 2].to_vec());
+    let mut batch = broadcast(&batch_a, &batch_b)
+        .ok_or_else(|| format!("batch dimensions {batch_a} and {batch_b} do not broadcast"))?;
+    batch.0.push(m);
+    batch.0.push(n);
+    Ok(vec![TensorType::new(batch, a.dtype)])
+}
+
+fn concat(operands: &[&TensorType], axis: usize) -> Result<Vec<TensorType>, String> {
+    let first = operands[0];
+    axis_dim(first, axis)?;
+    let mut total = Dim::constant(0);
+    for t in operands {
+        let same_elsewhere = t.shape.rank() == first.shape.rank()
+            && t.dtype == first.dtype
+            && (0..first.shape.rank()).all(|i| i == axis || t.shape.0[i] == first.shape.0[i]);
+        if !same_elsewhere {
+            return Err(format!("concat operands must agree except on axis {axis}: {first} and {t}"));
+        }
+        total = total
+            .checked_add(&t.shape.0[axis])
+            .ok_or_else(|| format!("axis {axis} sizes cannot be added symbolically: {total} + {}", t.shape.0[axis]))?;
+    }
+    let mut dims = first.shape.0.clone();
+    dims[axis] = total;
+    Ok(vec![TensorType::new(Shape(dims), first.dtype)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape;
+
+    fn t(shape: Shape, dtype: DType) -> TensorType {
+        TensorType::new(shape, dtype)
+    }
+
+    #[test]
+    fn matmul_broadcasts_batch_and_checks_k() {
+        let x = t(shape![Dim::symbol("batch"), Dim::symbol("seq"), 64], DType::F32);
+        let w = t(shape![64, 32], DType::F32);
+        let op = Op::MatMul { transpose_a: false, transpose_b: false };
+        let out = infer(&op, &[&x, &w], &[]).unwrap();
+        assert_eq!(out[0].to_string(), "f32[batch, seq, 32]");
+        let bad = t(shape![32, 64], DType::F32);
+        let err = infer(&op, &[&x, &bad], &[]).unwrap_err();
+        assert!(err.contains("K = 64") && err.contains("K = 32"), "{err}");
+        let tb = Op::MatMul { transpose_a: false, transpose_b: true };
+        assert_eq!(infer(&tb, &[&x, &bad], &[]).unwrap()[0].shape, shape![Dim::symbol("batch"), Dim::symbol("seq"), 32]);
+    }
+
+    #[test]
+    fn reshape_checks_symbolic_element_counts() {
+        let x = t(shape![Dim::symbol("batch"), Dim::symbol("seq"), 12], DType::F32);
+        let flat = Op::Reshape { shape: shape!["batch*seq".parse::<Dim>().unwrap(), 12] };
+        assert!(infer(&flat, &[&x], &[]).is_ok());
+        let wrong = Op::Reshape { shape: shape![Dim::symbol("batch"), 12] };
+        assert!(infer(&wrong, &[&x], &[]).unwrap_err().contains("cannot reshape"));
+    }
+
+    #[test]
+    fn split_and_concat_are_inverse_in_type() {
+        let x = t(shape![Dim::symbol("seq"), 96], DType::BF16);
+        let parts = infer(&Op::Split { axis: 1, sizes: vec![32, 64] }, &[&x], &[]).unwrap();
+        assert_eq!(parts.len(), 2);
+        let refs: Vec<&TensorType> = parts.iter().collect();
+        assert_eq!(infer(&Op::Concat { axis: 1 }, &refs, &[]).unwrap()[0], x);
+    }
+
+    #[test]
+    fn dtype_mismatch_names_both_sides() {
+        let a = t(shape![4], DType::F32);
+        let b = t(shape![4], DType::BF16);
+        let err = infer(&Op::Add, &[&a, &b], &[]).unwrap_err();
+        assert!(err.contains("f32[4]") && err.contains("bf16[4]"), "{err}");
+    }
+}

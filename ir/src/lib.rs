@@ -1,0 +1,28 @@
+//! zeroplan's intermediate representations and model specs.
+//!
+//! - [`Graph`]: the dataflow graph of typed ops ([`Op`]), on petgraph, with a
+//!   verifier ([`Graph::verify`]), a stable text form ([`Graph::to_text`]) and
+//!   RON files ([`Graph::to_ron`], [`Graph::from_ron`]).
+//! - [`spec`]: BERT-family model specs, read from RON or a Hugging Face
+//!   `config.json`, validated with errors that point into the file.
+//! - [`build`]: a spec to the forward graph with its task head and loss.
+//!
+//! This crate knows nothing of passes, backends or devices.
+
+pub mod build;
+pub mod dtype;
+pub mod graph;
+pub mod infer;
+pub mod op;
+mod serial;
+pub mod shape;
+pub mod spec;
+mod text;
+mod verify;
+
+pub use dtype::DType;
+pub use graph::{Graph, GraphError, Node, Operand, Value};
+pub use op::{GeluApproximation, Init, Op};
+pub use serial::GraphFileError;
+pub use shape::{Bindings, Dim, Shape, TensorType};
+pub use verify::VerifyError;

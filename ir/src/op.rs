@@ -1,0 +1,252 @@
+//! The operations of the graph IR.
+//!
+//! Each op has a fixed number of operands and outputs; [`crate::infer`] holds
+//! the typing rule of each, and `ops.md` in the crate documents their
+//! semantics for the reference interpreter and the backends.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::shape::Shape;
+
+/// How a parameter is initialised when no checkpoint supplies it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Init {
+    /// Truncation-free normal with mean 0 (BERT's `initializer_range`).
+    Normal { std: f64 },
+    Zeros,
+    Ones,
+}
+
+impl fmt::Display for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Init::Normal { std } => write!(f, "normal(std={std})"),
+            Init::Zeros => f.write_str("zeros"),
+            Init::Ones => f.write_str("ones"),
+        }
+    }
+}
+
+/// The two GELU forms in use: exact (`erf`, BERT's `gelu`) and the tanh
+/// approximation (`gelu_new`, `gelu_pytorch_tanh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GeluApproximation {
+    Erf,
+    Tanh,
+}
+
+/// One operation. Attributes are the op's compile-time constants; operand and
+/// result types live on the graph's edges and nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    // ── Sources (no operands; the node's declared type is its type) ──
+    /// A tensor fed by the caller each step: token ids, masks, labels.
+    Input,
+    /// A trainable parameter.
+    Param { init: Init },
+    /// `0, 1, …, n-1` along a rank-1 integer output (position ids).
+    Arange,
+
+    // ── Dense ──
+    /// Row gather: `(table[V, E], ids[...]) -> [..., E]`.
+    Embedding,
+    /// `a @ b` over the last two axes, leading axes broadcast; either side may
+    /// be transposed in its last two axes.
+    MatMul { transpose_a: bool, transpose_b: bool },
+
+    // ── Elementwise (operands broadcast as in NumPy) ──
+    Add,
+    Sub,
+    Mul,
+    /// Multiplication by a constant, e.g. attention's `1/sqrt(d_head)`.
+    Scale { factor: f64 },
+    Gelu { approximation: GeluApproximation },
+    Silu,
+    Relu,
+    Tanh,
+    Cast { to: DType },
+
+    // ── Rows (over the last axis) ──
+    /// `(x, gamma, beta)`: normalise each row of `x`, then scale and shift.
+    LayerNorm { eps: f64 },
+    Softmax,
+    /// Zero each element with probability `p`, scale survivors by `1/(1-p)`.
+    /// `stream` names this site's random stream, so a recomputed forward and
+    /// every backend draw the identical mask.
+    Dropout { p: f64, stream: u32 },
+
+    // ── Attention ──
+    /// `(scores[B, H, Sq, Sk], mask[B, Sk])`: scores of keys whose mask is 0
+    /// become -inf (the padding mask).
+    AttentionMask,
+    /// `scores[B, H, Sq, Sk] + m_h · -|i - j|` with ALiBi's geometric head
+    /// slopes `m_h` (symmetric distance, for bidirectional encoders).
+    AlibiBias,
+
+    // ── Layout ──
+    Reshape { shape: Shape },
+    Transpose { perm: Vec<usize> },
+    /// Cuts `axis` into pieces of the given sizes: one output per piece.
+    Split { axis: usize, sizes: Vec<u64> },
+    /// The `len` elements of `axis` starting at `start`.
+    Slice { axis: usize, start: u64, len: u64 },
+    Concat { axis: usize },
+
+    // ── Losses (f32 scalars) ──
+    /// `(logits[N, C], labels[N])`: mean negative log-likelihood over the rows
+    /// whose label is not `ignore_index`.
+    CrossEntropy { ignore_index: i64 },
+    /// `(prediction[N], target[N])`: mean squared error.
+    Mse,
+}
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    Exactly(usize),
+    AtLeast(usize),
+}
+
+impl Arity {
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exactly(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl fmt::Display for Arity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arity::Exactly(k) => write!(f, "{k}"),
+            Arity::AtLeast(k) => write!(f, "at least {k}"),
+        }
+    }
+}
+
+impl Op {
+    /// The op's name in the text form.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Param { .. } => "param",
+            Op::Arange => "arange",
+            Op::Embedding => "embedding",
+            Op::MatMul { .. } => "matmul",
+            Op::Add => "add",
+            Op::Sub => "sub",
+            Op::Mul => "mul",
+            Op::Scale { .. } => "scale",
+            Op::Gelu { .. } => "gelu",
+            Op::Silu => "silu",
+            Op::Relu => "relu",
+            Op::Tanh => "tanh",
+            Op::Cast { .. } => "cast",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Softmax => "softmax",
+            Op::Dropout { .. } => "dropout",
+            Op::AttentionMask => "attention_mask",
+            Op::AlibiBias => "alibi_bias",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Split { .. } => "split",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::Mse => "mse",
+        }
+    }
+
+    pub fn arity(&self) -> Arity {
+        use Arity::*;
+        match self {
+            Op::Input | Op::Param { .. } | Op::Arange => Exactly(0),
+            Op::Scale { .. }
+            | Op::Gelu { .. }
+            | Op::Silu
+            | Op::Relu
+            | Op::Tanh
+            | Op::Cast { .. }
+            | Op::Softmax
+            | Op::Dropout { .. }
+            | Op::AlibiBias
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Split { .. }
+            | Op::Slice { .. } => Exactly(1),
+            Op::Embedding
+            | Op::MatMul { .. }
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::AttentionMask
+            | Op::CrossEntropy { .. }
+            | Op::Mse => Exactly(2),
+            Op::LayerNorm { .. } => Exactly(3),
+            Op::Concat { .. } => AtLeast(1),
+        }
+    }
+
+    /// Ops with no operands, whose type is declared rather than inferred.
+    pub fn is_source(&self) -> bool {
+        matches!(self, Op::Input | Op::Param { .. } | Op::Arange)
+    }
+
+    /// The op's attributes as `key=value` pairs, in a fixed order, for the text form.
+    pub fn attributes(&self) -> Vec<(&'static str, String)> {
+        fn list<T: fmt::Display>(items: &[T]) -> String {
+            let parts: Vec<String> = items.iter().map(T::to_string).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        match self {
+            Op::Param { init } => vec![("init", init.to_string())],
+            Op::MatMul { transpose_a, transpose_b } => {
+                let mut attrs = Vec::new();
+                if *transpose_a {
+                    attrs.push(("transpose_a", "true".into()));
+                }
+                if *transpose_b {
+                    attrs.push(("transpose_b", "true".into()));
+                }
+                attrs
+            }
+            Op::Scale { factor } => vec![("factor", format!("{factor}"))],
+            Op::Gelu { approximation } => {
+                let a = match approximation {
+                    GeluApproximation::Erf => "erf",
+                    GeluApproximation::Tanh => "tanh",
+                };
+                vec![("approximation", a.into())]
+            }
+            Op::Cast { to } => vec![("to", to.to_string())],
+            Op::LayerNorm { eps } => vec![("eps", format!("{eps:e}"))],
+            Op::Dropout { p, stream } => vec![("p", format!("{p}")), ("stream", stream.to_string())],
+            Op::Reshape { shape } => vec![("shape", shape.to_string())],
+            Op::Transpose { perm } => vec![("perm", list(perm))],
+            Op::Split { axis, sizes } => vec![("axis", axis.to_string()), ("sizes", list(sizes))],
+            Op::Slice { axis, start, len } => vec![
+                ("axis", axis.to_string()),
+                ("start", start.to_string()),
+                ("len", len.to_string()),
+            ],
+            Op::Concat { axis } => vec![("axis", axis.to_string())],
+            Op::CrossEntropy { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
+            Op::Input
+            | Op::Arange
+            | Op::Embedding
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Silu
+            | Op::Relu
+            | Op::Tanh
+            | Op::Softmax
+            | Op::AttentionMask
+            | Op::AlibiBias
+            | Op::Mse => Vec::new(),
+        }
+    }
+}

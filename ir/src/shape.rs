@@ -1,0 +1,241 @@
+//! Dimensions, shapes and tensor types.
+//!
+//! A dimension is a *monomial*: a constant factor times a product of named
+//! symbols, such as `768`, `seq` or `batch*seq`. Symbols (`batch`, `seq`) are
+//! bound to numbers at plan time. Monomials are closed under the products that
+//! reshapes need (flattening `[batch, seq, 768]` to `[batch*seq, 768]`), so the
+//! verifier can check element counts exactly without knowing the batch size.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::dtype::DType;
+
+/// Values for the symbols of a graph, e.g. `batch = 32, seq = 128`.
+pub type Bindings = BTreeMap<String, u64>;
+
+/// One dimension: `factor × Π symbols` (symbols sorted, repeats allowed).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dim {
+    factor: u64,
+    symbols: Vec<String>,
+}
+
+impl Dim {
+    pub fn constant(n: u64) -> Dim {
+        Dim { factor: n, symbols: Vec::new() }
+    }
+
+    pub fn symbol(name: &str) -> Dim {
+        Dim { factor: 1, symbols: vec![name.to_string()] }
+    }
+
+    /// The value of a dimension without symbols.
+    pub fn as_constant(&self) -> Option<u64> {
+        self.symbols.is_empty().then_some(self.factor)
+    }
+
+    pub fn is_one(&self) -> bool {
+        self.as_constant() == Some(1)
+    }
+
+    pub fn symbols(&self) -> &[String] {
+        &self.symbols
+    }
+
+    pub fn product(&self, other: &Dim) -> Dim {
+        let mut symbols: Vec<String> = self.symbols.iter().chain(&other.symbols).cloned().collect();
+        symbols.sort();
+        Dim { factor: self.factor * other.factor, symbols }
+    }
+
+    /// `self + other`, when the sum is again a monomial (same symbols, or a zero term).
+    pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
+        if self.factor == 0 {
+            return Some(other.clone());
+        }
+        if other.factor == 0 || self.symbols == other.symbols {
+            let factor = self.factor.checked_add(if other.factor == 0 { 0 } else { other.factor })?;
+            return Some(Dim { factor, symbols: self.symbols.clone() });
+        }
+        None
+    }
+
+    /// The dimension's value under `bindings`; `None` if a symbol is unbound
+    /// or the product overflows.
+    pub fn eval(&self, bindings: &Bindings) -> Option<u64> {
+        self.symbols
+            .iter()
+            .try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))
+    }
+}
+
+impl From<u64> for Dim {
+    fn from(n: u64) -> Dim {
+        Dim::constant(n)
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.symbols.is_empty() {
+            return write!(f, "{}", self.factor);
+        }
+        if self.factor != 1 {
+            write!(f, "{}*", self.factor)?;
+        }
+        f.write_str(&self.symbols.join("*"))
+    }
+}
+
+/// Error from parsing a dimension such as `2*batch*seq`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a dimension: write a number, a symbol such as `seq`, or a product such as `batch*seq`")]
+pub struct ParseDimError(pub String);
+
+impl FromStr for Dim {
+    type Err = ParseDimError;
+
+    fn from_str(s: &str) -> Result<Dim, ParseDimError> {
+        let err = || ParseDimError(s.to_string());
+        let mut dim = Dim::constant(1);
+        for part in s.split('*').map(str::trim) {
+            let term = if part.chars().all(|c| c.is_ascii_digit()) && !part.is_empty() {
+                Dim::constant(part.parse().map_err(|_| err())?)
+            } else if is_identifier(part) {
+                Dim::symbol(part)
+            } else {
+                return Err(err());
+            };
+            dim = dim.product(&term);
+        }
+        Ok(dim)
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Dimensions serialise as their text (`768`, `"batch*seq"`) so RON stays readable.
+impl Serialize for Dim {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Dim {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Dim, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A tensor shape: its dimensions, outermost first. `[]` is a scalar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Shape(pub Vec<Dim>);
+
+impl Shape {
+    pub fn new(dims: impl IntoIterator<Item = Dim>) -> Shape {
+        Shape(dims.into_iter().collect())
+    }
+
+    pub fn scalar() -> Shape {
+        Shape(Vec::new())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn dims(&self) -> &[Dim] {
+        &self.0
+    }
+
+    pub fn last(&self) -> Option<&Dim> {
+        self.0.last()
+    }
+
+    /// The number of elements, as a monomial.
+    pub fn numel(&self) -> Dim {
+        self.0.iter().fold(Dim::constant(1), |acc, d| acc.product(d))
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// Builds a [`Shape`] from numbers and symbols: `shape![Dim::symbol("seq"), 768]`.
+#[macro_export]
+macro_rules! shape {
+    ($($d:expr),* $(,)?) => { $crate::Shape(vec![$($crate::Dim::from($d)),*]) };
+}
+
+/// The type of one tensor value: its shape and element type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorType {
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+impl TensorType {
+    pub fn new(shape: Shape, dtype: DType) -> TensorType {
+        TensorType { shape, dtype }
+    }
+
+    /// Bytes of the tensor under `bindings`.
+    pub fn size_bytes(&self, bindings: &Bindings) -> Option<u64> {
+        self.shape.numel().eval(bindings)?.checked_mul(self.dtype.size_bytes())
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, self.shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monomials_multiply_and_print_canonically() {
+        let d = Dim::symbol("seq").product(&Dim::symbol("batch")).product(&Dim::constant(3));
+        assert_eq!(d.to_string(), "3*batch*seq");
+        assert_eq!("seq*3*batch".parse::<Dim>().unwrap(), d);
+        let b: Bindings = [("batch".to_string(), 2), ("seq".to_string(), 5)].into();
+        assert_eq!(d.eval(&b), Some(30));
+        assert_eq!(Dim::symbol("x").eval(&b), None);
+    }
+
+    #[test]
+    fn dims_add_only_when_the_sum_is_a_monomial() {
+        let s = Dim::symbol("seq");
+        assert_eq!(s.checked_add(&s), Some("2*seq".parse().unwrap()));
+        assert_eq!(Dim::constant(3).checked_add(&Dim::constant(4)), Some(Dim::constant(7)));
+        assert_eq!(s.checked_add(&Dim::constant(1)), None);
+    }
+
+    #[test]
+    fn bad_dimensions_are_rejected() {
+        for bad in ["", "2*", "a-b", "3x", "*"] {
+            assert!(bad.parse::<Dim>().is_err(), "{bad:?} parsed");
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The verifier: checks that a graph is well formed and well typed.
+//!
+//! Run after every pass. It re-infers every node's types from its operands
+//! and compares them with the stored ones, so a pass that rewires a node
+//! without fixing its type is caught at the node it broke.
+
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
+use std::collections::HashSet;
+
+use crate::graph::Graph;
+use crate::infer::infer;
+
+/// A verification failure, naming the node and the mismatch.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("node `{node}`: {message}")]
+pub struct VerifyError {
+    pub node: String,
+    pub message: String,
+}
+
+impl Graph {
+    /// Checks the whole graph; returns the first problem found, in
+    /// topological order.
+    pub fn verify(&self) -> Result<(), VerifyError> {
+        let order = self.topo_order().ok_or_else(|| VerifyError {
+            node: self.name.clone(),
+            message: "the graph has a cycle".into(),
+        })?;
+        let mut names = HashSet::new();
+        for &n in &order {
+            let node = self.node(n);
+            let fail = |message: String| VerifyError { node: node.name.clone(), message };
+            if node.name.is_empty() {
+                return Err(fail("the node has no name".into()));
+            }
+            if !names.insert(node.name.as_str()) {
+                return Err(fail("two nodes have this name".into()));
+            }
+            if self.node_by_name(&node.name) != Some(n) {
+                return Err(fail("the name index is out of date".into()));
+            }
+            let mut slots: Vec<u32> = Vec::new();
+            for e in self.graph.edges_directed(n, Direction::Incoming) {
+                let source = self.node(e.source());
+                if e.weight().output as usize >= source.outputs.len() {
+                    return Err(fail(format!(
+                        "operand {} reads output {} of `{}`, which has {} outputs",
+                        e.weight().operand,
+                        e.weight().output,
+                        source.name,
+                        source.outputs.len()
+                    )));
+                }
+                slots.push(e.weight().operand);
+            }
+            slots.sort_unstable();
+            if slots.iter().enumerate().any(|(i, s)| *s as usize != i) {
+                return Err(fail(format!("operand slots {slots:?} are not 0..{}", slots.len())));
+            }
+            let operands = self.operands(n);
+            let types: Vec<_> = operands.iter().map(|v| self.value_type(*v)).collect();
+            let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
+            let inferred = infer(&node.op, &types, &declared).map_err(fail)?;
+            if inferred != node.outputs {
+                let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+                return Err(fail(format!(
+                    "stored type ({}) differs from the inferred type ({})",
+                    show(&node.outputs),
+                    show(&inferred)
+                )));
+            }
+        }
+        for (name, v) in &self.outputs {
+            let exists = self.graph.node_weight(v.node).is_some_and(|n| (v.output as usize) < n.outputs.len());
+            if !exists {
+                return Err(VerifyError { node: name.clone(), message: "graph output refers to no value".into() });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+//! The text form is deterministic and RON files round-trip.
+
+mod common;
+
+use common::load_model;
+use zeroplan_ir::Graph;
+use zeroplan_ir::build::{BuildOptions, forward};
+
+const TINY: [&str; 6] = [
+    "tiny/tiny-bert.ron",
+    "tiny/tiny-mosaicbert.ron",
+    "tiny/tiny-albert.ron",
+    "tiny/tiny-megatron-bert.ron",
+    "tiny/tiny-ssn-bert.ron",
+    "tiny/tiny-bert-sts.ron",
+];
+
+#[test]
+fn ron_round_trips_every_tiny_graph() {
+    for file in TINY {
+        let graph = forward(&load_model(file), &BuildOptions::default()).unwrap();
+        let ron = graph.to_ron();
+        let back = Graph::from_ron(&ron).unwrap_or_else(|e| panic!("{file}: {e}"));
+        back.verify().unwrap();
+        assert_eq!(back.to_ron(), ron, "{file}");
+        assert_eq!(back.to_text(), graph.to_text(), "{file}");
+        assert_eq!(back.parameter_count(), graph.parameter_count());
+    }
+}
+
+#[test]
+fn building_twice_gives_identical_text() {
+    let spec = load_model("bert-base.ron");
+    let a = forward(&spec, &BuildOptions::default()).unwrap().to_text();
+    let b = forward(&spec, &BuildOptions::default()).unwrap().to_text();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_hand_edited_graph_that_no_longer_types_is_rejected_at_its_node() {
+    let graph = forward(&load_model("tiny/tiny-bert.ron"), &BuildOptions::default()).unwrap();
+    let ron = graph.to_ron();
+    // Make layer 0's query weight [32, 31]: its matmul no longer type-checks.
+    let at = ron.find("name: \"layer0.attn.q.weight\"").expect("the query weight is in the file");
+    let (head, tail) = ron.split_at(at);
+    let edited = format!("{head}{}", tail.replacen("shape: [\"32\", \"32\"]", "shape: [\"32\", \"31\"]", 1));
+    assert_ne!(edited, ron);
+    let err = Graph::from_ron(&edited).unwrap_err().to_string();
+    assert!(err.contains("layer0.attn.q.mm") && err.contains("K = 31"), "{err}");
+}
+
+#[test]
+fn malformed_graph_files_are_errors() {
+    for bad in ["", "(", "(name: \"g\", nodes: [], outputs: [(\"loss\", \"nowhere\")])"] {
+        assert!(Graph::from_ron(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn bf16_graphs_type_every_float_tensor_bf16() {
+    use zeroplan_ir::DType;
+    let options = BuildOptions { dtype: DType::BF16 };
+    let graph = forward(&load_model("tiny/tiny-mosaicbert.ron"), &options).unwrap();
+    let text = graph.to_text();
+    let params: Vec<&str> = text.lines().filter(|l| l.contains("= param")).collect();
+    assert!(!params.is_empty() && params.iter().all(|l| l.contains(": bf16[")), "{params:?}");
+    assert!(text.contains("%loss: f32[]"), "losses accumulate in f32");
+}
