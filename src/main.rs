@@ -1,1 +1,23 @@
-fn main() {}
+//! `zeroplan`: compile BERT-family models into memory-planned training programs.
+
+mod cli;
+mod commands;
+mod output;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match &cli.command {
+        cli::Command::Graph(args) => commands::graph::run(args),
+        cli::Command::Devices(args) => commands::devices::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,43 @@
+//! zeroplan's host backend: kernels compiled to native code by Cranelift.
+//!
+//! Today: the host's code-generation target, which every JIT-compiled kernel
+//! will be built for. Kernel generation comes with the CPU-backend issue.
 
+use cranelift_codegen::settings::{self, Configurable};
+
+/// The host's instruction set and the vector width kernels can use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostTarget {
+    /// The target triple, e.g. `x86_64-unknown-linux-gnu`.
+    pub triple: String,
+    /// Cranelift's SIMD vectors are 128 bits: 4 × f32.
+    pub f32_lanes: u32,
+}
+
+/// Why the host cannot be targeted.
+#[derive(Debug, thiserror::Error)]
+#[error("Cranelift cannot generate code for this host: {0}")]
+pub struct HostError(String);
+
+/// Builds Cranelift's ISA for this machine, with the CPU features it has.
+pub fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, HostError> {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").map_err(|e| HostError(e.to_string()))?;
+    let isa = cranelift_native::builder().map_err(|e| HostError(e.to_string()))?;
+    isa.finish(settings::Flags::new(flags)).map_err(|e| HostError(e.to_string()))
+}
+
+/// Describes the host target.
+pub fn host_target() -> Result<HostTarget, HostError> {
+    let isa = host_isa()?;
+    Ok(HostTarget { triple: isa.triple().to_string(), f32_lanes: 128 / 32 })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_host_is_a_cranelift_target() {
+        let target = super::host_target().unwrap();
+        assert!(target.triple.contains(std::env::consts::ARCH), "{}", target.triple);
+    }
+}

@@ -162,11 +162,8 @@ impl Graph {
     /// Nodes in a deterministic topological order: among ready nodes, the one
     /// added first goes first. `None` if the graph has a cycle.
     pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
-        let mut pending: HashMap<NodeIndex, usize> = self
-            .graph
-            .node_indices()
-            .map(|n| (n, self.graph.edges_directed(n, Direction::Incoming).count()))
-            .collect();
+        let mut pending: HashMap<NodeIndex, usize> =
+            self.graph.node_indices().map(|n| (n, self.graph.edges_directed(n, Direction::Incoming).count())).collect();
         let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex>> =
             pending.iter().filter(|(_, c)| **c == 0).map(|(n, _)| std::cmp::Reverse(*n)).collect();
         let mut order = Vec::with_capacity(pending.len());
@@ -192,10 +189,7 @@ impl Graph {
     /// The number of trainable scalars: each parameter node counted once,
     /// however many ops use it (shared weights count once).
     pub fn parameter_count(&self) -> u64 {
-        self.params()
-            .iter()
-            .filter_map(|n| self.graph[*n].outputs[0].shape.numel().as_constant())
-            .sum()
+        self.params().iter().filter_map(|n| self.graph[*n].outputs[0].shape.numel().as_constant()).sum()
     }
 
     /// How many nodes of each op, by op name.

@@ -71,7 +71,7 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
         Op::LayerNorm { eps } => {
             let (x, gamma, beta) = (operands[0], operands[1], operands[2]);
             require_float("the operand", x)?;
-            if !(*eps > 0.0) {
+            if eps.is_nan() || *eps <= 0.0 {
                 return Err(format!("layer_norm eps must be positive, got {eps}"));
             }
             let width = x.shape.last().ok_or("layer_norm needs an operand of rank ≥ 1, got a scalar")?;
@@ -185,19 +185,11 @@ fn single_declared(op: &Op, declared: &[TensorType]) -> Result<TensorType, Strin
 }
 
 fn require_float(what: &str, t: &TensorType) -> Result<(), String> {
-    if t.dtype.is_float() {
-        Ok(())
-    } else {
-        Err(format!("{what} must be a float tensor, got {t}"))
-    }
+    if t.dtype.is_float() { Ok(()) } else { Err(format!("{what} must be a float tensor, got {t}")) }
 }
 
 fn require_same_dtype(a: &TensorType, b: &TensorType) -> Result<(), String> {
-    if a.dtype == b.dtype {
-        Ok(())
-    } else {
-        Err(format!("dtypes differ: {a} and {b} (insert a cast)"))
-    }
+    if a.dtype == b.dtype { Ok(()) } else { Err(format!("dtypes differ: {a} and {b} (insert a cast)")) }
 }
 
 fn axis_dim(x: &TensorType, axis: usize) -> Result<&Dim, String> {
@@ -212,9 +204,7 @@ fn scores4(scores: &TensorType) -> Result<[Dim; 4], String> {
 /// NumPy broadcasting: align from the right; each pair is equal or has a 1.
 pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
     let rank = a.rank().max(b.rank());
-    let at = |s: &Shape, i: usize| {
-        (i + s.rank()).checked_sub(rank).map_or(Dim::constant(1), |j| s.0[j].clone())
-    };
+    let at = |s: &Shape, i: usize| (i + s.rank()).checked_sub(rank).map_or(Dim::constant(1), |j| s.0[j].clone());
     let mut dims = Vec::with_capacity(rank);
     for i in 0..rank {
         let (x, y) = (at(a, i), at(b, i));
@@ -294,7 +284,10 @@ mod tests {
         let err = infer(&op, &[&x, &bad], &[]).unwrap_err();
         assert!(err.contains("K = 64") && err.contains("K = 32"), "{err}");
         let tb = Op::MatMul { transpose_a: false, transpose_b: true };
-        assert_eq!(infer(&tb, &[&x, &bad], &[]).unwrap()[0].shape, shape![Dim::symbol("batch"), Dim::symbol("seq"), 32]);
+        assert_eq!(
+            infer(&tb, &[&x, &bad], &[]).unwrap()[0].shape,
+            shape![Dim::symbol("batch"), Dim::symbol("seq"), 32]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! This crate knows nothing of passes, backends or devices.
 
 pub mod build;
+mod dot;
 pub mod dtype;
 pub mod graph;
 pub mod infer;

@@ -1,8 +1,8 @@
 //! The operations of the graph IR.
 //!
 //! Each op has a fixed number of operands and outputs; [`crate::infer`] holds
-//! the typing rule of each, and `ops.md` in the crate documents their
-//! semantics for the reference interpreter and the backends.
+//! the typing rule of each. The variants' doc comments state their semantics;
+//! `docs/ir.md` gathers them with the naming and layout conventions.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -14,7 +14,9 @@ use crate::shape::Shape;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Init {
     /// Truncation-free normal with mean 0 (BERT's `initializer_range`).
-    Normal { std: f64 },
+    Normal {
+        std: f64,
+    },
     Zeros,
     Ones,
 }
@@ -45,7 +47,9 @@ pub enum Op {
     /// A tensor fed by the caller each step: token ids, masks, labels.
     Input,
     /// A trainable parameter.
-    Param { init: Init },
+    Param {
+        init: Init,
+    },
     /// `0, 1, …, n-1` along a rank-1 integer output (position ids).
     Arange,
 
@@ -54,28 +58,42 @@ pub enum Op {
     Embedding,
     /// `a @ b` over the last two axes, leading axes broadcast; either side may
     /// be transposed in its last two axes.
-    MatMul { transpose_a: bool, transpose_b: bool },
+    MatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
 
     // ── Elementwise (operands broadcast as in NumPy) ──
     Add,
     Sub,
     Mul,
     /// Multiplication by a constant, e.g. attention's `1/sqrt(d_head)`.
-    Scale { factor: f64 },
-    Gelu { approximation: GeluApproximation },
+    Scale {
+        factor: f64,
+    },
+    Gelu {
+        approximation: GeluApproximation,
+    },
     Silu,
     Relu,
     Tanh,
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
 
     // ── Rows (over the last axis) ──
     /// `(x, gamma, beta)`: normalise each row of `x`, then scale and shift.
-    LayerNorm { eps: f64 },
+    LayerNorm {
+        eps: f64,
+    },
     Softmax,
     /// Zero each element with probability `p`, scale survivors by `1/(1-p)`.
     /// `stream` names this site's random stream, so a recomputed forward and
     /// every backend draw the identical mask.
-    Dropout { p: f64, stream: u32 },
+    Dropout {
+        p: f64,
+        stream: u32,
+    },
 
     // ── Attention ──
     /// `(scores[B, H, Sq, Sk], mask[B, Sk])`: scores of keys whose mask is 0
@@ -86,18 +104,33 @@ pub enum Op {
     AlibiBias,
 
     // ── Layout ──
-    Reshape { shape: Shape },
-    Transpose { perm: Vec<usize> },
+    Reshape {
+        shape: Shape,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
     /// Cuts `axis` into pieces of the given sizes: one output per piece.
-    Split { axis: usize, sizes: Vec<u64> },
+    Split {
+        axis: usize,
+        sizes: Vec<u64>,
+    },
     /// The `len` elements of `axis` starting at `start`.
-    Slice { axis: usize, start: u64, len: u64 },
-    Concat { axis: usize },
+    Slice {
+        axis: usize,
+        start: u64,
+        len: u64,
+    },
+    Concat {
+        axis: usize,
+    },
 
     // ── Losses (f32 scalars) ──
     /// `(logits[N, C], labels[N])`: mean negative log-likelihood over the rows
     /// whose label is not `ignore_index`.
-    CrossEntropy { ignore_index: i64 },
+    CrossEntropy {
+        ignore_index: i64,
+    },
     /// `(prediction[N], target[N])`: mean squared error.
     Mse,
 }
@@ -227,11 +260,9 @@ impl Op {
             Op::Reshape { shape } => vec![("shape", shape.to_string())],
             Op::Transpose { perm } => vec![("perm", list(perm))],
             Op::Split { axis, sizes } => vec![("axis", axis.to_string()), ("sizes", list(sizes))],
-            Op::Slice { axis, start, len } => vec![
-                ("axis", axis.to_string()),
-                ("start", start.to_string()),
-                ("len", len.to_string()),
-            ],
+            Op::Slice { axis, start, len } => {
+                vec![("axis", axis.to_string()), ("start", start.to_string()), ("len", len.to_string())]
+            }
             Op::Concat { axis } => vec![("axis", axis.to_string())],
             Op::CrossEntropy { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
             Op::Input

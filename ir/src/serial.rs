@@ -40,6 +40,16 @@ pub enum GraphFileError {
 impl Graph {
     /// The graph as pretty-printed RON.
     pub fn to_ron(&self) -> String {
+        let pretty = ron::ser::PrettyConfig::default().depth_limit(3).compact_arrays(true);
+        ron::ser::to_string_pretty(&self.to_file(), pretty).expect("graphs serialise")
+    }
+
+    /// The graph as JSON, in the same layout as the RON file.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.to_file()).expect("graphs serialise")
+    }
+
+    fn to_file(&self) -> GraphFile {
         let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
         let nodes = order
             .into_iter()
@@ -54,9 +64,7 @@ impl Graph {
             })
             .collect();
         let outputs = self.outputs.iter().map(|(name, v)| (name.clone(), self.value_ref(*v))).collect();
-        let file = GraphFile { name: self.name.clone(), nodes, outputs };
-        let pretty = ron::ser::PrettyConfig::default().depth_limit(3).compact_arrays(true);
-        ron::ser::to_string_pretty(&file, pretty).expect("graphs serialise")
+        GraphFile { name: self.name.clone(), nodes, outputs }
     }
 
     /// Reads a graph written by [`Graph::to_ron`].
@@ -68,7 +76,11 @@ impl Graph {
             let operands = entry
                 .operands
                 .iter()
-                .map(|r| graph.resolve(r).ok_or_else(|| node_error(&entry.name, format!("operand `{r}` is not defined before it"))))
+                .map(|r| {
+                    graph
+                        .resolve(r)
+                        .ok_or_else(|| node_error(&entry.name, format!("operand `{r}` is not defined before it")))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let declared = if entry.op.is_source() { entry.outputs.clone() } else { Vec::new() };
             let index = graph
@@ -79,7 +91,8 @@ impl Graph {
             }
         }
         for (name, r) in file.outputs {
-            let v = graph.resolve(&r).ok_or_else(|| node_error(&name, format!("output refers to unknown value `{r}`")))?;
+            let v =
+                graph.resolve(&r).ok_or_else(|| node_error(&name, format!("output refers to unknown value `{r}`")))?;
             graph.set_output(name, v);
         }
         Ok(graph)
@@ -93,7 +106,7 @@ impl Graph {
         };
         let node = self.node_by_name(name)?;
         let count = self.node(node).outputs.len();
-        let well_formed = (output as usize) < count && (count == 1) == !reference.contains('#');
+        let well_formed = (output as usize) < count && (count == 1) != reference.contains('#');
         well_formed.then_some(Value { node, output })
     }
 }

@@ -66,9 +66,7 @@ impl Dim {
     /// The dimension's value under `bindings`; `None` if a symbol is unbound
     /// or the product overflows.
     pub fn eval(&self, bindings: &Bindings) -> Option<u64> {
-        self.symbols
-            .iter()
-            .try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))
+        self.symbols.iter().try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))
     }
 }
 

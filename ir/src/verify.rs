@@ -23,10 +23,9 @@ impl Graph {
     /// Checks the whole graph; returns the first problem found, in
     /// topological order.
     pub fn verify(&self) -> Result<(), VerifyError> {
-        let order = self.topo_order().ok_or_else(|| VerifyError {
-            node: self.name.clone(),
-            message: "the graph has a cycle".into(),
-        })?;
+        let order = self
+            .topo_order()
+            .ok_or_else(|| VerifyError { node: self.name.clone(), message: "the graph has a cycle".into() })?;
         let mut names = HashSet::new();
         for &n in &order {
             let node = self.node(n);

@@ -94,7 +94,8 @@ fn config_json_problems_point_at_their_keys() {
 
 #[test]
 fn config_json_missing_sizes_and_bad_types_are_named() {
-    let err = hf::from_config_json(r#"{"model_type": "bert", "hidden_size": "768"}"#, "c.json", "m").unwrap_err().to_string();
+    let err =
+        hf::from_config_json(r#"{"model_type": "bert", "hidden_size": "768"}"#, "c.json", "m").unwrap_err().to_string();
     assert!(err.contains("`hidden_size` is \"768\", not a non-negative integer"), "{err}");
     assert!(err.contains("the config has no `vocab_size`"), "{err}");
     let err = hf::from_config_json("{\"model_type\": ", "c.json", "m").unwrap_err().to_string();

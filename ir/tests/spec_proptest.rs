@@ -6,9 +6,7 @@ mod common;
 use common::closed_form_params;
 use proptest::prelude::*;
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::spec::{
-    Activation, FeedForward, Head, ModelSpec, NormPlacement, PositionEncoding, Sharing, validate,
-};
+use zeroplan_ir::spec::{Activation, FeedForward, Head, ModelSpec, NormPlacement, PositionEncoding, Sharing, validate};
 
 fn arb_spec() -> impl Strategy<Value = ModelSpec> {
     let sizes = (0u64..40, 0u64..34, 0u64..4, 0u64..6, 0u64..40, 0u64..20, 0u64..3, prop::option::of(0u64..20));
@@ -22,7 +20,11 @@ fn arb_spec() -> impl Strategy<Value = ModelSpec> {
             (0u64..4).prop_map(|groups| Sharing::CrossLayer { groups }),
             (0u64..4).prop_map(|templates| Sharing::TemplateBank { templates }),
         ],
-        prop_oneof![Just(Head::Mlm), Just(Head::Pooler), (0u64..4).prop_map(|num_labels| Head::Classification { num_labels })],
+        prop_oneof![
+            Just(Head::Mlm),
+            Just(Head::Pooler),
+            (0u64..4).prop_map(|num_labels| Head::Classification { num_labels })
+        ],
         (-0.5f64..1.5, prop::sample::select(vec![1e-12, 1e-5, 0.0, -1.0])),
     );
     (sizes, choices).prop_map(|((v, h, l, heads, i, p, t, e), (act, ffn, pos, norm, sharing, head, (drop, eps)))| {

@@ -1,1 +1,59 @@
+//! zeroplan's runtime: executes plans on the devices of this machine.
+//!
+//! Today: discovering those devices — the host (always) and CUDA GPUs (where
+//! a driver is found). Plan execution comes with the CPU-backend issue.
 
+use serde::Serialize;
+
+/// A device a plan can run on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Device {
+    /// The host CPU, through Cranelift-compiled kernels.
+    Host { target: String, threads: usize },
+    /// A CUDA GPU.
+    Cuda { ordinal: usize, name: String, memory_bytes: u64, compute_capability: String },
+}
+
+/// What was found, and why CUDA is absent when it is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Devices {
+    pub devices: Vec<Device>,
+    /// Why no CUDA device is listed, when none is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_note: Option<String>,
+}
+
+/// Lists this machine's devices.
+pub fn devices() -> Devices {
+    let mut devices = Vec::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let target = zeroplan_backend_cpu::host_target().map_or_else(|e| format!("unsupported ({e})"), |t| t.triple);
+    devices.push(Device::Host { target, threads });
+    let cuda_note = match zeroplan_backend_cuda::probe() {
+        zeroplan_backend_cuda::Probe::NoDriver => Some("no CUDA driver library found".to_string()),
+        zeroplan_backend_cuda::Probe::DriverError(e) => Some(format!("the CUDA driver failed: {e}")),
+        zeroplan_backend_cuda::Probe::Gpus(gpus) => {
+            let none = gpus.is_empty().then(|| "the CUDA driver reports no GPU".to_string());
+            devices.extend(gpus.into_iter().map(|g| Device::Cuda {
+                ordinal: g.ordinal,
+                name: g.name,
+                memory_bytes: g.memory_bytes,
+                compute_capability: format!("{}.{}", g.compute_capability.0, g.compute_capability.1),
+            }));
+            none
+        }
+    };
+    Devices { devices, cuda_note }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_host_is_always_a_device() {
+        let found = super::devices();
+        assert!(matches!(found.devices[0], super::Device::Host { threads, .. } if threads >= 1));
+        let cuda = found.devices.iter().filter(|d| matches!(d, super::Device::Cuda { .. })).count();
+        assert_eq!(cuda == 0, found.cuda_note.is_some());
+    }
+}

@@ -113,7 +113,9 @@ impl Builder<'_> {
     fn residual(&mut self, l: u64, block: &str, x: Value, fx: Value) -> Result<Value, GraphError> {
         let sum = self.graph.add(format!("layer{l}.{block}.residual"), Op::Add, &[x, fx])?;
         match self.spec.norm {
-            NormPlacement::Post => self.layer_norm_of(l, &format!("{block}.norm"), &format!("layer{l}.{block}.norm"), sum),
+            NormPlacement::Post => {
+                self.layer_norm_of(l, &format!("{block}.norm"), &format!("layer{l}.{block}.norm"), sum)
+            }
             NormPlacement::Pre => Ok(sum),
         }
     }

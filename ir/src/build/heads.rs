@@ -76,7 +76,8 @@ impl Builder<'_> {
         let b = self.param("classifier.bias", &[num_labels], Init::Zeros)?;
         let logits = self.linear("classifier.logits", x, w, Some(b))?;
         let loss = if num_labels == 1 {
-            let prediction = self.graph.add("classifier.prediction", Op::Reshape { shape: Shape(vec![batch()]) }, &[logits])?;
+            let prediction =
+                self.graph.add("classifier.prediction", Op::Reshape { shape: Shape(vec![batch()]) }, &[logits])?;
             let targets = self.graph.input("labels", self.float(vec![batch()]))?;
             self.graph.add("loss", Op::Mse, &[prediction, targets])?
         } else {

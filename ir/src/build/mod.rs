@@ -50,7 +50,12 @@ pub enum BuildError {
 pub fn forward(spec: &ModelSpec, options: &BuildOptions) -> Result<Graph, BuildError> {
     validate(spec).map_err(BuildError::InvalidSpec)?;
     if !options.dtype.is_float() {
-        return Err(GraphError { node: spec.name.clone(), op: "param", message: format!("compute dtype must be a float, not {}", options.dtype) }.into());
+        return Err(GraphError {
+            node: spec.name.clone(),
+            op: "param",
+            message: format!("compute dtype must be a float, not {}", options.dtype),
+        }
+        .into());
     }
     let mut b = Builder { spec, graph: Graph::new(spec.name.clone()), dtype: options.dtype, next_stream: 0 };
     let x = b.embeddings()?;

@@ -53,7 +53,10 @@ impl SpecError {
             _ => "fix the RON syntax here; models/bert-base.ron is a complete example".into(),
         };
         let location = Some((e.span.start.line, e.span.start.col));
-        SpecError { file: file.to_string(), diagnostics: vec![Diagnostic { location, message: e.code.to_string(), help }] }
+        SpecError {
+            file: file.to_string(),
+            diagnostics: vec![Diagnostic { location, message: e.code.to_string(), help }],
+        }
     }
 
     /// Places each field problem at its field's first mention in `text`.

@@ -21,19 +21,21 @@ pub fn default_name(path: &Path) -> String {
 
 /// Reads a `config.json`'s text; `file` names it in errors.
 pub fn from_config_json(text: &str, file: &str, name: &str) -> Result<ModelSpec, SpecError> {
-    let root: Value = serde_json::from_str(text).map_err(|e| {
-        SpecError {
-            file: file.to_string(),
-            diagnostics: vec![super::Diagnostic {
-                location: Some((e.line(), e.column())),
-                message: format!("invalid JSON: {e}"),
-                help: "fix the JSON syntax here".into(),
-            }],
-        }
+    let root: Value = serde_json::from_str(text).map_err(|e| SpecError {
+        file: file.to_string(),
+        diagnostics: vec![super::Diagnostic {
+            location: Some((e.line(), e.column())),
+            message: format!("invalid JSON: {e}"),
+            help: "fix the JSON syntax here".into(),
+        }],
     })?;
     let located = |problems| SpecError::located(file, text, problems, Syntax::Json);
     let Some(config) = root.as_object() else {
-        return Err(SpecError::whole_file(file, "the config is not a JSON object".into(), "give a Hugging Face config.json".into()));
+        return Err(SpecError::whole_file(
+            file,
+            "the config is not a JSON object".into(),
+            "give a Hugging Face config.json".into(),
+        ));
     };
     let spec = Reader { config, problems: Vec::new() }.read(name).map_err(located)?;
     validate(&spec).map_err(|problems| located(problems.into_iter().map(to_json_field).collect()))?;
@@ -88,7 +90,11 @@ impl Reader<'_> {
             Some(Some("relu")) => Activation::Relu,
             Some(Some("silu" | "swish")) => Activation::Silu,
             Some(other) => {
-                self.problem("hidden_act", format!("unknown activation {}", other.map_or("(not a string)".into(), |s| format!("\"{s}\""))), "use \"gelu\", \"gelu_new\", \"gelu_pytorch_tanh\", \"relu\" or \"silu\"");
+                self.problem(
+                    "hidden_act",
+                    format!("unknown activation {}", other.map_or("(not a string)".into(), |s| format!("\"{s}\""))),
+                    "use \"gelu\", \"gelu_new\", \"gelu_pytorch_tanh\", \"relu\" or \"silu\"",
+                );
                 Activation::Gelu
             }
         };

@@ -31,11 +31,15 @@ pub fn validate(spec: &ModelSpec) -> Result<(), Vec<FieldProblem>> {
         }
     }
     if spec.type_vocab > MAX_DIM {
-        problem("type_vocab", format!("`type_vocab` = {} is larger than {MAX_DIM}", spec.type_vocab), "BERT uses 2".into());
+        problem(
+            "type_vocab",
+            format!("`type_vocab` = {} is larger than {MAX_DIM}", spec.type_vocab),
+            "BERT uses 2".into(),
+        );
     }
-    if spec.heads != 0 && spec.hidden % spec.heads != 0 {
+    if spec.heads != 0 && !spec.hidden.is_multiple_of(spec.heads) {
         // The head counts nearest the one asked for that do divide `hidden`.
-        let mut nearest: Vec<u64> = (1..=spec.hidden).filter(|d| spec.hidden % d == 0).collect();
+        let mut nearest: Vec<u64> = (1..=spec.hidden).filter(|d| spec.hidden.is_multiple_of(*d)).collect();
         nearest.sort_by_key(|d| (d.abs_diff(spec.heads), *d));
         nearest.truncate(3);
         nearest.sort_unstable();
@@ -64,7 +68,11 @@ pub fn validate(spec: &ModelSpec) -> Result<(), Vec<FieldProblem>> {
     }
     for (field, p) in [("hidden_dropout", spec.hidden_dropout), ("attention_dropout", spec.attention_dropout)] {
         if !(0.0..1.0).contains(&p) {
-            problem(field, format!("`{field}` = {p} is not a probability in [0, 1)"), "BERT uses 0.1; 0 disables".into());
+            problem(
+                field,
+                format!("`{field}` = {p} is not a probability in [0, 1)"),
+                "BERT uses 0.1; 0 disables".into(),
+            );
         }
     }
     if !(spec.initializer_range > 0.0 && spec.initializer_range.is_finite()) {
@@ -77,7 +85,7 @@ pub fn validate(spec: &ModelSpec) -> Result<(), Vec<FieldProblem>> {
     match spec.sharing {
         Sharing::Independent => {}
         Sharing::CrossLayer { groups } => {
-            if groups == 0 || spec.layers % groups != 0 {
+            if groups == 0 || !spec.layers.is_multiple_of(groups) {
                 problem(
                     "sharing",
                     format!("{} layers cannot be split into {groups} equal groups", spec.layers),

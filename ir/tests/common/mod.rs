@@ -1,4 +1,6 @@
 //! Helpers shared by the ir integration tests.
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use zeroplan_ir::spec::{self, FeedForward, Head, ModelSpec, NormPlacement, PositionEncoding, Sharing};

@@ -1,0 +1,118 @@
+//! End-to-end tests of the `zeroplan` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn zeroplan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zeroplan")).args(args).current_dir(root()).output().expect("the binary runs")
+}
+
+fn stdout_json(args: &[&str]) -> serde_json::Value {
+    let out = zeroplan(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn failure(args: &[&str]) -> String {
+    let out = zeroplan(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[test]
+fn summary_json_of_bert_base() {
+    let s = stdout_json(&["graph", "models/bert-base.ron", "--summary", "--json"]);
+    assert_eq!(s["name"], "bert-base");
+    assert_eq!(s["params"], 109_514_298);
+    assert_eq!((s["layers"].as_u64(), s["hidden"].as_u64(), s["heads"].as_u64()), (Some(12), Some(768), Some(12)));
+    assert!(s["nodes"].as_u64().unwrap() > 500);
+    let pooled = stdout_json(&["graph", "models/bert-base.ron", "--summary", "--json", "--head", "pooler"]);
+    assert_eq!(pooled["params"], 109_482_240);
+}
+
+#[test]
+fn every_bundled_model_summarises() {
+    for entry in std::fs::read_dir(root().join("models")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "ron") {
+            let s = stdout_json(&["graph", path.to_str().unwrap(), "--summary", "--json"]);
+            assert!(s["params"].as_u64().unwrap() > 1_000_000, "{}", path.display());
+        }
+    }
+}
+
+#[test]
+fn formats_text_dot_and_json() {
+    let text = zeroplan(&["graph", "models/tiny/tiny-bert.ron"]);
+    assert!(String::from_utf8_lossy(&text.stdout).starts_with("graph tiny-bert {"));
+    let dot = zeroplan(&["graph", "models/tiny/tiny-bert.ron", "--format", "dot"]);
+    let dot = String::from_utf8_lossy(&dot.stdout).into_owned();
+    assert!(dot.starts_with("digraph \"tiny-bert\"") && dot.contains("subgraph \"cluster_layer1\""), "{dot}");
+    let json = stdout_json(&["graph", "models/tiny/tiny-bert.ron", "--format", "json"]);
+    assert!(json["nodes"].as_array().unwrap().len() > 50);
+}
+
+#[test]
+fn hugging_face_config_is_a_spec() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": 100,
+            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+            "max_position_embeddings": 16, "id2label": {"0": "a", "1": "b", "2": "c"}}"#,
+    )
+    .unwrap();
+    let s = stdout_json(&["graph", config.to_str().unwrap(), "--summary", "--json"]);
+    assert_eq!(s["head"], "classification:3");
+    std::fs::write(&config, r#"{"model_type": "roberta"}"#).unwrap();
+    let err = failure(&["graph", dir.to_str().unwrap(), "--summary"]);
+    assert!(err.contains("config.json:1:2: error: model_type \"roberta\" is not supported"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_spec_is_a_located_error_without_panic() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.ron");
+    let text = std::fs::read_to_string(root().join("models/bert-base.ron")).unwrap();
+    std::fs::write(&bad, text.replace("heads: 12,", "heads: 5,")).unwrap();
+    let err = failure(&["graph", bad.to_str().unwrap()]);
+    assert!(err.contains("bad.ron:9:5: error: hidden size 768 is not divisible by 5 heads"), "{err}");
+    assert!(err.contains("help:"), "{err}");
+    let err = failure(&["graph", "models/does-not-exist.ron"]);
+    assert!(err.contains("does-not-exist.ron: error: cannot read the file"), "{err}");
+    let err = failure(&["graph", "models/bert-base.ron", "--head", "classifier"]);
+    assert!(err.contains("use mlm, pooler or classification:N"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn output_files_are_whole_or_absent() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("graph.txt");
+    let ok = zeroplan(&["graph", "models/tiny/tiny-bert.ron", "-o", out.to_str().unwrap()]);
+    assert!(ok.status.success() && ok.stdout.is_empty());
+    assert!(std::fs::read_to_string(&out).unwrap().ends_with("}\n"));
+    let missing = dir.join("no-such-dir/graph.txt");
+    failure(&["graph", "models/tiny/tiny-bert.ron", "-o", missing.to_str().unwrap()]);
+    assert!(!Path::new(&missing).exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn devices_lists_the_host() {
+    let d = stdout_json(&["devices", "--json"]);
+    assert_eq!(d["devices"][0]["kind"], "host");
+}
