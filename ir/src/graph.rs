@@ -22,12 +22,34 @@ pub struct Value {
     pub output: u32,
 }
 
+/// Which part of a training step a node belongs to. With gradient
+/// accumulation the forward and backward nodes run once per micro-batch and
+/// the optimizer nodes once per step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum Phase {
+    #[default]
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub name: String,
     pub op: Op,
     pub outputs: Vec<TensorType>,
+    pub phase: Phase,
 }
 
 /// An edge: output `output` of the source feeds operand `operand` of the target.
@@ -54,6 +76,14 @@ pub struct Graph {
     pub(crate) by_name: HashMap<String, NodeIndex>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
+    /// Persistent tensors (parameters, states) and the values that replace
+    /// them. An update takes effect when the phase of its value has run: a
+    /// backward-phase update after every micro-batch (gradient accumulators),
+    /// an optimizer-phase update once per step (weights, moments). A target
+    /// has at most one update per phase.
+    pub updates: Vec<(NodeIndex, Value)>,
+    /// The phase given to nodes added from now on.
+    pub phase: Phase,
 }
 
 impl Graph {
@@ -85,7 +115,7 @@ impl Graph {
             .map(|v| self.try_type(*v).ok_or_else(|| fail(format!("operand {v:?} does not exist"))))
             .collect::<Result<_, _>>()?;
         let outputs = infer(&op, &types, &declared).map_err(fail)?;
-        let index = self.graph.add_node(Node { name: name.clone(), op, outputs });
+        let index = self.graph.add_node(Node { name: name.clone(), op, outputs, phase: self.phase });
         for (i, v) in operands.iter().enumerate() {
             self.graph.add_edge(v.node, index, Operand { output: v.output, operand: i as u32 });
         }
@@ -121,6 +151,34 @@ impl Graph {
     /// Declares a named result of the graph.
     pub fn set_output(&mut self, name: impl Into<String>, value: Value) {
         self.outputs.push((name.into(), value));
+    }
+
+    /// Declares that the persistent tensor `target` (a parameter or state)
+    /// takes `value` once the phase of `value` has run.
+    pub fn set_update(&mut self, target: NodeIndex, value: Value) -> Result<(), GraphError> {
+        let node = &self.graph[target];
+        let fail = |message: String| GraphError { node: node.name.clone(), op: node.op.name(), message };
+        if !matches!(node.op, Op::Param { .. } | Op::State { .. }) {
+            return Err(fail("only parameters and states are updated".into()));
+        }
+        let phase = self.graph[value.node].phase;
+        if self.updates.iter().any(|(t, v)| *t == target && self.graph[v.node].phase == phase) {
+            return Err(fail(format!("updated twice in the {} phase", phase.name())));
+        }
+        if node.outputs[0] != *self.value_type(value) {
+            return Err(fail(format!("its update has type {}", self.value_type(value))));
+        }
+        self.updates.push((target, value));
+        Ok(())
+    }
+
+    /// The number of nodes in each phase.
+    pub fn phase_counts(&self) -> BTreeMap<Phase, usize> {
+        let mut counts = BTreeMap::new();
+        for n in self.graph.node_indices() {
+            *counts.entry(self.graph[n].phase).or_default() += 1;
+        }
+        counts
     }
 
     pub fn node(&self, index: NodeIndex) -> &Node {

@@ -28,6 +28,7 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             }
             one(t)
         }
+        Op::State { .. } | Op::Fill { .. } => one(single_declared(op, declared)?),
         Op::Arange => {
             let t = single_declared(op, declared)?;
             if t.shape.rank() != 1 || !t.dtype.is_int() {
@@ -165,6 +166,124 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             }
             one(TensorType::new(Shape::scalar(), DType::F32))
         }
+        Op::SumTo { shape } => {
+            let x = operands[0];
+            if broadcast(shape, &x.shape).as_ref() != Some(&x.shape) {
+                return Err(format!("{} does not broadcast to {x}, so {x} cannot be summed to it", shape));
+            }
+            one(TensorType::new(shape.clone(), x.dtype))
+        }
+        Op::GeluGrad { .. } | Op::SiluGrad | Op::ReluGrad | Op::TanhGrad | Op::SoftmaxGrad => {
+            let (x, dy) = (operands[0], operands[1]);
+            require_float("the operand", x)?;
+            if x != dy {
+                return Err(format!("the forward value {x} and its gradient {dy} must have one type"));
+            }
+            one(x.clone())
+        }
+        Op::LayerNormGrad { eps } => {
+            let (x, gamma, dy) = (operands[0], operands[1], operands[2]);
+            let forward = infer(&Op::LayerNorm { eps: *eps }, &[x, gamma, gamma], &[])?;
+            if &forward[0] != dy {
+                return Err(format!("the gradient {dy} must have the type of the normalised value {x}"));
+            }
+            Ok(vec![x.clone(), gamma.clone(), gamma.clone()])
+        }
+        Op::AttentionMaskGrad => infer(&Op::AttentionMask, operands, declared),
+        Op::SliceGrad { axis, start, axis_len } => {
+            let dy = operands[0];
+            let len = axis_dim(dy, *axis)?
+                .as_constant()
+                .ok_or_else(|| format!("slice_grad needs a constant axis {axis} in {dy}"))?;
+            let fits = axis_len.as_constant().is_none_or(|n| start + len <= n);
+            if !fits {
+                return Err(format!("[{start}, {start}+{len}) does not fit an axis of {axis_len}"));
+            }
+            let mut dims = dy.shape.0.clone();
+            dims[*axis] = axis_len.clone();
+            one(TensorType::new(Shape(dims), dy.dtype))
+        }
+        Op::EmbeddingGrad { rows } => {
+            let (dy, ids) = (operands[0], operands[1]);
+            require_float("the gradient", dy)?;
+            let width = dy.shape.last().ok_or("embedding_grad needs a gradient of rank ≥ 1")?;
+            if !ids.dtype.is_int() || dy.shape.dims()[..dy.shape.rank() - 1] != *ids.shape.dims() {
+                return Err(format!("the gradient {dy} must be the integer ids {ids} with one more axis"));
+            }
+            one(TensorType::new(Shape(vec![Dim::constant(*rows), width.clone()]), dy.dtype))
+        }
+        Op::CrossEntropyGrad { ignore_index } => {
+            let (logits, labels, dloss) = (operands[0], operands[1], operands[2]);
+            infer(&Op::CrossEntropy { ignore_index: *ignore_index }, &[logits, labels], &[])?;
+            require_f32_scalar("dloss", dloss)?;
+            one(logits.clone())
+        }
+        Op::MseGrad => {
+            let (prediction, target, dloss) = (operands[0], operands[1], operands[2]);
+            infer(&Op::Mse, &[prediction, target], &[])?;
+            require_f32_scalar("dloss", dloss)?;
+            one(prediction.clone())
+        }
+        Op::SquaredSum => {
+            require_float("the operand", operands[0])?;
+            one(f32_scalar())
+        }
+        Op::LrSchedule { peak, .. } => {
+            require_f32_scalar("the step count", operands[0])?;
+            if !(peak.is_finite() && *peak >= 0.0) {
+                return Err(format!("the peak learning rate must be finite and ≥ 0, got {peak}"));
+            }
+            one(f32_scalar())
+        }
+        Op::GradScale { max_norm, micro_batches } => {
+            require_f32_scalar("the squared norm", operands[0])?;
+            require_f32_scalar("the loss scale", operands[1])?;
+            if *micro_batches == 0 || max_norm.is_some_and(|n| n.is_nan() || n <= 0.0) {
+                return Err(format!(
+                    "grad_scale needs micro_batches ≥ 1 and a positive max_norm, got {micro_batches} and {max_norm:?}"
+                ));
+            }
+            Ok(vec![f32_scalar(), f32_scalar()])
+        }
+        Op::AdamW { beta1, beta2, eps, weight_decay } => {
+            let (param, grad, m, v) = (operands[0], operands[1], operands[2], operands[3]);
+            require_float("the parameter", param)?;
+            require_float("the gradient", grad)?;
+            if grad.shape != param.shape || m != param || v != param {
+                return Err(format!(
+                    "adamw needs a gradient of the parameter's shape and moments of its type: param {param}, grad {grad}, m {m}, v {v}"
+                ));
+            }
+            for (what, t) in
+                [("lr", operands[4]), ("step", operands[5]), ("multiplier", operands[6]), ("finite", operands[7])]
+            {
+                require_f32_scalar(what, t)?;
+            }
+            let valid = (0.0..1.0).contains(beta1) && (0.0..1.0).contains(beta2) && *eps > 0.0 && *weight_decay >= 0.0;
+            if !valid {
+                return Err(format!(
+                    "adamw needs betas in [0, 1), eps > 0 and weight decay ≥ 0, got {beta1}, {beta2}, {eps}, {weight_decay}"
+                ));
+            }
+            Ok(vec![param.clone(), m.clone(), v.clone()])
+        }
+        Op::LossScaleUpdate { growth_interval, growth, backoff } => {
+            for (what, t) in [("scale", operands[0]), ("good_steps", operands[1]), ("finite", operands[2])] {
+                require_f32_scalar(what, t)?;
+            }
+            if *growth_interval == 0
+                || growth.is_nan()
+                || *growth < 1.0
+                || backoff.is_nan()
+                || *backoff <= 0.0
+                || *backoff >= 1.0
+            {
+                return Err(format!(
+                    "loss scaling needs growth_interval ≥ 1, growth ≥ 1 and backoff in (0, 1), got {growth_interval}, {growth}, {backoff}"
+                ));
+            }
+            Ok(vec![f32_scalar(), f32_scalar()])
+        }
         Op::Mse => {
             let (prediction, target) = (operands[0], operands[1]);
             require_float("the prediction", prediction)?;
@@ -182,6 +301,14 @@ fn single_declared(op: &Op, declared: &[TensorType]) -> Result<TensorType, Strin
         [t] => Ok(t.clone()),
         _ => Err(format!("{} declares exactly one output type, got {}", op.name(), declared.len())),
     }
+}
+
+fn f32_scalar() -> TensorType {
+    TensorType::new(Shape::scalar(), DType::F32)
+}
+
+fn require_f32_scalar(what: &str, t: &TensorType) -> Result<(), String> {
+    if *t == f32_scalar() { Ok(()) } else { Err(format!("{what} must be an f32 scalar, got {t}")) }
 }
 
 fn require_float(what: &str, t: &TensorType) -> Result<(), String> {

@@ -18,12 +18,14 @@ pub mod op;
 mod serial;
 pub mod shape;
 pub mod spec;
+pub mod tensor;
 mod text;
 mod verify;
 
 pub use dtype::DType;
-pub use graph::{Graph, GraphError, Node, Operand, Value};
+pub use graph::{Graph, GraphError, Node, Operand, Phase, Value};
 pub use op::{GeluApproximation, Init, Op};
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};
+pub use tensor::{Tensor, TensorData, TensorError};
 pub use verify::VerifyError;

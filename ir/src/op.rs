@@ -52,6 +52,16 @@ pub enum Op {
     },
     /// `0, 1, …, n-1` along a rank-1 integer output (position ids).
     Arange,
+    /// A persistent tensor that is not trained: optimizer moments, gradient
+    /// accumulators, the step count, the loss scale. Updated through the
+    /// graph's state updates.
+    State {
+        init: Init,
+    },
+    /// A tensor of one constant value.
+    Fill {
+        value: f64,
+    },
 
     // ── Dense ──
     /// Row gather: `(table[V, E], ids[...]) -> [..., E]`.
@@ -133,6 +143,91 @@ pub enum Op {
     },
     /// `(prediction[N], target[N])`: mean squared error.
     Mse,
+
+    // ── Backward (written by the autodiff pass) ──
+    /// Sums the broadcast axes of the operand away, down to `shape`: the
+    /// adjoint of NumPy broadcasting.
+    SumTo {
+        shape: Shape,
+    },
+    /// `(x, dy) -> dy · gelu'(x)`.
+    GeluGrad {
+        approximation: GeluApproximation,
+    },
+    /// `(x, dy) -> dy · silu'(x)`.
+    SiluGrad,
+    /// `(x, dy) -> dy · [x > 0]`.
+    ReluGrad,
+    /// `(y, dy) -> dy · (1 - y²)`, from the forward output `y = tanh(x)`.
+    TanhGrad,
+    /// `(x, gamma, dy) -> (dx, dgamma, dbeta)`, recomputing the row
+    /// statistics from `x`.
+    LayerNormGrad {
+        eps: f64,
+    },
+    /// `(y, dy) -> y · (dy - Σ dy·y)` per row, from the forward output `y`.
+    SoftmaxGrad,
+    /// `(dy, mask)`: `dy` with the masked keys' entries zeroed.
+    AttentionMaskGrad,
+    /// `dy` placed at `[start, start+len)` of an axis of length `axis_len`,
+    /// zeros elsewhere: the adjoint of `slice`.
+    SliceGrad {
+        axis: usize,
+        start: u64,
+        axis_len: crate::shape::Dim,
+    },
+    /// `(dy[..., E], ids[...]) -> [rows, E]`: scatter-add of `dy`'s rows into
+    /// the table rows the ids name.
+    EmbeddingGrad {
+        rows: u64,
+    },
+    /// `(logits[N, C], labels[N], dloss[]) -> dlogits`:
+    /// `dloss · (softmax(logits) - onehot(label)) / count` on counted rows.
+    CrossEntropyGrad {
+        ignore_index: i64,
+    },
+    /// `(prediction[N], target[N], dloss[]) -> dloss · 2(prediction - target)/N`.
+    MseGrad,
+
+    // ── Optimizer (f32 scalars steer it) ──
+    /// `Σ x²` in f32: the squared norm of one gradient.
+    SquaredSum,
+    /// `(completed_steps[]) -> lr[]`: linear warm-up from 0 over
+    /// `warmup_steps`, then linear decay to 0 at `total_steps` (constant when
+    /// `None`) — Hugging Face's `get_linear_schedule_with_warmup`.
+    LrSchedule {
+        peak: f64,
+        warmup_steps: u64,
+        total_steps: Option<u64>,
+    },
+    /// `(squared_norm[], loss_scale[]) -> (multiplier[], finite[])`: the raw
+    /// gradients are summed over `micro_batches` and scaled by the loss
+    /// scale; `multiplier` turns them into the mean gradient, clipped to
+    /// global norm `max_norm`. `finite` is 1 when the norm is finite, else 0
+    /// (and `multiplier` is 0).
+    GradScale {
+        max_norm: Option<f64>,
+        micro_batches: u64,
+    },
+    /// `(param, grad, m, v, lr[], step[], multiplier[], finite[]) ->
+    /// (param, m, v)`: one AdamW step (decoupled weight decay, bias
+    /// correction at `step`, the 1-based count including this step) on
+    /// `grad · multiplier`; the identity where `finite` is 0.
+    AdamW {
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+    /// `(scale[], good_steps[], finite[]) -> (scale, good_steps)`: dynamic loss
+    /// scaling. On overflow the scale is multiplied by `backoff` and the count
+    /// reset; after `growth_interval` finite steps in a row it is multiplied by
+    /// `growth`.
+    LossScaleUpdate {
+        growth_interval: u64,
+        growth: f64,
+        backoff: f64,
+    },
 }
 
 /// How many operands an op takes.
@@ -190,13 +285,32 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::Mse => "mse",
+            Op::State { .. } => "state",
+            Op::Fill { .. } => "fill",
+            Op::SumTo { .. } => "sum_to",
+            Op::GeluGrad { .. } => "gelu_grad",
+            Op::SiluGrad => "silu_grad",
+            Op::ReluGrad => "relu_grad",
+            Op::TanhGrad => "tanh_grad",
+            Op::LayerNormGrad { .. } => "layer_norm_grad",
+            Op::SoftmaxGrad => "softmax_grad",
+            Op::AttentionMaskGrad => "attention_mask_grad",
+            Op::SliceGrad { .. } => "slice_grad",
+            Op::EmbeddingGrad { .. } => "embedding_grad",
+            Op::CrossEntropyGrad { .. } => "cross_entropy_grad",
+            Op::MseGrad => "mse_grad",
+            Op::SquaredSum => "squared_sum",
+            Op::LrSchedule { .. } => "lr_schedule",
+            Op::GradScale { .. } => "grad_scale",
+            Op::AdamW { .. } => "adamw",
+            Op::LossScaleUpdate { .. } => "loss_scale_update",
         }
     }
 
     pub fn arity(&self) -> Arity {
         use Arity::*;
         match self {
-            Op::Input | Op::Param { .. } | Op::Arange => Exactly(0),
+            Op::Input | Op::Param { .. } | Op::Arange | Op::State { .. } | Op::Fill { .. } => Exactly(0),
             Op::Scale { .. }
             | Op::Gelu { .. }
             | Op::Silu
@@ -209,7 +323,11 @@ impl Op {
             | Op::Reshape { .. }
             | Op::Transpose { .. }
             | Op::Split { .. }
-            | Op::Slice { .. } => Exactly(1),
+            | Op::Slice { .. }
+            | Op::SumTo { .. }
+            | Op::SliceGrad { .. }
+            | Op::SquaredSum
+            | Op::LrSchedule { .. } => Exactly(1),
             Op::Embedding
             | Op::MatMul { .. }
             | Op::Add
@@ -217,15 +335,28 @@ impl Op {
             | Op::Mul
             | Op::AttentionMask
             | Op::CrossEntropy { .. }
-            | Op::Mse => Exactly(2),
-            Op::LayerNorm { .. } => Exactly(3),
+            | Op::Mse
+            | Op::GeluGrad { .. }
+            | Op::SiluGrad
+            | Op::ReluGrad
+            | Op::TanhGrad
+            | Op::SoftmaxGrad
+            | Op::AttentionMaskGrad
+            | Op::EmbeddingGrad { .. }
+            | Op::GradScale { .. } => Exactly(2),
+            Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::CrossEntropyGrad { .. }
+            | Op::MseGrad
+            | Op::LossScaleUpdate { .. } => Exactly(3),
+            Op::AdamW { .. } => Exactly(8),
             Op::Concat { .. } => AtLeast(1),
         }
     }
 
     /// Ops with no operands, whose type is declared rather than inferred.
     pub fn is_source(&self) -> bool {
-        matches!(self, Op::Input | Op::Param { .. } | Op::Arange)
+        matches!(self, Op::Input | Op::Param { .. } | Op::Arange | Op::State { .. } | Op::Fill { .. })
     }
 
     /// The op's attributes as `key=value` pairs, in a fixed order, for the text form.
@@ -235,7 +366,41 @@ impl Op {
             format!("[{}]", parts.join(", "))
         }
         match self {
-            Op::Param { init } => vec![("init", init.to_string())],
+            Op::Param { init } | Op::State { init } => vec![("init", init.to_string())],
+            Op::Fill { value } => vec![("value", format!("{value}"))],
+            Op::SumTo { shape } => vec![("shape", shape.to_string())],
+            Op::GeluGrad { approximation } => Op::Gelu { approximation: *approximation }.attributes(),
+            Op::LayerNormGrad { eps } => Op::LayerNorm { eps: *eps }.attributes(),
+            Op::SliceGrad { axis, start, axis_len } => {
+                vec![("axis", axis.to_string()), ("start", start.to_string()), ("axis_len", axis_len.to_string())]
+            }
+            Op::EmbeddingGrad { rows } => vec![("rows", rows.to_string())],
+            Op::CrossEntropyGrad { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
+            Op::LrSchedule { peak, warmup_steps, total_steps } => {
+                let mut attrs = vec![("peak", format!("{peak:e}")), ("warmup_steps", warmup_steps.to_string())];
+                if let Some(total) = total_steps {
+                    attrs.push(("total_steps", total.to_string()));
+                }
+                attrs
+            }
+            Op::GradScale { max_norm, micro_batches } => {
+                let mut attrs = vec![("micro_batches", micro_batches.to_string())];
+                if let Some(norm) = max_norm {
+                    attrs.push(("max_norm", format!("{norm}")));
+                }
+                attrs
+            }
+            Op::AdamW { beta1, beta2, eps, weight_decay } => vec![
+                ("beta1", format!("{beta1}")),
+                ("beta2", format!("{beta2}")),
+                ("eps", format!("{eps:e}")),
+                ("weight_decay", format!("{weight_decay:e}")),
+            ],
+            Op::LossScaleUpdate { growth_interval, growth, backoff } => vec![
+                ("growth_interval", growth_interval.to_string()),
+                ("growth", format!("{growth}")),
+                ("backoff", format!("{backoff}")),
+            ],
             Op::MatMul { transpose_a, transpose_b } => {
                 let mut attrs = Vec::new();
                 if *transpose_a {
@@ -277,7 +442,14 @@ impl Op {
             | Op::Softmax
             | Op::AttentionMask
             | Op::AlibiBias
-            | Op::Mse => Vec::new(),
+            | Op::Mse
+            | Op::SiluGrad
+            | Op::ReluGrad
+            | Op::TanhGrad
+            | Op::SoftmaxGrad
+            | Op::AttentionMaskGrad
+            | Op::MseGrad
+            | Op::SquaredSum => Vec::new(),
         }
     }
 }

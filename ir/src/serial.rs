@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Graph, Value};
+use crate::graph::{Graph, Phase, Value};
 use crate::op::Op;
 use crate::shape::TensorType;
 
@@ -17,6 +17,8 @@ struct GraphFile {
     name: String,
     nodes: Vec<NodeEntry>,
     outputs: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    updates: Vec<(String, String)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -26,6 +28,12 @@ struct NodeEntry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     operands: Vec<String>,
     outputs: Vec<TensorType>,
+    #[serde(default, skip_serializing_if = "is_forward")]
+    phase: Phase,
+}
+
+fn is_forward(phase: &Phase) -> bool {
+    *phase == Phase::Forward
 }
 
 /// Why a RON graph could not be read.
@@ -60,11 +68,14 @@ impl Graph {
                     op: node.op.clone(),
                     operands: self.operands(n).into_iter().map(|v| self.value_ref(v)).collect(),
                     outputs: node.outputs.clone(),
+                    phase: node.phase,
                 }
             })
             .collect();
         let outputs = self.outputs.iter().map(|(name, v)| (name.clone(), self.value_ref(*v))).collect();
-        GraphFile { name: self.name.clone(), nodes, outputs }
+        let updates =
+            self.updates.iter().map(|(target, v)| (self.node(*target).name.clone(), self.value_ref(*v))).collect();
+        GraphFile { name: self.name.clone(), nodes, outputs, updates }
     }
 
     /// Reads a graph written by [`Graph::to_ron`].
@@ -83,6 +94,7 @@ impl Graph {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let declared = if entry.op.is_source() { entry.outputs.clone() } else { Vec::new() };
+            graph.phase = entry.phase;
             let index = graph
                 .add_node(entry.name.clone(), entry.op, &operands, declared)
                 .map_err(|e| node_error(&entry.name, e.message))?;
@@ -95,6 +107,15 @@ impl Graph {
                 graph.resolve(&r).ok_or_else(|| node_error(&name, format!("output refers to unknown value `{r}`")))?;
             graph.set_output(name, v);
         }
+        for (target, r) in file.updates {
+            let t =
+                graph.node_by_name(&target).ok_or_else(|| node_error(&target, "update of an unknown node".into()))?;
+            let v = graph
+                .resolve(&r)
+                .ok_or_else(|| node_error(&target, format!("update refers to unknown value `{r}`")))?;
+            graph.set_update(t, v).map_err(|e| node_error(&target, e.message))?;
+        }
+        graph.phase = Phase::Forward;
         Ok(graph)
     }
 

@@ -28,8 +28,13 @@ impl Graph {
     fn write_text(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "graph {} {{", self.name)?;
         let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
+        let mut phase = crate::graph::Phase::Forward;
         for n in order {
             let node = self.node(n);
+            if node.phase != phase {
+                phase = node.phase;
+                writeln!(out, "  // {}", phase.name())?;
+            }
             let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
             let ty = if types.len() == 1 { types[0].clone() } else { format!("({})", types.join(", ")) };
             write!(out, "  %{}: {} = {}", node.name, ty, node.op.name())?;
@@ -47,6 +52,9 @@ impl Graph {
         }
         for (name, v) in &self.outputs {
             writeln!(out, "  output {name} = %{}", self.value_ref(*v))?;
+        }
+        for (target, v) in &self.updates {
+            writeln!(out, "  update %{} <- %{}", self.node(*target).name, self.value_ref(*v))?;
         }
         writeln!(out, "}}")
     }

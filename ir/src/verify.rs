@@ -70,6 +70,27 @@ impl Graph {
                 )));
             }
         }
+        let mut updated = HashSet::new();
+        for (target, v) in &self.updates {
+            let Some(node) = self.graph.node_weight(*target) else {
+                return Err(VerifyError {
+                    node: self.name.clone(),
+                    message: "an update targets a removed node".into(),
+                });
+            };
+            let fail = |message: String| VerifyError { node: node.name.clone(), message };
+            if !matches!(node.op, crate::Op::Param { .. } | crate::Op::State { .. }) {
+                return Err(fail("only parameters and states are updated".into()));
+            }
+            let value = self.graph.node_weight(v.node);
+            if !updated.insert((*target, value.map(|n| n.phase))) {
+                return Err(fail("updated twice in one phase".into()));
+            }
+            let ty = value.and_then(|n| n.outputs.get(v.output as usize));
+            if ty != Some(&node.outputs[0]) {
+                return Err(fail(format!("its update has another type ({ty:?})")));
+            }
+        }
         for (name, v) in &self.outputs {
             let exists = self.graph.node_weight(v.node).is_some_and(|n| (v.output as usize) < n.outputs.len());
             if !exists {

@@ -10,12 +10,14 @@
 
 mod error;
 pub mod hf;
+mod training;
 mod validate;
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub use error::{Diagnostic, FieldProblem, SpecError};
+pub use training::{LossScaling, Precision, TrainingSpec};
 pub use validate::validate;
 
 /// A BERT-family encoder and its task head.
