@@ -34,9 +34,13 @@ pub struct GraphArgs {
     /// Replace the spec's head: `mlm`, `pooler`, or `classification:N`.
     #[arg(long, value_parser = parse_head)]
     pub head: Option<zeroplan_ir::spec::Head>,
-    /// Compute dtype of the forward graph.
+    /// Compute dtype of the forward graph (with --train, the training spec's precision decides).
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: zeroplan_ir::DType,
+    /// Show the whole training step (forward, backward, optimizer) under a RON
+    /// training spec, or the defaults when no file is given.
+    #[arg(long, value_name = "TRAIN.ron", num_args = 0..=1, require_equals = false)]
+    pub train: Option<Option<PathBuf>>,
     /// Write to this file (atomically) instead of standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,

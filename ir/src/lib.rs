@@ -25,6 +25,7 @@ mod verify;
 pub use dtype::DType;
 pub use graph::{Graph, GraphError, Node, Operand, Phase, Value};
 pub use op::{GeluApproximation, Init, Op};
+pub use petgraph::stable_graph::NodeIndex;
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};
 pub use tensor::{Tensor, TensorData, TensorError};

@@ -19,6 +19,10 @@ pub enum Init {
     },
     Zeros,
     Ones,
+    /// Every element `value` (the fp16 loss scale's starting value).
+    Constant {
+        value: f64,
+    },
 }
 
 impl fmt::Display for Init {
@@ -27,6 +31,7 @@ impl fmt::Display for Init {
             Init::Normal { std } => write!(f, "normal(std={std})"),
             Init::Zeros => f.write_str("zeros"),
             Init::Ones => f.write_str("ones"),
+            Init::Constant { value } => write!(f, "constant({value})"),
         }
     }
 }

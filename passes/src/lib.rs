@@ -1,5 +1,15 @@
 //! zeroplan's graph passes.
 //!
-//! Each pass lives in its own file behind one small trait (autodiff,
-//! rewrite, fuse, recompute, partition, schedule, memory; see DESIGN.md).
-//! None is written yet: the training-graph and optimisation issues add them.
+//! Each pass lives in its own file and turns one verified graph into
+//! another. Today: the training step — [`mixed_precision`] (fp32 master
+//! weights behind 16-bit working copies), [`autodiff`] (reverse mode), and
+//! [`optimizer`] (clipping, AdamW, schedule, loss scaling, accumulation),
+//! put together by [`training::training_graph`]. [`accounting`] reads the
+//! model-state bytes back out of a training graph.
+
+pub mod accounting;
+pub mod autodiff;
+pub mod mixed_precision;
+pub mod optimizer;
+mod rebuild;
+pub mod training;

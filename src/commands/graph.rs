@@ -6,16 +6,27 @@ use std::collections::BTreeMap;
 use crate::cli::{GraphArgs, GraphFormat};
 use crate::output::emit;
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::spec::{self, Head, ModelSpec};
+use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Graph, Op};
+use zeroplan_passes::accounting::{ModelStateBytes, model_state_bytes};
+use zeroplan_passes::training::training_graph;
 
 pub fn run(args: &GraphArgs) -> Result<(), String> {
     let mut spec = spec::load(&args.spec).map_err(|e| e.to_string())?;
     if let Some(head) = args.head {
         spec.head = head;
     }
-    let graph = forward(&spec, &BuildOptions { dtype: args.dtype })
-        .map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    let graph = match &args.train {
+        None => forward(&spec, &BuildOptions { dtype: args.dtype }).map_err(|e| e.to_string()),
+        Some(file) => {
+            let train = match file {
+                Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
+                None => TrainingSpec::default(),
+            };
+            training_graph(&spec, &train).map_err(|e| e.to_string())
+        }
+    }
+    .map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let text = if args.summary {
         let summary = Summary::new(&spec, &graph);
         if args.json {
@@ -51,6 +62,11 @@ struct Summary {
     head: String,
     dtype: String,
     nodes: usize,
+    /// Nodes per phase: forward, and for training graphs backward and optimizer.
+    phases: BTreeMap<&'static str, usize>,
+    /// Model-state bytes by class (training graphs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_state_bytes: Option<ModelStateBytes>,
     inputs: BTreeMap<String, String>,
     outputs: BTreeMap<String, String>,
     ops: BTreeMap<&'static str, usize>,
@@ -61,7 +77,11 @@ impl Summary {
         let g = graph.petgraph();
         let params = graph.params();
         let param_bytes = params.iter().filter_map(|n| graph.node(*n).outputs[0].size_bytes(&Default::default())).sum();
-        let dtype = params.first().map_or("none".to_string(), |n| graph.node(*n).outputs[0].dtype.to_string());
+        // The compute dtype: what the embeddings are looked up in (parameters
+        // of a mixed-precision training graph are f32 masters).
+        let dtype = graph
+            .node_by_name("embeddings.word")
+            .map_or("none".to_string(), |n| graph.node(n).outputs[0].dtype.to_string());
         let inputs = g
             .node_indices()
             .filter(|n| matches!(g[*n].op, Op::Input))
@@ -85,6 +105,8 @@ impl Summary {
             },
             dtype,
             nodes: graph.node_count(),
+            phases: graph.phase_counts().into_iter().map(|(p, n)| (p.name(), n)).collect(),
+            model_state_bytes: graph.op_histogram().contains_key("adamw").then(|| model_state_bytes(graph).0),
             inputs,
             outputs,
             ops: graph.op_histogram(),
@@ -106,8 +128,25 @@ impl Summary {
         let list =
             |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", ");
         let ops: Vec<String> = self.ops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let phases: Vec<String> = ["forward", "backward", "optimizer"]
+            .iter()
+            .filter_map(|p| self.phases.get(p).map(|n| format!("{p} {n}")))
+            .collect();
+        let state = self.model_state_bytes.map_or(String::new(), |b| {
+            let per = |x: u64| x as f64 / self.params as f64;
+            format!(
+                "  model state {:.1} MiB = {:.1} B/param: parameters {:.0}, working copies {:.0}, gradients {:.0}, optimizer {:.0}, micro-batch gradients {:.0}\n",
+                b.total() as f64 / (1u64 << 20) as f64,
+                per(b.total()),
+                per(b.parameters),
+                per(b.working_copies),
+                per(b.gradients),
+                per(b.optimizer),
+                per(b.micro_batch_gradients),
+            )
+        });
         format!(
-            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes}: {ops}\n  inputs      {inputs}\n  outputs     {outputs}\n",
+            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes} ({phases}): {ops}\n{state}  inputs      {inputs}\n  outputs     {outputs}\n",
             name = self.name,
             head = self.head,
             dtype = self.dtype,
@@ -119,6 +158,8 @@ impl Summary {
             inter = self.intermediate,
             vocab = self.vocab_size,
             nodes = self.nodes,
+            phases = phases.join(", "),
+            state = state,
             ops = ops.join(", "),
             inputs = list(&self.inputs),
             outputs = list(&self.outputs),

@@ -1,0 +1,61 @@
+//! Model-state bytes, read from a training graph.
+//!
+//! Every AdamW node names a parameter (the f32 master, or the f32 weight),
+//! the gradient it applies, and the two moments. With the 16-bit working
+//! copies (`cast` of a parameter) and the accumulators, that is the whole
+//! model state; the bytes follow from the dtypes the graph states, so the
+//! familiar 16 bytes per parameter is a result, not an assumption.
+
+use zeroplan_ir::{Graph, Op};
+
+/// Bytes of model state by class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelStateBytes {
+    /// Trained parameters (fp32 master weights under mixed precision).
+    pub parameters: u64,
+    /// 16-bit working copies of the parameters.
+    pub working_copies: u64,
+    /// The gradients the optimizer applies (the last micro-batch's, or the accumulators).
+    pub gradients: u64,
+    /// AdamW's two moments.
+    pub optimizer: u64,
+    /// Per-micro-batch gradients, when they are accumulated separately.
+    pub micro_batch_gradients: u64,
+}
+
+impl ModelStateBytes {
+    pub fn total(&self) -> u64 {
+        self.parameters + self.working_copies + self.gradients + self.optimizer + self.micro_batch_gradients
+    }
+}
+
+/// Model-state bytes of a training graph, and its parameter count.
+pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
+    let bytes = |v| graph.value_type(v).size_bytes(&Default::default()).unwrap_or(0);
+    let mut total = ModelStateBytes::default();
+    let g = graph.petgraph();
+    for n in g.node_indices() {
+        match &g[n].op {
+            Op::AdamW { .. } => {
+                let ops = graph.operands(n);
+                total.parameters += bytes(ops[0]);
+                total.gradients += bytes(ops[1]);
+                total.optimizer += bytes(ops[2]) + bytes(ops[3]);
+                // An accumulated gradient: the per-micro-batch one is state too.
+                if matches!(graph.node(ops[1].node).op, Op::State { .. }) {
+                    let param = &graph.node(ops[0].node).name;
+                    let raw = graph.node_by_name(&format!("{param}.grad_f32")).map(|c| graph.operands(c)[0]);
+                    total.micro_batch_gradients += raw.map_or(bytes(ops[1]), bytes);
+                }
+            }
+            Op::Cast { .. } => {
+                let source = graph.operands(n)[0];
+                if matches!(graph.node(source.node).op, Op::Param { .. }) {
+                    total.working_copies += bytes(zeroplan_ir::Value { node: n, output: 0 });
+                }
+            }
+            _ => {}
+        }
+    }
+    (total, graph.parameter_count())
+}

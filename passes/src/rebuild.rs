@@ -1,0 +1,28 @@
+//! Copying nodes from one graph into another, mapping operands: the way
+//! passes build a transformed graph without mutating the input.
+
+use std::collections::HashMap;
+use zeroplan_ir::{Graph, GraphError, NodeIndex, Value};
+
+/// Old values to new values.
+pub type ValueMap = HashMap<Value, Value>;
+
+/// Adds a copy of `src`'s node `n` to `dst` (same name, op, phase of `dst`),
+/// with operands translated through `map`, and maps its outputs.
+pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
+    let node = src.node(n);
+    let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
+    let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
+    let copy = dst.add_node(node.name.clone(), node.op.clone(), &operands, declared)?;
+    for output in 0..node.outputs.len() as u32 {
+        map.insert(Value { node: n, output }, Value { node: copy, output });
+    }
+    Ok(())
+}
+
+/// Re-declares `src`'s outputs in `dst` through `map`.
+pub fn copy_outputs(src: &Graph, dst: &mut Graph, map: &ValueMap) {
+    for (name, v) in &src.outputs {
+        dst.set_output(name.clone(), map[v]);
+    }
+}
