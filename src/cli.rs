@@ -14,8 +14,76 @@ pub struct Cli {
 pub enum Command {
     /// Build a model's forward graph and print it (text, Graphviz or JSON) or its summary.
     Graph(GraphArgs),
+    /// Train a model for some steps and log each step.
+    Train(Box<TrainArgs>),
     /// List the devices plans can run on here: the host, and CUDA GPUs if a driver is found.
     Devices(DevicesArgs),
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// A `.ron` model spec (see models/) or a Hugging Face `config.json` (or its directory).
+    pub spec: PathBuf,
+    /// Where the step runs. `reference`: the exact interpreter on the host.
+    #[arg(long, value_enum, default_value_t = Backend::Reference)]
+    pub backend: Backend,
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Print one JSON object per step (`step`, `loss`, `lr`, `grad_norm`, `skipped`, `loss_scale`).
+    #[arg(long)]
+    pub log_json: bool,
+    /// A RON training spec; the flags below override it.
+    #[arg(long, value_name = "TRAIN.ron")]
+    pub train: Option<PathBuf>,
+    /// Initial weights, Hugging Face tensor names (otherwise a seeded initialisation).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub weights: Option<PathBuf>,
+    /// A fixed batch repeated every step: `input_ids`, `token_type_ids`,
+    /// `attention_mask`, `labels` (-100 = ignore). Otherwise a seeded synthetic batch.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub batch: Option<PathBuf>,
+    /// Synthetic batch: sequences per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    pub batch_size: usize,
+    /// Synthetic batch: tokens per sequence.
+    #[arg(long, default_value_t = 16)]
+    pub seq_len: usize,
+    /// Save the trained weights here (Hugging Face names), atomically.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub save: Option<PathBuf>,
+    /// Seed of the initialisation, the synthetic batch and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Replace the spec's head: `mlm` or `classification:N`.
+    #[arg(long, value_parser = parse_head)]
+    pub head: Option<zeroplan_ir::spec::Head>,
+    /// Dropout probability for hidden states and attention (0 disables).
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// AdamW betas, as `b1,b2`.
+    #[arg(long, value_parser = parse_betas)]
+    pub betas: Option<(f64, f64)>,
+    #[arg(long)]
+    pub eps: Option<f64>,
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Linear warm-up steps.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Micro-batches accumulated per step (the batch is repeated).
+    #[arg(long)]
+    pub micro_batches: Option<u64>,
+    /// Compute precision: f32, bf16, or f16 (with dynamic loss scaling).
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<zeroplan_ir::spec::Precision>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The reference interpreter: exact, slow, any machine.
+    Reference,
 }
 
 #[derive(Args)]
@@ -73,6 +141,21 @@ fn parse_head(s: &str) -> Result<zeroplan_ir::spec::Head, String> {
             .and_then(|n| n.parse().ok())
             .map(|num_labels| Head::Classification { num_labels })
             .ok_or_else(|| format!("`{s}` is not a head: use mlm, pooler or classification:N (N = 1 for regression)")),
+    }
+}
+
+fn parse_betas(s: &str) -> Result<(f64, f64), String> {
+    let parsed = s.split_once(',').and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    parsed.ok_or_else(|| format!("`{s}` is not a pair of betas: write e.g. 0.9,0.98"))
+}
+
+fn parse_precision(s: &str) -> Result<zeroplan_ir::spec::Precision, String> {
+    use zeroplan_ir::spec::{LossScaling, Precision};
+    match s {
+        "f32" => Ok(Precision::F32),
+        "bf16" => Ok(Precision::Bf16),
+        "f16" => Ok(Precision::F16(LossScaling::default())),
+        _ => Err(format!("`{s}` is not a precision: use f32, bf16 or f16")),
     }
 }
 

@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match &cli.command {
         cli::Command::Graph(args) => commands::graph::run(args),
+        cli::Command::Train(args) => commands::train::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),
     };
     match result {

@@ -116,3 +116,64 @@ fn devices_lists_the_host() {
     let d = stdout_json(&["devices", "--json"]);
     assert_eq!(d["devices"][0]["kind"], "host");
 }
+
+#[test]
+fn graph_train_summary_counts_phases_and_model_state() {
+    let s = stdout_json(&["graph", "models/bert-base.ron", "--train", "--summary", "--json"]);
+    let phases = &s["phases"];
+    assert!(phases["forward"].as_u64().unwrap() > 500 && phases["backward"].as_u64().unwrap() > 500);
+    assert!(phases["optimizer"].as_u64().unwrap() >= 202, "one AdamW per parameter");
+    let bytes = &s["model_state_bytes"];
+    let total: u64 = ["parameters", "working_copies", "gradients", "optimizer", "micro_batch_gradients"]
+        .iter()
+        .map(|k| bytes[k].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 16 * 109_514_298);
+}
+
+#[test]
+fn train_logs_one_json_object_per_step_and_learns() {
+    let out = zeroplan(&[
+        "train",
+        "models/tiny/tiny-bert.ron",
+        "--backend",
+        "reference",
+        "--steps",
+        "8",
+        "--lr",
+        "3e-3",
+        "--dropout",
+        "0",
+        "--log-json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let steps: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.len(), 8);
+    assert_eq!(steps[7]["step"], 8);
+    let loss = |i: usize| steps[i]["loss"].as_f64().unwrap();
+    assert!(loss(7) < loss(0), "{} → {}", loss(0), loss(7));
+}
+
+#[test]
+fn train_saves_weights_that_load_back() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("trained.safetensors");
+    let args = ["train", "models/tiny/tiny-bert.ron", "--steps", "2", "--save", saved.to_str().unwrap()];
+    assert!(zeroplan(&args).status.success());
+    let resumed =
+        zeroplan(&["train", "models/tiny/tiny-bert.ron", "--steps", "1", "--weights", saved.to_str().unwrap()]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn train_rejects_bad_settings_clearly() {
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--betas", "0.9,1.5"]);
+    assert!(err.contains("betas (0.9, 1.5) are not both in [0, 1)"), "{err}");
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--weights", "models/bert-base.ron"]);
+    assert!(err.contains("bert-base.ron"), "{err}");
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--head", "pooler"]);
+    assert!(err.contains("has no loss"), "{err}");
+}

@@ -14,6 +14,7 @@ mod dot;
 pub mod dtype;
 pub mod graph;
 pub mod infer;
+pub mod interp;
 pub mod op;
 mod serial;
 pub mod shape;

@@ -1,7 +1,13 @@
 //! zeroplan's runtime: executes plans on the devices of this machine.
 //!
 //! Today: discovering those devices — the host (always) and CUDA GPUs (where
-//! a driver is found). Plan execution comes with the CPU-backend issue.
+//! a driver is found) —, reading and writing weights and batches
+//! ([`checkpoint`]: Hugging Face safetensors files), and training on the
+//! reference interpreter ([`reference`]). Compiled plan execution comes with
+//! the CPU-backend issue.
+
+pub mod checkpoint;
+pub mod reference;
 
 use serde::Serialize;
 

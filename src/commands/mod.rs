@@ -2,3 +2,4 @@
 
 pub mod devices;
 pub mod graph;
+pub mod train;

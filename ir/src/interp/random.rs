@@ -1,0 +1,143 @@
+//! Randomness from Philox: dropout masks and parameter initialisation.
+//!
+//! Both are pure functions of (seed, site, element), so they need no
+//! generator state: the mask of element `e` of dropout stream `s` at offset
+//! `o` is the same whoever computes it, whenever. Dropout counters use the
+//! stream word for the site; initialisation uses stream `0xFFFF_FFFF`, which
+//! no builder assigns to a dropout site.
+
+use super::nd;
+use super::philox::{key_of, philox4x32_10};
+use crate::dtype::DType;
+use crate::op::Init;
+use crate::tensor::Tensor;
+
+/// The counter's third word for parameter initialisation.
+pub const INIT_STREAM: u32 = 0xFFFF_FFFF;
+
+/// The Philox counter of element `index` in `stream` at `offset`:
+/// `(index low 32 bits, index high 32 bits, stream, offset)`.
+pub fn counter(index: u64, stream: u32, offset: u32) -> [u32; 4] {
+    [index as u32, (index >> 32) as u32, stream, offset]
+}
+
+/// A uniform in `[0, 1)` on a 2⁻²⁴ grid from the top 24 bits of `word`,
+/// exactly representable in f32 (so `u ≥ p` means the same in every backend).
+pub fn uniform24(word: u32) -> f64 {
+    f64::from(word >> 8) * (1.0 / 16_777_216.0)
+}
+
+/// Whether dropout keeps element `index` of `stream` at `offset` with drop
+/// probability `p`: `uniform24(w0) ≥ p`, `w0` the first Philox word for key
+/// `seed` and [`counter`]`(index, stream, offset as u32)`.
+pub fn dropout_keeps(seed: u64, stream: u32, offset: u64, index: u64, p: f64) -> bool {
+    let words = philox4x32_10(counter(index, stream, offset as u32), key_of(seed));
+    uniform24(words[0]) >= p
+}
+
+/// Dropout of `x`: kept elements times `1/(1 − p)` (the factor in f64), others 0.
+pub(super) fn dropout(x: &Tensor, p: f64, stream: u32, seed: u64, offset: u64) -> Result<Tensor, String> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("dropout probability must be in [0, 1), got {p}"));
+    }
+    let v = nd::floats(x, "the operand")?;
+    let scale = 1.0 / (1.0 - p);
+    let out = v
+        .iter()
+        .enumerate()
+        .map(|(e, &value)| if dropout_keeps(seed, stream, offset, e as u64, p) { value * scale } else { 0.0 })
+        .collect();
+    Ok(nd::float(x.shape().to_vec(), x.dtype(), out))
+}
+
+/// A standard normal for element `index` of the `ordinal`-th parameter or
+/// state: Box–Muller on the first two words `w0, w1` of Philox with key
+/// `seed` and counter `(index low, index high, 0xFFFF_FFFF, ordinal)`:
+/// `u1 = (w0 + 1)·2⁻³²` ∈ (0, 1], `u2 = w1·2⁻³²`,
+/// `z = √(−2 ln u1)·cos(2π·u2)`.
+pub fn standard_normal(seed: u64, ordinal: u32, index: u64) -> f64 {
+    let words = philox4x32_10(counter(index, INIT_STREAM, ordinal), key_of(seed));
+    let two_32 = 4_294_967_296.0;
+    let u1 = (f64::from(words[0]) + 1.0) / two_32;
+    let u2 = f64::from(words[1]) / two_32;
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// The initial value of a parameter or state of `shape` and `dtype`,
+/// unrounded (the interpreter rounds in `Native` mode).
+pub(super) fn init(init: &Init, shape: Vec<usize>, dtype: DType, seed: u64, ordinal: u32) -> Result<Tensor, String> {
+    let n: usize = shape.iter().product();
+    match init {
+        Init::Zeros => Ok(nd::full(shape, dtype, 0.0)),
+        Init::Ones => Ok(nd::full(shape, dtype, 1.0)),
+        Init::Constant { value } => Ok(nd::full(shape, dtype, *value)),
+        Init::Normal { std } if dtype.is_float() => {
+            Ok(nd::float(shape, dtype, (0..n as u64).map(|e| std * standard_normal(seed, ordinal, e)).collect()))
+        }
+        Init::Normal { .. } => Err(format!("a normal initialiser needs a float dtype, not {dtype}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mask(seed: u64, stream: u32, offset: u64, n: u64, p: f64) -> Vec<bool> {
+        (0..n).map(|e| dropout_keeps(seed, stream, offset, e, p)).collect()
+    }
+
+    #[test]
+    fn masks_are_reproducible_and_stream_dependent() {
+        let a = mask(7, 3, 11, 1000, 0.1);
+        assert_eq!(a, mask(7, 3, 11, 1000, 0.1));
+        assert_ne!(a, mask(7, 4, 11, 1000, 0.1), "another stream");
+        assert_ne!(a, mask(7, 3, 12, 1000, 0.1), "another offset");
+        assert_ne!(a, mask(8, 3, 11, 1000, 0.1), "another seed");
+        // p = 0 keeps everything (u ≥ 0 always).
+        assert!(mask(1, 0, 0, 1000, 0.0).into_iter().all(|k| k));
+    }
+
+    #[test]
+    fn kept_fraction_is_one_minus_p() {
+        for p in [0.1, 0.5, 0.9] {
+            let kept = mask(42, 0, 0, 10_000, p).into_iter().filter(|k| *k).count() as f64 / 10_000.0;
+            // Binomial std at n = 10⁴ is ≤ 0.005; allow 4σ.
+            assert!((kept - (1.0 - p)).abs() < 0.02, "p = {p}: kept {kept}");
+        }
+    }
+
+    #[test]
+    fn dropout_scales_survivors() {
+        let x = nd::float(vec![4, 250], DType::F32, vec![2.0; 1000]);
+        let y = dropout(&x, 0.2, 5, 99, 3).unwrap();
+        for (e, &v) in y.floats().unwrap().iter().enumerate() {
+            let want = if dropout_keeps(99, 5, 3, e as u64, 0.2) { 2.0 / 0.8 } else { 0.0 };
+            assert_eq!(v, want);
+        }
+    }
+
+    #[test]
+    fn the_first_word_decides_by_hand() {
+        // Counter 0, key 0: w0 = 0x6627e8d5 (Random123), so u = 0x6627e8·2⁻²⁴ = 0.3990464…
+        let u = uniform24(0x6627_e8d5);
+        assert!((u - 0.399_046_421_051_025_4).abs() < 1e-15);
+        assert!(dropout_keeps(0, 0, 0, 0, 0.399));
+        assert!(!dropout_keeps(0, 0, 0, 0, 0.3991));
+    }
+
+    #[test]
+    fn normal_init_has_the_right_moments() {
+        let t = init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0).unwrap();
+        let v = t.floats().unwrap();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.02 * 0.04, "mean {mean}");
+        assert!((var.sqrt() / 0.02 - 1.0).abs() < 0.03, "std {}", var.sqrt());
+        // A different ordinal is a different tensor; the same one is identical.
+        assert_ne!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1).unwrap());
+        assert_eq!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0).unwrap());
+        assert_eq!(init(&Init::Ones, vec![2], DType::BF16, 0, 0).unwrap().floats().unwrap(), &[1.0, 1.0]);
+        assert_eq!(init(&Init::Zeros, vec![2], DType::I64, 0, 0).unwrap().ints().unwrap(), &[0, 0]);
+        assert!(init(&Init::Normal { std: 1.0 }, vec![2], DType::I64, 0, 0).is_err());
+    }
+}

@@ -1,0 +1,117 @@
+//! `zeroplan train SPEC`: run training steps and log them.
+
+use std::collections::BTreeMap;
+
+use crate::cli::{Backend, TrainArgs};
+use zeroplan_ir::interp::{Feeds, Precision as InterpPrecision};
+use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
+use zeroplan_ir::{DType, Tensor};
+use zeroplan_passes::training::training_graph;
+use zeroplan_runtime::checkpoint;
+use zeroplan_runtime::reference::ReferenceTrainer;
+
+pub fn run(args: &TrainArgs) -> Result<(), String> {
+    let mut model = spec::load(&args.spec).map_err(|e| e.to_string())?;
+    if let Some(head) = args.head {
+        model.head = head;
+    }
+    let train = training_spec(args)?;
+    let context = |e: String| format!("{}: error: {e}", args.spec.display());
+    let graph = training_graph(&model, &train).map_err(|e| context(e.to_string()))?;
+    let Backend::Reference = args.backend;
+    let mut trainer =
+        ReferenceTrainer::new(graph, args.seed, InterpPrecision::Native).map_err(|e| context(e.to_string()))?;
+    if let Some(path) = &args.weights {
+        let mut weights = trainer.weights();
+        let report =
+            checkpoint::load_weights(path, &model, trainer.graph(), &mut weights).map_err(|e| e.to_string())?;
+        if !report.initialised.is_empty() {
+            eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
+        }
+        trainer.set_weights(weights);
+    }
+    let batch = match &args.batch {
+        Some(path) => checkpoint::load_batch(path).map_err(|e| e.to_string())?,
+        None => synthetic_batch(&model, args.batch_size, args.seq_len, args.seed)?,
+    };
+    let micro_batches: Vec<Feeds> = vec![batch; train.micro_batches as usize];
+    for _ in 0..args.steps {
+        let log = trainer.step(&micro_batches).map_err(|e| context(e.to_string()))?;
+        if args.log_json {
+            println!("{}", serde_json::to_string(&log).expect("serialisable"));
+        } else {
+            let scale = log.loss_scale.map_or(String::new(), |s| format!("  loss scale {s}"));
+            let skipped = if log.skipped { "  (skipped: gradients overflowed)" } else { "" };
+            println!(
+                "step {:>4}  loss {:.6}  lr {:.3e}  grad norm {:.4}{scale}{skipped}",
+                log.step, log.loss, log.lr, log.grad_norm
+            );
+        }
+        if !log.loss.is_finite() {
+            return Err(context(format!("step {}: the loss is {}; stopping", log.step, log.loss)));
+        }
+    }
+    if let Some(path) = &args.save {
+        checkpoint::save_weights(path, &model, trainer.graph(), &trainer.weights()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The training spec file (or defaults), overridden by the flags.
+fn training_spec(args: &TrainArgs) -> Result<TrainingSpec, String> {
+    let mut t = match &args.train {
+        Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
+        None => TrainingSpec::default(),
+    };
+    t.lr = args.lr.unwrap_or(t.lr);
+    t.betas = args.betas.unwrap_or(t.betas);
+    t.eps = args.eps.unwrap_or(t.eps);
+    t.weight_decay = args.weight_decay.unwrap_or(t.weight_decay);
+    t.warmup_steps = args.warmup.unwrap_or(t.warmup_steps);
+    t.micro_batches = args.micro_batches.unwrap_or(t.micro_batches);
+    t.precision = args.precision.unwrap_or(t.precision);
+    t.dropout = args.dropout.or(t.dropout);
+    t.validate().map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(|p| format!("error: {}\n  help: {}", p.message, p.help)).collect();
+        lines.join("\n")
+    })?;
+    Ok(t)
+}
+
+/// A seeded synthetic batch: random tokens, every seventh position labelled
+/// for MLM (its original token), random class labels or targets otherwise.
+fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed: u64) -> Result<Feeds, String> {
+    if batch == 0 || seq == 0 || seq as u64 > model.max_position {
+        return Err(format!(
+            "error: a synthetic batch of {batch}×{seq} does not fit `{}` (max_position {})",
+            model.name, model.max_position
+        ));
+    }
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x2545_F491_4F6C_DD1D;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let tokens = batch * seq;
+    let ids: Vec<i64> = (0..tokens).map(|_| next(model.vocab_size) as i64).collect();
+    let int = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).expect("consistent");
+    let labels = match model.head {
+        Head::Mlm => {
+            int(ids.iter().enumerate().map(|(i, id)| if i % 7 == 3 { *id } else { -100 }).collect(), vec![batch, seq])
+        }
+        Head::Classification { num_labels: 1 } => {
+            let targets = (0..batch).map(|_| next(500) as f64 / 100.0).collect();
+            Tensor::float(vec![batch], DType::F32, targets).expect("consistent")
+        }
+        Head::Classification { num_labels } => int((0..batch).map(|_| next(num_labels) as i64).collect(), vec![batch]),
+        Head::Pooler => int(Vec::new(), vec![0]),
+    };
+    let mut feeds = BTreeMap::new();
+    feeds.insert("input_ids".to_string(), int(ids, vec![batch, seq]));
+    feeds.insert("token_type_ids".to_string(), int(vec![0; tokens], vec![batch, seq]));
+    feeds.insert("attention_mask".to_string(), int(vec![1; tokens], vec![batch, seq]));
+    feeds.insert("labels".to_string(), labels);
+    Ok(feeds)
+}
