@@ -177,3 +177,35 @@ fn train_rejects_bad_settings_clearly() {
     let err = failure(&["train", "models/tiny/tiny-bert.ron", "--head", "pooler"]);
     assert!(err.contains("has no loss"), "{err}");
 }
+
+#[test]
+fn train_reads_a_batch_file() {
+    use zeroplan_ir::{DType, Tensor};
+    let dir = std::env::temp_dir().join(format!("zeroplan-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("batch.safetensors");
+    let int = |v: Vec<i64>| Tensor::int(vec![2, 4], DType::I64, v).unwrap();
+    let batch = std::collections::BTreeMap::from([
+        ("input_ids".to_string(), int(vec![5, 9, 12, 3, 7, 7, 40, 1])),
+        ("token_type_ids".to_string(), int(vec![0, 0, 1, 1, 0, 0, 1, 1])),
+        ("attention_mask".to_string(), int(vec![1, 1, 1, 1, 1, 1, 1, 0])),
+        ("labels".to_string(), int(vec![-100, 9, -100, -100, 7, -100, -100, -100])),
+    ]);
+    zeroplan_runtime::checkpoint::save_batch(&file, &batch).unwrap();
+    let out = zeroplan(&[
+        "train",
+        "models/tiny/tiny-bert.ron",
+        "--steps",
+        "3",
+        "--batch",
+        file.to_str().unwrap(),
+        "--log-json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    let bad = dir.join("bad.safetensors");
+    std::fs::write(&bad, b"not a safetensors file").unwrap();
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--batch", bad.to_str().unwrap()]);
+    assert!(err.contains("bad.safetensors"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -27,7 +27,8 @@ fn tensor(dims: &[u64], values: &[f64]) -> Tensor {
     Tensor::float(dims.iter().map(|&d| d as usize).collect(), DType::F32, values.to_vec()).unwrap()
 }
 
-/// Deterministic pseudo-random values in [-1, 1) for test tensors.
+/// Deterministic pseudo-random values in ±[0.01, 1) for test tensors: kept
+/// off 0, where relu's kink would break the finite difference.
 fn values(n: usize, seed: u64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
@@ -35,7 +36,8 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 52) as f64 * 2.0 - 1.0
+            let u = (x >> 11) as f64 / (1u64 << 52) as f64 * 2.0 - 1.0;
+            u.signum() * (0.01 + 0.99 * u.abs())
         })
         .collect()
 }
@@ -123,16 +125,10 @@ impl Case {
     }
 }
 
-fn unary(op: Op, dims: &[u64]) {
-    let mut c = Case::new();
-    let x = c.param("x", dims, 1);
-    let y = c.graph.add("y", op, &[x]).unwrap();
-    c.finish(y).check(None);
-}
-
-#[test]
-fn elementwise_ops() {
-    for op in [
+fn unary_ops(dims: &[u64]) -> Vec<Op> {
+    let perm: Vec<usize> = (0..dims.len()).rev().collect();
+    let numel = dims.iter().product::<u64>();
+    vec![
         Op::Scale { factor: -1.7 },
         Op::Gelu { approximation: GeluApproximation::Erf },
         Op::Gelu { approximation: GeluApproximation::Tanh },
@@ -141,51 +137,71 @@ fn elementwise_ops() {
         Op::Tanh,
         Op::Softmax,
         Op::Dropout { p: 0.3, stream: 4 },
-        Op::Transpose { perm: vec![2, 0, 1] },
-        Op::Reshape { shape: Shape(vec![Dim::constant(6), Dim::constant(4)]) },
-        Op::Slice { axis: 1, start: 1, len: 2 },
+        Op::Transpose { perm },
+        Op::Reshape { shape: Shape(vec![Dim::constant(numel)]) },
+        Op::Slice { axis: 0, start: dims[0] / 2, len: dims[0] - dims[0] / 2 },
         Op::Cast { to: DType::F32 },
-    ] {
-        unary(op, &[2, 3, 4]);
-    }
+    ]
 }
 
-#[test]
-fn broadcasting_binary_ops() {
-    for op in [Op::Add, Op::Sub, Op::Mul] {
-        for (a, b) in [(vec![2, 3, 4], vec![4]), (vec![2, 1, 4], vec![3, 1]), (vec![3, 4], vec![2, 3, 4])] {
-            let mut c = Case::new();
-            let x = c.param("a", &a, 1);
-            let y = c.param("b", &b, 2);
-            let z = c.graph.add("z", op.clone(), &[x, y]).unwrap();
-            c.finish(z).check(None);
-        }
-    }
-}
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
 
-#[test]
-fn matmul_every_transpose_and_batch_layout() {
-    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-        let (m, k, n) = (3, 4, 5);
-        let a_dims = if ta { vec![2, k, m] } else { vec![2, m, k] };
-        for b_dims in [if tb { vec![n, k] } else { vec![k, n] }, if tb { vec![2, n, k] } else { vec![2, k, n] }] {
+    #[test]
+    fn elementwise_and_layout_ops(dims in prop::collection::vec(1u64..4, 1..4), seed in 0u64..1000) {
+        for op in unary_ops(&dims) {
             let mut c = Case::new();
-            let a = c.param("a", &a_dims, 1);
-            let b = c.param("b", &b_dims, 2);
-            let y = c.graph.add("y", Op::MatMul { transpose_a: ta, transpose_b: tb }, &[a, b]).unwrap();
+            let x = c.param("x", &dims, seed);
+            let y = c.graph.add("y", op, &[x]).unwrap();
             c.finish(y).check(None);
         }
     }
-}
 
-#[test]
-fn layer_norm_all_three_operands() {
-    let mut c = Case::new();
-    let x = c.param("x", &[3, 5], 1);
-    let g = c.param("gamma", &[5], 2);
-    let b = c.param("beta", &[5], 3);
-    let y = c.graph.add("y", Op::LayerNorm { eps: 1e-5 }, &[x, g, b]).unwrap();
-    c.finish(y).check(None);
+    #[test]
+    fn broadcasting_binary_ops(
+        a in prop::collection::vec(1u64..4, 1..4),
+        keep in prop::collection::vec(any::<bool>(), 4),
+        drop_leading in 0usize..3,
+        seed in 0u64..1000,
+    ) {
+        // b: a's shape with some axes set to 1 and some leading axes dropped.
+        let b: Vec<u64> = a.iter().zip(&keep).map(|(&d, &k)| if k { d } else { 1 }).skip(drop_leading.min(a.len() - 1)).collect();
+        for op in [Op::Add, Op::Sub, Op::Mul] {
+            for (x_dims, y_dims) in [(&a, &b), (&b, &a)] {
+                let mut c = Case::new();
+                let x = c.param("a", x_dims, seed);
+                let y = c.param("b", y_dims, seed + 1);
+                let z = c.graph.add("z", op.clone(), &[x, y]).unwrap();
+                c.finish(z).check(None);
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_every_transpose_and_batch_layout(m in 1u64..4, k in 1u64..4, n in 1u64..4, batch in 1u64..3, seed in 0u64..1000) {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let a_dims = if ta { vec![batch, k, m] } else { vec![batch, m, k] };
+            let rank2 = if tb { vec![n, k] } else { vec![k, n] };
+            let batched = if tb { vec![batch, n, k] } else { vec![batch, k, n] };
+            for b_dims in [rank2, batched] {
+                let mut c = Case::new();
+                let a = c.param("a", &a_dims, seed);
+                let b = c.param("b", &b_dims, seed + 1);
+                let y = c.graph.add("y", Op::MatMul { transpose_a: ta, transpose_b: tb }, &[a, b]).unwrap();
+                c.finish(y).check(None);
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_all_three_operands(rows in 1u64..4, width in 2u64..7, seed in 0u64..1000) {
+        let mut c = Case::new();
+        let x = c.param("x", &[rows, width], seed);
+        let g = c.param("gamma", &[width], seed + 1);
+        let b = c.param("beta", &[width], seed + 2);
+        let y = c.graph.add("y", Op::LayerNorm { eps: 1e-5 }, &[x, g, b]).unwrap();
+        c.finish(y).check(None);
+    }
 }
 
 #[test]
