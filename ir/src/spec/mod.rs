@@ -9,6 +9,7 @@
 //! into the file.
 
 mod error;
+mod gpu;
 pub mod hf;
 mod training;
 mod validate;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub use error::{Diagnostic, FieldProblem, SpecError};
+pub use gpu::{Cluster, GpuProfile, PeakTflops};
 pub use training::{LossScaling, Precision, TrainingSpec};
 pub use validate::validate;
 

@@ -1,0 +1,173 @@
+//! GPU profiles and clusters: what the planner plans for.
+//!
+//! A profile is a RON file under `models/gpus/` with the figures a cost
+//! model needs and their sources in comments. A cluster is nodes × GPUs per
+//! node × one profile, with an optional per-GPU memory budget (the memory a
+//! plan may use, when less than the card's).
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{FieldProblem, SpecError, Syntax};
+use crate::dtype::DType;
+
+/// Dense (non-sparse) peak matrix throughput, TFLOP/s, by input dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    pub f32: f64,
+    /// TF32 tensor cores (f32 inputs); 0 where there are none.
+    pub tf32: f64,
+    /// 0 where the GPU has no bf16 tensor cores.
+    pub bf16: f64,
+    pub f16: f64,
+}
+
+/// One GPU model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfile {
+    pub name: String,
+    /// Device memory as the driver reports it, MiB.
+    pub memory_mib: u64,
+    pub peak_tflops: PeakTflops,
+    /// HBM bandwidth, GB/s.
+    pub hbm_gbps: f64,
+    /// NVLink bandwidth per direction per GPU, GB/s (0 without NVLink).
+    pub nvlink_gbps: f64,
+    /// Network bandwidth per GPU between nodes, per direction, GB/s.
+    pub internode_gbps: f64,
+    /// Host ↔ device bandwidth achieved over PCIe, per direction, GB/s.
+    pub host_gbps: f64,
+    /// Latency of one collective step, µs.
+    pub collective_latency_us: f64,
+}
+
+impl GpuProfile {
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib << 20
+    }
+
+    /// Peak matrix FLOP/s for GEMMs in `dtype` (f32 uses TF32 tensor cores
+    /// where present); `None` where the GPU cannot compute in it.
+    pub fn peak_flops(&self, dtype: DType) -> Option<f64> {
+        let t = match dtype {
+            DType::F32 => self.peak_tflops.tf32.max(self.peak_tflops.f32),
+            DType::BF16 => self.peak_tflops.bf16,
+            DType::F16 => self.peak_tflops.f16,
+            DType::I32 | DType::I64 => 0.0,
+        };
+        (t > 0.0).then_some(t * 1e12)
+    }
+
+    /// Reads a RON profile; `file` names it in errors.
+    pub fn from_ron(text: &str, file: &str) -> Result<GpuProfile, SpecError> {
+        let profile: GpuProfile = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
+        profile.validate().map_err(|problems| SpecError::located(file, text, problems, Syntax::Ron))?;
+        Ok(profile)
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<GpuProfile, SpecError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError::io(&file, &e))?;
+        GpuProfile::from_ron(&text, &file)
+    }
+
+    fn validate(&self) -> Result<(), Vec<FieldProblem>> {
+        let mut problems = Vec::new();
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        let mut check = |ok: bool, field: &'static str, what: &str| {
+            if !ok {
+                problems.push(FieldProblem {
+                    field,
+                    message: format!("`{field}` {what}"),
+                    help: "take the figure from the GPU's datasheet (see models/gpus/*.ron)".into(),
+                });
+            }
+        };
+        check(!self.name.trim().is_empty(), "name", "is empty");
+        check(self.memory_mib > 0, "memory_mib", "is 0");
+        let p = self.peak_tflops;
+        check(
+            positive(p.f32) && non_negative(p.tf32) && non_negative(p.bf16) && non_negative(p.f16),
+            "peak_tflops",
+            "must be positive for f32 and not negative elsewhere",
+        );
+        check(positive(self.hbm_gbps), "hbm_gbps", "must be positive");
+        check(non_negative(self.nvlink_gbps), "nvlink_gbps", "must not be negative");
+        check(positive(self.internode_gbps), "internode_gbps", "must be positive");
+        check(positive(self.host_gbps), "host_gbps", "must be positive");
+        check(non_negative(self.collective_latency_us), "collective_latency_us", "must not be negative");
+        if problems.is_empty() { Ok(()) } else { Err(problems) }
+    }
+}
+
+/// The machines a plan runs on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    pub gpu: GpuProfile,
+    /// Bytes a plan may use per GPU; the card's memory when `None`.
+    pub memory_budget: Option<u64>,
+}
+
+impl Cluster {
+    pub fn world_size(&self) -> u64 {
+        self.nodes * self.gpus_per_node
+    }
+
+    /// The bytes a plan may use on each GPU.
+    pub fn budget_bytes(&self) -> u64 {
+        self.memory_budget.unwrap_or(self.gpu.memory_bytes()).min(self.gpu.memory_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundled() -> Vec<GpuProfile> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gpus");
+        let mut profiles: Vec<GpuProfile> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| GpuProfile::load(&e.unwrap().path()).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        profiles.sort_by_key(|p| p.memory_mib);
+        profiles
+    }
+
+    #[test]
+    fn the_five_bundled_profiles_load() {
+        let names: Vec<String> = bundled().into_iter().map(|p| p.name).collect();
+        assert_eq!(names, ["V100-32GB", "A100-40GB", "H100-80GB-SXM", "A100-80GB", "H200"]);
+    }
+
+    #[test]
+    fn peak_flops_by_dtype() {
+        let v100 = &bundled()[0];
+        assert_eq!(v100.peak_flops(DType::BF16), None, "V100 has no bf16 tensor cores");
+        assert_eq!(v100.peak_flops(DType::F16), Some(125e12));
+        let h100 = bundled().into_iter().find(|p| p.name == "H100-80GB-SXM").unwrap();
+        assert_eq!(h100.peak_flops(DType::BF16), Some(989.4e12));
+        assert_eq!(h100.peak_flops(DType::F32), Some(494.7e12));
+    }
+
+    #[test]
+    fn budgets_never_exceed_the_card() {
+        let gpu = bundled()[1].clone();
+        let cluster = Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX) };
+        assert_eq!((cluster.world_size(), cluster.budget_bytes()), (16, 40960 << 20));
+    }
+
+    #[test]
+    fn bad_profiles_name_the_field() {
+        let text =
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gpus/h200.ron"))
+                .unwrap();
+        let err = GpuProfile::from_ron(&text.replace("hbm_gbps: 4800.0", "hbm_gbps: -1.0"), "bad.ron")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bad.ron:") && err.contains("`hbm_gbps` must be positive"), "{err}");
+    }
+}
