@@ -1,0 +1,96 @@
+//! Liveness: when each tensor of a scheduled step is born and when it dies.
+//!
+//! The schedule is a topological order of the nodes. A value is born at the
+//! step that computes it and dies after its last reader. Parameters and
+//! optimizer state persist across steps, so they live throughout. A graph
+//! output lives to the end. An update may be done in place: when every
+//! other reader of the updated tensor runs before the node that computes
+//! the new value, the new value takes the old one's buffer (AdamW writes
+//! the parameter and its moments in place, accumulators add in place).
+
+use std::collections::HashMap;
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Value};
+
+/// What a tensor is, for reports by category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Trained parameters (f32 masters under mixed precision).
+    Parameters,
+    /// Optimizer moments, accumulators and other persistent state.
+    OptimizerState,
+    /// Batch inputs.
+    Inputs,
+    /// Everything computed during the step.
+    Activations,
+}
+
+/// One tensor's lifetime over the schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interval {
+    pub value: Value,
+    pub bytes: u64,
+    /// Schedule positions `[start, end]`, inclusive.
+    pub start: usize,
+    pub end: usize,
+    pub category: Category,
+    /// The value reuses the buffer of this earlier value (an in-place update).
+    pub alias_of: Option<Value>,
+}
+
+/// Why liveness could not be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum LivenessError {
+    #[error("the graph has a cycle")]
+    Cycle,
+    #[error("the size of `{0}` is not known: bind every symbol (batch, seq)")]
+    Unbound(String),
+}
+
+/// Lifetimes of every value of `graph` under the schedule `order`.
+pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Result<Vec<Interval>, LivenessError> {
+    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let last = order.len().saturating_sub(1);
+    let mut last_use: HashMap<Value, usize> = HashMap::new();
+    for &n in order {
+        for v in graph.operands(n) {
+            let at = position[&n];
+            last_use.entry(v).and_modify(|e| *e = (*e).max(at)).or_insert(at);
+        }
+    }
+    for (_, v) in &graph.outputs {
+        last_use.insert(*v, last);
+    }
+    // In-place updates: the new value may take the target's buffer when no
+    // reader of the target comes after the node computing the new value.
+    let mut alias: HashMap<Value, Value> = HashMap::new();
+    for (target, v) in &graph.updates {
+        let old = Value { node: *target, output: 0 };
+        let readers_done = last_use.get(&old).is_none_or(|&l| l <= position[&v.node]);
+        let same_size = graph.value_type(old).size_bytes(bindings) == graph.value_type(*v).size_bytes(bindings);
+        if readers_done && same_size && !alias.values().any(|a| *a == old) {
+            alias.insert(*v, old);
+        }
+    }
+    let mut intervals = Vec::new();
+    for &n in order {
+        let node = graph.node(n);
+        let persistent = matches!(node.op, Op::Param { .. } | Op::State { .. });
+        let category = match node.op {
+            Op::Param { .. } => Category::Parameters,
+            Op::State { .. } => Category::OptimizerState,
+            Op::Input => Category::Inputs,
+            _ => Category::Activations,
+        };
+        for output in 0..node.outputs.len() as u32 {
+            let value = Value { node: n, output };
+            let bytes = node.outputs[output as usize]
+                .size_bytes(bindings)
+                .ok_or_else(|| LivenessError::Unbound(graph.value_ref(value)))?;
+            let start = if persistent { 0 } else { position[&n] };
+            let end = if persistent { last } else { last_use.get(&value).copied().unwrap_or(position[&n]) };
+            intervals.push(Interval { value, bytes, start, end, category, alias_of: alias.get(&value).copied() });
+        }
+    }
+    Ok(intervals)
+}

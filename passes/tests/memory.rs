@@ -1,0 +1,86 @@
+//! Memory plans: no two live buffers overlap, the peak is at least what is
+//! live at once, and the figures agree with what the graph states.
+
+use std::path::PathBuf;
+use zeroplan_ir::Bindings;
+use zeroplan_ir::spec::{self, ModelSpec, Precision, TrainingSpec};
+use zeroplan_passes::accounting::model_state_bytes;
+use zeroplan_passes::memory::{Category, plan};
+use zeroplan_passes::training::training_graph;
+
+fn model(file: &str) -> ModelSpec {
+    spec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models").join(file)).unwrap()
+}
+
+fn bindings(batch: u64, seq: u64) -> Bindings {
+    [("batch".to_string(), batch), ("seq".to_string(), seq)].into()
+}
+
+#[test]
+fn live_buffers_never_share_bytes() {
+    for file in ["tiny/tiny-bert.ron", "tiny/tiny-albert.ron", "tiny/tiny-mosaicbert.ron"] {
+        for micro_batches in [1, 2] {
+            let train = TrainingSpec { precision: Precision::Bf16, micro_batches, ..TrainingSpec::default() };
+            let graph = training_graph(&model(file), &train).unwrap();
+            let p = plan(&graph, &bindings(3, 7)).unwrap();
+            let iv = &p.intervals;
+            // Every value lies within its buffer's lifetime (its own or its owner's).
+            for place in &p.arena.placements {
+                for alias in iv.iter().filter(|a| a.alias_of == Some(iv[place.interval].value)) {
+                    assert!(place.start <= alias.start && alias.end <= place.end, "{file}: {:?}", alias.value);
+                }
+                assert!(place.start <= iv[place.interval].start && iv[place.interval].end <= place.end);
+            }
+            let places = &p.arena.placements;
+            for (x, a) in places.iter().enumerate() {
+                assert_eq!(a.offset % 256, 0);
+                assert!(a.offset + a.bytes <= p.arena.size);
+                for b in &places[x + 1..] {
+                    let in_time = a.start <= b.end && b.start <= a.end;
+                    let in_space = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+                    assert!(
+                        !(in_time && in_space),
+                        "{file}: {:?} and {:?} overlap",
+                        iv[a.interval].value,
+                        iv[b.interval].value
+                    );
+                }
+            }
+            assert!(p.arena.size >= p.arena.lower_bound);
+            assert!(p.arena.fragmentation() < 0.25, "{file}: fragmentation {}", p.arena.fragmentation());
+        }
+    }
+}
+
+#[test]
+fn persistent_bytes_are_the_model_state() {
+    for precision in [Precision::F32, Precision::Bf16] {
+        let graph =
+            training_graph(&model("bert-base.ron"), &TrainingSpec { precision, ..TrainingSpec::default() }).unwrap();
+        let p = plan(&graph, &bindings(8, 128)).unwrap();
+        let (state, params) = model_state_bytes(&graph);
+        // Parameters 4 B each; moments 8 B each plus a handful of scalars.
+        assert_eq!(p.at_peak[&Category::Parameters], state.parameters);
+        let optimizer = p.at_peak[&Category::OptimizerState];
+        assert!(
+            optimizer >= state.optimizer && optimizer < state.optimizer + 202 * 256 + 4096,
+            "{optimizer} vs {}",
+            state.optimizer
+        );
+        // Everything else at the peak is at least the gradients and working copies being built.
+        assert!(p.arena.size >= state.total(), "{} < {}", p.arena.size, state.total());
+        assert_eq!(params, 109_514_298);
+    }
+}
+
+#[test]
+fn activations_grow_linearly_with_the_batch() {
+    let graph =
+        training_graph(&model("tiny/tiny-bert.ron"), &TrainingSpec { dropout: Some(0.0), ..TrainingSpec::default() })
+            .unwrap();
+    let act = |b| plan(&graph, &bindings(b, 16)).unwrap().arena.lower_bound;
+    let (one, two, four) = (act(8), act(16), act(32));
+    // The persistent part is fixed, so the differences double.
+    let (d1, d2) = (two - one, four - two);
+    assert!(d2 as f64 > 1.8 * d1 as f64 && (d2 as f64) < 2.2 * d1 as f64, "{one} {two} {four}");
+}
