@@ -13,7 +13,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Build a model's forward graph and print it (text, Graphviz or JSON) or its summary.
-    Graph(GraphArgs),
+    Graph(Box<GraphArgs>),
     /// Train a model for some steps and log each step.
     Train(Box<TrainArgs>),
     /// List the devices plans can run on here: the host, and CUDA GPUs if a driver is found.
@@ -112,6 +112,50 @@ pub struct GraphArgs {
     /// Write to this file (atomically) instead of standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub passes: PassArgs,
+}
+
+/// How the pass pipeline runs.
+#[derive(Args)]
+pub struct PassArgs {
+    /// Switch passes off by name (`--disable rewrite,fuse`).
+    #[arg(long, value_delimiter = ',', value_name = "PASS")]
+    pub disable: Vec<String>,
+    /// Print the text IR to standard error after these passes.
+    #[arg(long, value_delimiter = ',', value_name = "PASS")]
+    pub dump_after: Vec<String>,
+    /// Write the text IR after every pass into DIR, as `NN-pass.ir`.
+    #[arg(long, value_name = "DIR")]
+    pub dump_all: Option<PathBuf>,
+    /// Print each pass's time, node counts and statistics to standard error.
+    #[arg(long)]
+    pub time_passes: bool,
+    /// Stop applying rewrites after N, to bisect a miscompile.
+    #[arg(long, value_name = "N")]
+    pub pass_limit: Option<usize>,
+    /// Explain a pass's decisions (alternatives and their costs) on standard error.
+    #[arg(long, value_delimiter = ',', value_name = "PASS")]
+    pub explain: Vec<String>,
+    /// The per-GPU micro-batch cost models assume.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: u64,
+    /// The sequence length cost models assume.
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: u64,
+}
+
+impl PassArgs {
+    pub fn options(&self) -> zeroplan_passes::manager::PassOptions {
+        zeroplan_passes::manager::PassOptions {
+            disabled: self.disable.iter().cloned().collect(),
+            dump_after: self.dump_after.iter().cloned().collect(),
+            dump_dir: self.dump_all.clone(),
+            pass_limit: self.pass_limit,
+            explain: self.explain.iter().cloned().collect(),
+            shape_hint: [("batch".to_string(), self.batch_size), ("seq".to_string(), self.seq_len)].into(),
+        }
+    }
 }
 
 #[derive(Args)]

@@ -154,6 +154,15 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             one(TensorType::new(Shape(dims), x.dtype))
         }
         Op::Concat { axis } => concat(operands, *axis),
+        Op::Fused { kernel } => {
+            kernel.check()?;
+            for (i, (arg, t)) in kernel.inputs.iter().zip(operands).enumerate() {
+                if arg.ty != **t {
+                    return Err(format!("operand {i} of kernel `{}` must be {}, got {t}", kernel.name, arg.ty));
+                }
+            }
+            Ok(kernel.outputs.iter().map(|a| a.ty.clone()).collect())
+        }
         Op::CrossEntropy { .. } => {
             let (logits, labels) = (operands[0], operands[1]);
             require_float("the logits", logits)?;

@@ -6,6 +6,7 @@
 //! - [`spec`]: BERT-family model specs, read from RON or a Hugging Face
 //!   `config.json`, validated with errors that point into the file.
 //! - [`build`]: a spec to the forward graph with its task head and loss.
+//! - [`kernel`]: the kernel IR, the body of one fused row kernel (`fused` ops).
 //!
 //! This crate knows nothing of passes, backends or devices.
 
@@ -15,6 +16,7 @@ pub mod dtype;
 pub mod graph;
 pub mod infer;
 pub mod interp;
+pub mod kernel;
 pub mod op;
 mod serial;
 pub mod shape;

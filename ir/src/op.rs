@@ -233,6 +233,14 @@ pub enum Op {
         growth: f64,
         backoff: f64,
     },
+
+    // ── Fused (written by the fuse pass) ──
+    /// One fused row kernel ([`crate::kernel`]): operands are the kernel's
+    /// inputs, outputs its outputs. The text form shows its name; the body is
+    /// printed by [`crate::kernel::Kernel::to_text`].
+    Fused {
+        kernel: Box<crate::kernel::Kernel>,
+    },
 }
 
 /// How many operands an op takes.
@@ -309,6 +317,7 @@ impl Op {
             Op::GradScale { .. } => "grad_scale",
             Op::AdamW { .. } => "adamw",
             Op::LossScaleUpdate { .. } => "loss_scale_update",
+            Op::Fused { .. } => "fused",
         }
     }
 
@@ -356,6 +365,7 @@ impl Op {
             | Op::LossScaleUpdate { .. } => Exactly(3),
             Op::AdamW { .. } => Exactly(8),
             Op::Concat { .. } => AtLeast(1),
+            Op::Fused { kernel } => Exactly(kernel.inputs.len()),
         }
     }
 
@@ -435,6 +445,7 @@ impl Op {
             }
             Op::Concat { axis } => vec![("axis", axis.to_string())],
             Op::CrossEntropy { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
+            Op::Fused { kernel } => vec![("kernel", kernel.name.clone())],
             Op::Input
             | Op::Arange
             | Op::Embedding

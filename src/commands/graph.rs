@@ -5,30 +5,41 @@ use std::collections::BTreeMap;
 
 use crate::cli::{GraphArgs, GraphFormat};
 use crate::output::emit;
-use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Graph, Op};
 use zeroplan_passes::accounting::{ModelStateBytes, model_state_bytes};
-use zeroplan_passes::training::training_graph;
+use zeroplan_passes::manager::PassRecord;
+use zeroplan_passes::memory::{Category, MemoryPlan};
+use zeroplan_passes::pipeline::{Target, compile};
 
 pub fn run(args: &GraphArgs) -> Result<(), String> {
     let mut spec = spec::load(&args.spec).map_err(|e| e.to_string())?;
     if let Some(head) = args.head {
         spec.head = head;
     }
-    let graph = match &args.train {
-        None => forward(&spec, &BuildOptions { dtype: args.dtype }).map_err(|e| e.to_string()),
-        Some(file) => {
-            let train = match file {
-                Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
-                None => TrainingSpec::default(),
-            };
-            training_graph(&spec, &train).map_err(|e| e.to_string())
-        }
+    let train = match &args.train {
+        None => None,
+        Some(Some(path)) => Some(TrainingSpec::load(path).map_err(|e| e.to_string())?),
+        Some(None) => Some(TrainingSpec::default()),
+    };
+    let target = match &train {
+        None => Target::Forward(args.dtype),
+        Some(train) => Target::Training(train),
+    };
+    let compiled =
+        compile(&spec, &target, args.passes.options()).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    if args.passes.time_passes {
+        eprint!("{}", pass_report(&compiled.records));
     }
-    .map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    for line in &compiled.explanations {
+        eprintln!("{line}");
+    }
+    let graph = compiled.graph;
     let text = if args.summary {
-        let summary = Summary::new(&spec, &graph);
+        let hint = args.passes.options().shape_hint;
+        let memory =
+            zeroplan_passes::memory::plan(&graph, &hint).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+        let summary = Summary::new(&spec, &graph, MemoryReport::new(&memory, &hint));
         if args.json {
             format!("{}\n", serde_json::to_string_pretty(&summary).expect("serialisable"))
         } else {
@@ -44,6 +55,75 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
         }
     };
     emit(&text, args.output.as_deref())
+}
+
+/// The memory plan's figures.
+#[derive(Serialize)]
+struct MemoryReport {
+    batch: u64,
+    seq: u64,
+    /// The arena's size: every buffer at a fixed offset.
+    peak_bytes: u64,
+    /// The most bytes live at once: no allocator can go below it.
+    lower_bound_bytes: u64,
+    fragmentation: f64,
+    /// Bytes live at the peak, by category.
+    at_peak: BTreeMap<Category, u64>,
+}
+
+impl MemoryReport {
+    fn new(plan: &MemoryPlan, hint: &zeroplan_ir::Bindings) -> MemoryReport {
+        MemoryReport {
+            batch: hint["batch"],
+            seq: hint["seq"],
+            peak_bytes: plan.arena.size,
+            lower_bound_bytes: plan.arena.lower_bound,
+            fragmentation: plan.arena.fragmentation(),
+            at_peak: plan.at_peak.clone(),
+        }
+    }
+
+    fn to_text(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let parts: Vec<String> = self
+            .at_peak
+            .iter()
+            .map(|(c, b)| {
+                format!("{} {:.1}", serde_json::to_value(c).expect("serialisable").as_str().unwrap_or("?"), mib(*b))
+            })
+            .collect();
+        format!(
+            "  memory      batch {} × seq {}: peak {:.1} MiB (lower bound {:.1}, fragmentation {:.1}%); at the peak, MiB: {}\n",
+            self.batch,
+            self.seq,
+            mib(self.peak_bytes),
+            mib(self.lower_bound_bytes),
+            100.0 * self.fragmentation,
+            parts.join(", ")
+        )
+    }
+}
+
+/// `--time-passes`: one line per pass.
+fn pass_report(records: &[PassRecord]) -> String {
+    let mut out = String::new();
+    for r in records {
+        if !r.ran {
+            out += &format!("{:<16} disabled\n", r.name);
+            continue;
+        }
+        let stats: Vec<String> = r.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        out += &format!(
+            "{:<16} {:>9.3} ms  nodes {} → {}{}{}\n",
+            r.name,
+            r.time.as_secs_f64() * 1e3,
+            r.nodes_before,
+            r.nodes_after,
+            if stats.is_empty() { "" } else { "  " },
+            stats.join(", ")
+        );
+    }
+    out
 }
 
 /// What `--summary` reports.
@@ -67,13 +147,15 @@ struct Summary {
     /// Model-state bytes by class (training graphs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     model_state_bytes: Option<ModelStateBytes>,
+    /// The static memory plan at the assumed batch and sequence length.
+    memory: MemoryReport,
     inputs: BTreeMap<String, String>,
     outputs: BTreeMap<String, String>,
     ops: BTreeMap<&'static str, usize>,
 }
 
 impl Summary {
-    fn new(spec: &ModelSpec, graph: &Graph) -> Summary {
+    fn new(spec: &ModelSpec, graph: &Graph, memory: MemoryReport) -> Summary {
         let g = graph.petgraph();
         let params = graph.params();
         let param_bytes = params.iter().filter_map(|n| graph.node(*n).outputs[0].size_bytes(&Default::default())).sum();
@@ -107,6 +189,7 @@ impl Summary {
             nodes: graph.node_count(),
             phases: graph.phase_counts().into_iter().map(|(p, n)| (p.name(), n)).collect(),
             model_state_bytes: graph.op_histogram().contains_key("adamw").then(|| model_state_bytes(graph).0),
+            memory,
             inputs,
             outputs,
             ops: graph.op_histogram(),
@@ -146,7 +229,7 @@ impl Summary {
             )
         });
         format!(
-            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes} ({phases}): {ops}\n{state}  inputs      {inputs}\n  outputs     {outputs}\n",
+            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes} ({phases}): {ops}\n{state}{memory}  inputs      {inputs}\n  outputs     {outputs}\n",
             name = self.name,
             head = self.head,
             dtype = self.dtype,
@@ -160,6 +243,7 @@ impl Summary {
             nodes = self.nodes,
             phases = phases.join(", "),
             state = state,
+            memory = self.memory.to_text(),
             ops = ops.join(", "),
             inputs = list(&self.inputs),
             outputs = list(&self.outputs),

@@ -5,7 +5,7 @@
 //! the driver ([`super::Pass`]) checks the shapes against the node's type and
 //! rounds in `Native` mode.
 
-use super::{attention, bind, elementwise as ew, embedding, layout, loss, matmul, nd, optimizer, random, rows};
+use super::{attention, bind, elementwise as ew, embedding, kernel, layout, loss, matmul, nd, optimizer, random, rows};
 use crate::op::Op;
 use crate::shape::Bindings;
 use crate::tensor::Tensor;
@@ -98,6 +98,7 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
             let (scale, good) = optimizer::loss_scale_update(scale, good, finite, *growth_interval, *growth, *backoff);
             Ok(vec![nd::scalar(scale), nd::scalar(good)])
         }
+        Op::Fused { kernel } => kernel::run(kernel, x, ctx.bindings, ctx.seed, ctx.offset),
     }
 }
 

@@ -31,8 +31,9 @@
 //!   `constant {value}` (truncated toward zero for an integer dtype), and
 //!   `normal {std}`: `std · z` with `z` from Box–Muller on one Philox draw,
 //!   key = the seed, counter = (element index low 32 bits, high 32 bits,
-//!   `0xFFFF_FFFF`, the ordinal of the node among all `param` and `state`
-//!   nodes in topological order); `u1 = (w0 + 1)·2⁻³²` ∈ (0, 1],
+//!   `0xFFFF_FFFF`, the 32-bit FNV-1a hash of the node's name) — keyed by
+//!   name, so a pass that reorders or adds nodes leaves every parameter's
+//!   initial value unchanged; `u1 = (w0 + 1)·2⁻³²` ∈ (0, 1],
 //!   `u2 = w1·2⁻³²`, `z = √(−2 ln u1)·cos(2π u2)`. See [`random`].
 //!
 //! # Elementwise
@@ -137,6 +138,15 @@
 //!   finite)`: if `finite ≠ 0`, `good + 1`, and when that reaches
 //!   `growth_interval`, `(scale·growth, 0)`; else `(scale·backoff, 0)`.
 //!
+//! # Fused kernels
+//!
+//! `fused {kernel}`: the [`crate::kernel::Kernel`] evaluated row by row,
+//! every expression in `f64` with no rounding inside the kernel (only its
+//! outputs are rounded in `Native`, so a fused graph may differ from the
+//! unfused one there by the intermediate roundings; in `F64` they agree).
+//! `keep {p, stream}` is exactly dropout's test above, on the element's
+//! row-major index in the kernel shape; `alibi_penalty` is `m_h·|i−j|`.
+//!
 //! # A training step
 //!
 //! [`Interpreter::step`] runs `k` micro-batches. Micro-batch `i` evaluates
@@ -159,6 +169,7 @@ mod bind;
 mod dispatch;
 mod elementwise;
 mod embedding;
+mod kernel;
 mod layout;
 mod loss;
 mod matmul;
@@ -281,7 +292,6 @@ impl Interpreter {
     /// module docs for `normal`). Shapes must be constant.
     pub fn init_state(&self, graph: &Graph) -> Result<State, InterpError> {
         let mut state = State::new();
-        let mut ordinal: u32 = 0;
         for n in topo_order(graph)? {
             let node = graph.node(n);
             let init = match &node.op {
@@ -291,12 +301,12 @@ impl Interpreter {
             let fail = |m: String| InterpError::new(&node.name, m);
             let ty = &node.outputs[0];
             let shape = bind::concrete_shape(&ty.shape, &Bindings::new()).map_err(fail)?;
-            let mut t = random::init(init, shape, ty.dtype, self.seed, ordinal).map_err(fail)?;
+            let stream = random::name_stream(&node.name);
+            let mut t = random::init(init, shape, ty.dtype, self.seed, stream).map_err(fail)?;
             if self.precision == Precision::Native {
                 t.round_to_dtype();
             }
             state.insert(node.name.clone(), t);
-            ordinal += 1;
         }
         Ok(state)
     }

@@ -50,9 +50,16 @@ pub(super) fn dropout(x: &Tensor, p: f64, stream: u32, seed: u64, offset: u64) -
     Ok(nd::float(x.shape().to_vec(), x.dtype(), out))
 }
 
-/// A standard normal for element `index` of the `ordinal`-th parameter or
-/// state: Box–Muller on the first two words `w0, w1` of Philox with key
-/// `seed` and counter `(index low, index high, 0xFFFF_FFFF, ordinal)`:
+/// The init stream of a parameter or state: the 32-bit FNV-1a hash of its
+/// name, so initial values do not depend on node order.
+pub fn name_stream(name: &str) -> u32 {
+    name.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193))
+}
+
+/// A standard normal for element `index` of the parameter or state whose
+/// init stream is `ordinal` ([`name_stream`]): Box–Muller on the first two
+/// words `w0, w1` of Philox with key `seed` and counter
+/// `(index low, index high, 0xFFFF_FFFF, ordinal)`:
 /// `u1 = (w0 + 1)·2⁻³²` ∈ (0, 1], `u2 = w1·2⁻³²`,
 /// `z = √(−2 ln u1)·cos(2π·u2)`.
 pub fn standard_normal(seed: u64, ordinal: u32, index: u64) -> f64 {
@@ -80,6 +87,13 @@ pub(super) fn init(init: &Init, shape: Vec<usize>, dtype: DType, seed: u64, ordi
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn name_streams_are_fnv1a() {
+        // FNV-1a 32-bit reference values.
+        assert_eq!(super::name_stream(""), 0x811C_9DC5);
+        assert_eq!(super::name_stream("a"), 0xE40C_292C);
+    }
+
     use super::*;
 
     fn mask(seed: u64, stream: u32, offset: u64, n: u64, p: f64) -> Vec<bool> {
@@ -133,7 +147,7 @@ mod tests {
         let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.02 * 0.04, "mean {mean}");
         assert!((var.sqrt() / 0.02 - 1.0).abs() < 0.03, "std {}", var.sqrt());
-        // A different ordinal is a different tensor; the same one is identical.
+        // A different stream is a different tensor; the same one is identical.
         assert_ne!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1).unwrap());
         assert_eq!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0).unwrap());
         assert_eq!(init(&Init::Ones, vec![2], DType::BF16, 0, 0).unwrap().floats().unwrap(), &[1.0, 1.0]);

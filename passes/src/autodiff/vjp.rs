@@ -166,6 +166,9 @@ pub(super) fn vjp(
         | Op::LossScaleUpdate { .. } => {
             return Err(not_differentiable("backward and optimizer ops have no gradient here"));
         }
+        Op::Fused { .. } => {
+            return Err(not_differentiable("fused kernels have no gradient: fusion runs after autodiff"));
+        }
     }
     Ok(grads)
 }

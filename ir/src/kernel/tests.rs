@@ -1,0 +1,165 @@
+use super::*;
+use crate::dtype::DType;
+use crate::graph::Graph;
+use crate::interp::{Feeds, Interpreter, Precision, State};
+use crate::op::Op;
+use crate::shape;
+use crate::tensor::Tensor;
+
+fn f32t(s: Shape) -> TensorType {
+    TensorType::new(s, DType::F32)
+}
+
+/// `layer_norm(x + b)` over rows of 4, eps 1e-300, and the biased sum.
+fn bias_layer_norm() -> Kernel {
+    let mut k = KernelBuilder::new("bias_ln", shape![2, 4]);
+    let x = k.load("x", f32t(shape![2, 4]), vec![0, 1]);
+    let b = k.load("b", f32t(shape![4]), vec![1]);
+    let s = k.binary(Binary::Add, x, b);
+    let n = k.push(Expr::RowLen);
+    let sum = k.push(Expr::ReduceSum(s));
+    let mean = k.binary(Binary::Div, sum, n);
+    let d = k.binary(Binary::Sub, s, mean);
+    let d2 = k.binary(Binary::Mul, d, d);
+    let ss = k.push(Expr::ReduceSum(d2));
+    let var = k.binary(Binary::Div, ss, n);
+    let eps = k.constant(1e-300);
+    let ve = k.binary(Binary::Add, var, eps);
+    let r = k.unary(Unary::Rsqrt, ve);
+    let y = k.binary(Binary::Mul, d, r);
+    k.store("sum", f32t(shape![2, 4]), s);
+    k.store("y", f32t(shape![2, 4]), y);
+    k.finish().unwrap()
+}
+
+fn run(kernel: &Kernel, inputs: Vec<Tensor>) -> Vec<Vec<f64>> {
+    let mut g = Graph::new("k");
+    let mut operands = Vec::new();
+    let mut feeds = Feeds::new();
+    for (arg, t) in kernel.inputs.iter().zip(inputs) {
+        operands.push(g.input(arg.name.clone(), arg.ty.clone()).unwrap());
+        feeds.insert(arg.name.clone(), t);
+    }
+    let outs = g.add_multi("fused", Op::Fused { kernel: Box::new(kernel.clone()) }, &operands).unwrap();
+    g.verify().unwrap();
+    let interp = Interpreter { precision: Precision::F64, seed: 5 };
+    let values = interp.evaluate(&g, &State::new(), &feeds, 0).unwrap();
+    (0..outs.len()).map(|i| values.outputs("fused").unwrap()[i].floats().unwrap().to_vec()).collect()
+}
+
+fn t(shape: Vec<usize>, v: &[f64]) -> Tensor {
+    Tensor::float(shape, DType::F32, v.to_vec()).unwrap()
+}
+
+#[test]
+fn bias_layer_norm_by_hand() {
+    // Row 0: [0, 1, 2, 3] + [1, 1, 1, 1] = [1, 2, 3, 4]: μ = 2.5, σ² = 1.25.
+    // Row 1: [3, 3, 3, 3] + 1: a constant row normalises to 0.
+    let x = t(vec![2, 4], &[0.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 3.0]);
+    let b = t(vec![4], &[1.0; 4]);
+    let out = run(&bias_layer_norm(), vec![x, b]);
+    assert_eq!(out[0], vec![1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0]);
+    let s = 1.25f64.sqrt();
+    let want = [-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s, 0.0, 0.0, 0.0, 0.0];
+    for (g, w) in out[1].iter().zip(want) {
+        assert!((g - w).abs() < 1e-15, "{out:?}");
+    }
+}
+
+#[test]
+fn masked_softmax_and_dropout_by_hand() {
+    // Scores [1, 1, 2, 2], mask [1, 2] = [1, 0]: key 1 masked; then a softmax
+    // over [x, −∞] is [1, 0]. Row max, exp, sum, divide, and zero an all −∞ row.
+    let mut k = KernelBuilder::new("softmax", shape![1, 1, 2, 2]);
+    let x = k.load("x", f32t(shape![1, 1, 2, 2]), vec![0, 1, 2, 3]);
+    let m = k.load("mask", TensorType::new(shape![1, 2], DType::I64), vec![0, 3]);
+    let zero = k.constant(0.0);
+    let ninf = k.constant(f64::NEG_INFINITY);
+    let is_masked = k.binary(Binary::Eq, m, zero);
+    let masked = k.select(is_masked, ninf, x);
+    let max = k.push(Expr::ReduceMax(masked));
+    let d = k.binary(Binary::Sub, masked, max);
+    let e = k.unary(Unary::Exp, d);
+    let s = k.push(Expr::ReduceSum(e));
+    let y = k.binary(Binary::Div, e, s);
+    let keep = k.push(Expr::Keep { p: 0.5, stream: 3 });
+    let two = k.constant(2.0);
+    let scaled = k.binary(Binary::Mul, y, two);
+    let dropped = k.select(keep, scaled, zero);
+    k.store("y", f32t(shape![1, 1, 2, 2]), y);
+    k.store("dropped", f32t(shape![1, 1, 2, 2]), dropped);
+    let kernel = k.finish().unwrap();
+    let out = run(
+        &kernel,
+        vec![t(vec![1, 1, 2, 2], &[5.0, 7.0, -1.0, 0.0]), Tensor::int(vec![1, 2], DType::I64, vec![1, 0]).unwrap()],
+    );
+    assert_eq!(out[0], vec![1.0, 0.0, 1.0, 0.0]);
+    for (e, (&y, &d)) in out[0].iter().zip(&out[1]).enumerate() {
+        let kept = crate::interp::random::dropout_keeps(5, 3, 0, e as u64, 0.5);
+        assert_eq!(d, if kept { 2.0 * y } else { 0.0 });
+    }
+}
+
+#[test]
+fn text_form_is_stable() {
+    let text = bias_layer_norm().to_text();
+    let want = "\
+kernel bias_ln over [2, 4] {
+  in0 = %x: f32[2, 4]
+  in1 = %b: f32[4] axes=[1]
+  out0 = %sum: f32[2, 4]
+  out1 = %y: f32[2, 4]
+  v0 = load in0
+  v1 = load in1
+  v2 = add v0, v1
+  v3 = row_len
+  v4 = reduce_sum v2
+  v5 = div v4, v3
+  v6 = sub v2, v5
+  v7 = mul v6, v6
+  v8 = reduce_sum v7
+  v9 = div v8, v3
+  v10 = const 1e-300
+  v11 = add v9, v10
+  v12 = rsqrt v11
+  v13 = mul v6, v12
+  store out0 = v2
+  store out1 = v13
+}
+";
+    assert_eq!(text, want);
+}
+
+#[test]
+fn serde_round_trips_through_a_graph_file() {
+    let kernel = bias_layer_norm();
+    let mut g = Graph::new("k");
+    let x = g.input("x", kernel.inputs[0].ty.clone()).unwrap();
+    let b = g.input("b", kernel.inputs[1].ty.clone()).unwrap();
+    let outs = g.add_multi("fused", Op::Fused { kernel: Box::new(kernel) }, &[x, b]).unwrap();
+    g.set_output("y", outs[1]);
+    let back = Graph::from_ron(&g.to_ron()).unwrap();
+    assert_eq!(back.to_text(), g.to_text());
+    assert!(g.to_text().contains("= fused(%x, %b) {kernel=bias_ln}"), "{}", g.to_text());
+    let json = serde_json::to_string(&bias_layer_norm()).unwrap();
+    assert_eq!(serde_json::from_str::<Kernel>(&json).unwrap(), bias_layer_norm());
+}
+
+#[test]
+fn check_rejects_malformed_kernels() {
+    let mut k = bias_layer_norm();
+    k.body[2] = Expr::Binary(Binary::Add, 0, 5);
+    assert!(k.check().unwrap_err().contains("not defined before"));
+    let mut k = bias_layer_norm();
+    k.inputs[1].axes = vec![0];
+    assert!(k.check().is_err());
+    let mut k = bias_layer_norm();
+    k.stores.pop();
+    assert!(k.check().is_err());
+    // A wrong operand type is a type error of the node.
+    let mut g = Graph::new("k");
+    let x = g.input("x", f32t(shape![2, 5])).unwrap();
+    let b = g.input("b", f32t(shape![4])).unwrap();
+    let err = g.add_multi("fused", Op::Fused { kernel: Box::new(bias_layer_norm()) }, &[x, b]).unwrap_err();
+    assert!(err.message.contains("operand 0"), "{err}");
+}

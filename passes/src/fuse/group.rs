@@ -1,0 +1,111 @@
+//! Growing a group of fusible nodes around an anchor, and the convexity
+//! check that keeps the fused graph acyclic.
+
+use std::collections::{HashMap, HashSet};
+
+use zeroplan_ir::{Graph, NodeIndex, Op, Value};
+
+use super::lower::fusible;
+
+/// Each node's consumers.
+pub(super) type Users = HashMap<NodeIndex, Vec<NodeIndex>>;
+
+pub(super) fn users(g: &Graph) -> Users {
+    let mut users: Users = HashMap::new();
+    for n in g.petgraph().node_indices() {
+        for v in g.operands(n) {
+            let list = users.entry(v.node).or_default();
+            if !list.contains(&n) {
+                list.push(n);
+            }
+        }
+    }
+    users
+}
+
+/// The group grown from `anchor`: producers are absorbed while every user of
+/// theirs in the anchor's phase is already in the group (users in later
+/// phases read the stored value); then dropouts reading a group value are
+/// absorbed. Returns the group in topological order (by `position`), or
+/// `None` when it would not be convex.
+pub(super) fn grow(
+    g: &Graph,
+    anchor: NodeIndex,
+    users: &Users,
+    taken: &HashSet<NodeIndex>,
+    position: &HashMap<NodeIndex, usize>,
+) -> Option<Vec<NodeIndex>> {
+    let kshape = g.node(anchor).outputs[0].shape.clone();
+    let phase = g.node(anchor).phase;
+    let eligible = |n: NodeIndex, set: &HashSet<NodeIndex>| {
+        !taken.contains(&n) && !set.contains(&n) && g.node(n).phase == phase && fusible(g, n, &kshape)
+    };
+    let mut set: HashSet<NodeIndex> = HashSet::from([anchor]);
+    loop {
+        let mut grew = false;
+        let members: Vec<NodeIndex> = set.iter().copied().collect();
+        for m in members {
+            for v in g.operands(m) {
+                let p = v.node;
+                if !eligible(p, &set) {
+                    continue;
+                }
+                let all_inside = users[&p].iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
+                if all_inside {
+                    set.insert(p);
+                    grew = true;
+                }
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let members: Vec<NodeIndex> = set.iter().copied().collect();
+    for m in members {
+        for &u in users.get(&m).map(Vec::as_slice).unwrap_or(&[]) {
+            if matches!(g.node(u).op, Op::Dropout { .. }) && eligible(u, &set) {
+                set.insert(u);
+            }
+        }
+    }
+    if set.len() < 2 || !convex(&set, users) {
+        return None;
+    }
+    let mut nodes: Vec<NodeIndex> = set.into_iter().collect();
+    nodes.sort_by_key(|n| position[n]);
+    Some(nodes)
+}
+
+/// No path leaves the group and comes back: no operand of a group node is
+/// produced downstream of the group.
+fn convex(set: &HashSet<NodeIndex>, users: &Users) -> bool {
+    let mut seen: HashSet<NodeIndex> = HashSet::new();
+    let mut stack: Vec<NodeIndex> =
+        set.iter().flat_map(|m| users.get(m).into_iter().flatten().copied()).filter(|u| !set.contains(u)).collect();
+    while let Some(n) = stack.pop() {
+        if set.contains(&n) {
+            return false;
+        }
+        if seen.insert(n) {
+            stack.extend(users.get(&n).into_iter().flatten().copied());
+        }
+    }
+    true
+}
+
+/// The group's values read outside it: by a later node, as a graph output
+/// or as an update, in group order.
+pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users) -> Vec<Value> {
+    let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
+    nodes
+        .iter()
+        .copied()
+        .filter(|n| {
+            users.get(n).into_iter().flatten().any(|u| !set.contains(u))
+                || g.outputs.iter().any(|(_, v)| v.node == *n)
+                || g.updates.iter().any(|(_, v)| v.node == *n)
+        })
+        .map(|node| Value { node, output: 0 })
+        .collect()
+}

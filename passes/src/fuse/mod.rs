@@ -1,0 +1,168 @@
+//! Kernel fusion: groups of memory-bound nodes become one `fused` node
+//! holding a row kernel ([`zeroplan_ir::kernel`]).
+//!
+//! Runs after autodiff and the optimizer pass, on the training graph.
+//! Elementwise ops, dropout, the attention mask and ALiBi bias, LayerNorm,
+//! softmax and the elementwise/row gradients are fusible when they produce
+//! the kernel's shape (the anchor's) and every operand is that shape, a
+//! right-aligned suffix of it (bias, γ, position embeddings) or the `[B, Sk]`
+//! attention mask. Matmuls, embeddings, reshapes, `sum_to`,
+//! `layer_norm_grad` (its γ/β gradients reduce across rows) and the
+//! optimizer stay as they are.
+//!
+//! A group grows from an anchor ([`patterns`]) over producers whose users in
+//! the same phase all lie in the group ([`group`]); its values read outside
+//! it (by other nodes, later phases, graph outputs or updates) become the
+//! kernel's outputs, so the backward still finds the pre-activation or the
+//! residual it needs. Each group is lowered op by op to the exact `f64`
+//! expressions of the reference interpreter ([`lower`]), so the fused graph
+//! computes the same values as the unfused one in `Precision::F64`.
+//!
+//! The fused node is named `ANCHOR.fused`; its kernel has the same name.
+//! The graph's text form shows `{kernel=NAME}`; [`kernels_text`] prints the
+//! kernel bodies.
+
+mod group;
+mod lower;
+mod patterns;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+
+use zeroplan_ir::{Graph, NodeIndex, Op, Value};
+
+use crate::manager::{Pass, PassContext, PassError};
+use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+
+/// The fusion pass.
+pub struct Fuse;
+
+impl Pass for Fuse {
+    fn name(&self) -> &'static str {
+        "fuse"
+    }
+
+    fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
+        let fail = |message: String| PassError::Failed { pass: "fuse", message };
+        let (out, counts) = fuse(&graph, cx).map_err(fail)?;
+        cx.stat("kernels", counts.values().sum::<usize>());
+        cx.stat("nodes_fused", graph.node_count() + counts.values().sum::<usize>() - out.node_count());
+        for (pattern, n) in counts {
+            cx.stat(format!("pattern.{pattern}"), n);
+        }
+        Ok(out)
+    }
+}
+
+/// The kernel bodies of every `fused` node, in the graph's text order.
+pub fn kernels_text(graph: &Graph) -> String {
+    let order = graph.topo_order().unwrap_or_default();
+    order
+        .into_iter()
+        .filter_map(|n| match &graph.node(n).op {
+            Op::Fused { kernel } => Some(kernel.to_text()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+struct Group {
+    nodes: Vec<NodeIndex>,
+    name: String,
+    op: Op,
+    operands: Vec<Value>,
+    outputs: Vec<Value>,
+}
+
+/// The fused graph and the number of kernels of each pattern.
+fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
+    let order = g.topo_order().ok_or("the graph has a cycle")?;
+    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let users = group::users(g);
+    let mut taken: HashSet<NodeIndex> = HashSet::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for anchor in patterns::anchors(g, &order) {
+        if taken.contains(&anchor) || !lower::fusible(g, anchor, &g.node(anchor).outputs[0].shape) {
+            continue;
+        }
+        let Some(nodes) = group::grow(g, anchor, &users, &taken, &position) else { continue };
+        if !cx.may_apply() {
+            break;
+        }
+        let outputs = group::outputs(g, &nodes, &users);
+        let name = format!("{}.fused", g.node(anchor).name);
+        let (kernel, operands) = lower::lower(g, &nodes, &outputs, &name)?;
+        *counts.entry(patterns::classify(g, &nodes)).or_default() += 1;
+        taken.extend(nodes.iter().copied());
+        groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
+    }
+    Ok((rebuild(g, &order, &position, &groups).map_err(|e| e.to_string())?, counts))
+}
+
+/// The graph with each group replaced by its fused node, emitted in a
+/// topological order of the quotient graph (ties by original position).
+fn rebuild(
+    g: &Graph,
+    order: &[NodeIndex],
+    position: &HashMap<NodeIndex, usize>,
+    groups: &[Group],
+) -> Result<Graph, zeroplan_ir::GraphError> {
+    // Units: a group (by index) or a single node (groups.len() + position).
+    let single = |n: NodeIndex| groups.len() + position[&n];
+    let mut unit_of: HashMap<NodeIndex, usize> = order.iter().map(|&n| (n, single(n))).collect();
+    for (i, grp) in groups.iter().enumerate() {
+        for &n in &grp.nodes {
+            unit_of.insert(n, i);
+        }
+    }
+    let members = |u: usize| -> Vec<NodeIndex> {
+        if u < groups.len() { groups[u].nodes.clone() } else { vec![order[u - groups.len()]] }
+    };
+    let units: HashSet<usize> = unit_of.values().copied().collect();
+    let mut indegree: HashMap<usize, usize> = HashMap::new();
+    let mut next: HashMap<usize, Vec<usize>> = HashMap::new();
+    for &u in &units {
+        let deps: HashSet<usize> =
+            members(u).iter().flat_map(|&n| g.operands(n)).map(|v| unit_of[&v.node]).filter(|&d| d != u).collect();
+        indegree.insert(u, deps.len());
+        for d in deps {
+            next.entry(d).or_default().push(u);
+        }
+    }
+    let key = |u: usize| members(u).iter().map(|n| position[n]).max().unwrap_or(0);
+    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
+        units.iter().filter(|u| indegree[u] == 0).map(|&u| Reverse((key(u), u))).collect();
+    let mut out = Graph::new(g.name.clone());
+    let mut map = ValueMap::new();
+    while let Some(Reverse((_, u))) = ready.pop() {
+        if u < groups.len() {
+            let grp = &groups[u];
+            out.phase = g.node(grp.nodes[0]).phase;
+            let operands: Vec<Value> = grp.operands.iter().map(|v| map[v]).collect();
+            let fused = out.add_node(grp.name.clone(), grp.op.clone(), &operands, Vec::new())?;
+            for (k, v) in grp.outputs.iter().enumerate() {
+                map.insert(*v, Value { node: fused, output: k as u32 });
+            }
+        } else {
+            let n = order[u - groups.len()];
+            out.phase = g.node(n).phase;
+            copy_node(g, n, &mut out, &mut map)?;
+        }
+        for &w in next.get(&u).map(Vec::as_slice).unwrap_or(&[]) {
+            let d = indegree.get_mut(&w).expect("every unit has a degree");
+            *d -= 1;
+            if *d == 0 {
+                ready.push(Reverse((key(w), w)));
+            }
+        }
+    }
+    out.phase = g.phase;
+    copy_outputs(g, &mut out, &map);
+    for (target, v) in &g.updates {
+        let t = map[&Value { node: *target, output: 0 }].node;
+        out.set_update(t, map[v])?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,75 @@
+//! The standard pipeline: which passes run, in which order.
+//!
+//! Forward graphs: `rewrite`, `fuse`. Training steps: `rewrite` (on the
+//! forward graph, so merged weights get their gradients split back by
+//! autodiff), `mixed-precision`, `training-step`, `fuse`.
+
+use zeroplan_ir::build::{self, BuildOptions};
+use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
+use zeroplan_ir::{DType, Graph};
+
+use crate::fuse::Fuse;
+use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
+use crate::rewrite::Rewrite;
+use crate::training::{MixedPrecision, TrainError, TrainingStep, training_forward};
+
+/// The result of a pipeline run.
+pub struct Compiled {
+    pub graph: Graph,
+    /// One record per pass, in order, disabled ones included.
+    pub records: Vec<PassRecord>,
+    /// What `--explain PASS` asked for.
+    pub explanations: Vec<String>,
+}
+
+/// What to compile: a forward graph in a dtype, or a training step.
+pub enum Target<'a> {
+    Forward(DType),
+    Training(&'a TrainingSpec),
+}
+
+/// The names of the passes a target runs, in order.
+pub fn pass_names(target: &Target) -> Vec<&'static str> {
+    match target {
+        Target::Forward(_) => vec!["rewrite", "fuse"],
+        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "fuse"],
+    }
+}
+
+/// Builds `model`'s graph for `target` and runs the standard passes.
+pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Result<Compiled, TrainError> {
+    let known = pass_names(target);
+    let unknown: Vec<&str> = options
+        .disabled
+        .iter()
+        .chain(&options.dump_after)
+        .chain(&options.explain)
+        .map(String::as_str)
+        .filter(|name| !known.contains(name))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(TrainError::Spec(format!(
+            "unknown pass {}: the passes are {}",
+            unknown.join(", "),
+            known.join(", ")
+        )));
+    }
+    let mut cx = PassContext::new(options);
+    let (graph, records) = match target {
+        Target::Forward(dtype) => {
+            let forward = build::forward(model, &BuildOptions { dtype: *dtype })?;
+            run_passes(forward, &[&Rewrite, &Fuse], &mut cx)
+        }
+        Target::Training(train) => {
+            let forward = training_forward(model, train)?;
+            if !forward.outputs.iter().any(|(name, _)| name == "loss") {
+                return Err(TrainError::NoLoss);
+            }
+            let step = TrainingStep { train: (*train).clone() };
+            let passes: [&dyn Pass; 4] = [&Rewrite, &MixedPrecision, &step, &Fuse];
+            run_passes(forward, &passes, &mut cx)
+        }
+    }
+    .map_err(|e| TrainError::Pass(Box::new(e)))?;
+    Ok(Compiled { graph, records, explanations: cx.explanations })
+}

@@ -1,0 +1,101 @@
+//! The fuse pass: fused training graphs compute what the unfused ones do.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use zeroplan_ir::interp::{Feeds, Interpreter, Precision};
+use zeroplan_ir::spec::{self, ModelSpec, TrainingSpec};
+use zeroplan_ir::{DType, Graph, Op, Tensor};
+use zeroplan_passes::fuse::{Fuse, kernels_text};
+use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
+use zeroplan_passes::training::training_graph;
+
+fn model(file: &str) -> ModelSpec {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny").join(file);
+    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn train(spec: &ModelSpec) -> Graph {
+    training_graph(spec, &TrainingSpec { dropout: Some(0.1), ..Default::default() }).unwrap()
+}
+
+fn fused(graph: &Graph) -> (Graph, Vec<(String, String)>) {
+    let mut cx = PassContext::new(PassOptions::default());
+    let (g, records) = run_passes(graph.clone(), &[&Fuse], &mut cx).unwrap();
+    (g, records[0].stats.clone())
+}
+
+fn feeds(graph: &Graph) -> Feeds {
+    let (batch, seq) = (2usize, 5usize);
+    let int = |v: Vec<i64>, dims: Vec<usize>| Tensor::int(dims, DType::I64, v).unwrap();
+    let mut feeds: Feeds = BTreeMap::new();
+    feeds.insert("input_ids".into(), int((0..10).map(|i| (i * 37 + 5) % 64).collect(), vec![batch, seq]));
+    feeds.insert("token_type_ids".into(), int((0..10).map(|i| i / 7).collect(), vec![batch, seq]));
+    feeds.insert("attention_mask".into(), int(vec![1, 1, 1, 1, 1, 1, 1, 1, 0, 0], vec![batch, seq]));
+    assert!(graph.resolve("labels").is_some());
+    feeds.insert("labels".into(), int(vec![-100, 3, -100, -100, 9, 17, -100, 2, -100, -100], vec![batch, seq]));
+    feeds
+}
+
+fn close(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}");
+    match (a.floats(), b.floats()) {
+        (Some(x), Some(y)) => {
+            for (p, q) in x.iter().zip(y) {
+                let ok = p == q || (p - q).abs() <= 1e-12 * p.abs().max(q.abs());
+                assert!(ok, "{what}: {p} vs {q}");
+            }
+        }
+        _ => assert_eq!(a, b, "{what}"),
+    }
+}
+
+#[test]
+fn fused_training_steps_match_unfused() {
+    for file in ["tiny-bert.ron", "tiny-mosaicbert.ron", "tiny-megatron-bert.ron"] {
+        let graph = train(&model(file));
+        let (fg, stats) = fused(&graph);
+        assert!(fg.node_count() < graph.node_count(), "{file}: {} → {}", graph.node_count(), fg.node_count());
+        let kernels: usize = stats.iter().find(|(k, _)| k == "kernels").unwrap().1.parse().unwrap();
+        let fused_ops = fg.petgraph().node_weights().filter(|n| matches!(n.op, Op::Fused { .. })).count();
+        assert_eq!(kernels, fused_ops, "{file}");
+        assert!(kernels > 0, "{file}");
+
+        let interp = Interpreter { precision: Precision::F64, seed: 11 };
+        let feeds = feeds(&graph);
+        let state = interp.init_state(&graph).unwrap();
+        assert_eq!(state, interp.init_state(&fg).unwrap(), "{file}: the same parameters and states");
+        let (mut s0, mut s1) = (state.clone(), state);
+        let o0 = interp.step(&graph, &mut s0, std::slice::from_ref(&feeds), 0).unwrap();
+        let o1 = interp.step(&fg, &mut s1, std::slice::from_ref(&feeds), 0).unwrap();
+        let loss = |o: &zeroplan_ir::interp::StepOutputs| o.micro_batches[0]["loss"].clone();
+        close(&loss(&o0), &loss(&o1), &format!("{file}: loss"));
+        assert_eq!(s0.keys().collect::<Vec<_>>(), s1.keys().collect::<Vec<_>>());
+        for (name, t) in &s0 {
+            close(t, &s1[name], &format!("{file}: updated {name}"));
+        }
+    }
+}
+
+#[test]
+fn the_expected_patterns_fuse() {
+    let stats = fused(&train(&model("tiny-bert.ron"))).1;
+    let get = |k: &str| stats.iter().find(|(s, _)| s == k).map(|(_, v)| v.parse::<usize>().unwrap()).unwrap_or(0);
+    // Per layer: bias+GELU, two residual LayerNorms, the softmax; plus the
+    // embeddings' and the MLM head's LayerNorms.
+    assert_eq!(get("pattern.bias_act"), 2, "{stats:?}");
+    assert_eq!(get("pattern.bias_dropout_residual_layer_norm"), 4, "{stats:?}");
+    assert_eq!(get("pattern.attention_softmax"), 2, "{stats:?}");
+    assert_eq!(get("pattern.embedding_layer_norm"), 1, "{stats:?}");
+    assert_eq!(get("pattern.bias_act_layer_norm"), 1, "{stats:?}");
+    let mosaic = fused(&train(&model("tiny-mosaicbert.ron"))).1;
+    assert!(mosaic.iter().any(|(k, _)| k == "pattern.glu"), "{mosaic:?}");
+}
+
+#[test]
+fn one_layer_fused_snapshot() {
+    let mut spec = model("tiny-bert.ron");
+    spec.layers = 1;
+    let (g, _) = fused(&train(&spec));
+    insta::assert_snapshot!(format!("{}\n{}", g.to_text(), kernels_text(&g)));
+}
