@@ -51,7 +51,8 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
                 format!("{}\n", serde_json::to_string_pretty(&graph.to_json()).expect("serialisable"))
             }
             (GraphFormat::Dot, false) => graph.to_dot(),
-            (GraphFormat::Text, false) => graph.to_text(),
+            // The kernels of fused nodes follow the graph they belong to.
+            (GraphFormat::Text, false) => graph.to_text() + &zeroplan_passes::fuse::kernels_text(&graph),
         }
     };
     emit(&text, args.output.as_deref())
