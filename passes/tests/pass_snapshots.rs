@@ -1,0 +1,63 @@
+//! Snapshots of each optimising pass's output for a tiny spec of each
+//! family: the forward graph after `rewrite` and after `fuse` (with its
+//! kernels), and the fused training step of a one-layer model.
+
+use std::path::PathBuf;
+use zeroplan_ir::spec::{self, ModelSpec, TrainingSpec};
+use zeroplan_passes::fuse::kernels_text;
+use zeroplan_passes::manager::PassOptions;
+use zeroplan_passes::pipeline::{Target, compile};
+
+const FAMILIES: [&str; 6] =
+    ["tiny-bert", "tiny-mosaicbert", "tiny-albert", "tiny-megatron-bert", "tiny-ssn-bert", "tiny-bert-sts"];
+
+fn model(name: &str) -> ModelSpec {
+    spec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{name}.ron"))).unwrap()
+}
+
+/// Small per-GPU shapes, where the cost model merges projections.
+fn options(disabled: &[&str]) -> PassOptions {
+    PassOptions {
+        disabled: disabled.iter().map(|s| s.to_string()).collect(),
+        shape_hint: [("batch".to_string(), 2), ("seq".to_string(), 8)].into(),
+        ..PassOptions::default()
+    }
+}
+
+fn text(model: &ModelSpec, target: &Target, disabled: &[&str]) -> String {
+    let graph = compile(model, target, options(disabled)).unwrap_or_else(|e| panic!("{}: {e}", model.name)).graph;
+    graph.to_text() + &kernels_text(&graph)
+}
+
+#[test]
+fn forward_after_rewrite() {
+    for family in FAMILIES {
+        insta::assert_snapshot!(
+            format!("{family}_forward_rewrite"),
+            text(&model(family), &Target::Forward(zeroplan_ir::DType::F32), &["fuse"])
+        );
+    }
+}
+
+#[test]
+fn forward_after_fuse() {
+    for family in FAMILIES {
+        insta::assert_snapshot!(
+            format!("{family}_forward_fuse"),
+            text(&model(family), &Target::Forward(zeroplan_ir::DType::F32), &[])
+        );
+    }
+}
+
+#[test]
+fn one_layer_training_step_after_every_pass() {
+    let train = TrainingSpec::default();
+    for family in FAMILIES {
+        let mut m = model(family);
+        m.layers = 1;
+        if let spec::Sharing::TemplateBank { .. } = m.sharing {
+            m.sharing = spec::Sharing::TemplateBank { templates: 1 };
+        }
+        insta::assert_snapshot!(format!("{family}_training_step"), text(&m, &Target::Training(&train), &[]));
+    }
+}
