@@ -67,8 +67,7 @@ impl GpuProfile {
     }
 
     pub fn load(path: &std::path::Path) -> Result<GpuProfile, SpecError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::io(&file, &e))?;
+        let (text, file) = super::read(path)?;
         GpuProfile::from_ron(&text, &file)
     }
 

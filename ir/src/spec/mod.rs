@@ -162,12 +162,18 @@ impl ModelSpec {
     }
 }
 
+/// A spec file's text and its name for diagnostics.
+fn read(path: &Path) -> Result<(String, String), SpecError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| SpecError::io(&file, &e))?;
+    Ok((text, file))
+}
+
 /// Loads a spec from a `.ron` file or a Hugging Face `config.json` (any
 /// `.json` file, or a directory holding `config.json`).
 pub fn load(path: &Path) -> Result<ModelSpec, SpecError> {
     let path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| SpecError::io(&file, &e))?;
+    let (text, file) = read(&path)?;
     match path.extension().and_then(|e| e.to_str()) {
         Some("json") => hf::from_config_json(&text, &file, &hf::default_name(&path)),
         Some("ron") => ModelSpec::from_ron(&text, &file),

@@ -91,8 +91,7 @@ impl TrainingSpec {
 
     /// Loads a RON training spec from a file.
     pub fn load(path: &std::path::Path) -> Result<TrainingSpec, SpecError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::io(&file, &e))?;
+        let (text, file) = super::read(path)?;
         TrainingSpec::from_ron(&text, &file)
     }
 
