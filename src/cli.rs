@@ -137,6 +137,10 @@ pub struct PassArgs {
     /// Explain a pass's decisions (alternatives and their costs) on standard error.
     #[arg(long, value_delimiter = ',', value_name = "PASS")]
     pub explain: Vec<String>,
+    /// Activation recomputation in training steps: none, full (each layer
+    /// from its input) or selective (attention scores and softmax).
+    #[arg(long, default_value = "none", value_parser = parse_recompute)]
+    pub recompute: zeroplan_passes::recompute::Policy,
     /// The per-GPU micro-batch cost models assume.
     #[arg(long, default_value_t = 32)]
     pub batch_size: u64,
@@ -154,6 +158,7 @@ impl PassArgs {
             pass_limit: self.pass_limit,
             explain: self.explain.iter().cloned().collect(),
             shape_hint: [("batch".to_string(), self.batch_size), ("seq".to_string(), self.seq_len)].into(),
+            recompute: self.recompute,
         }
     }
 }
@@ -186,6 +191,11 @@ fn parse_head(s: &str) -> Result<zeroplan_ir::spec::Head, String> {
             .map(|num_labels| Head::Classification { num_labels })
             .ok_or_else(|| format!("`{s}` is not a head: use mlm, pooler or classification:N (N = 1 for regression)")),
     }
+}
+
+fn parse_recompute(s: &str) -> Result<zeroplan_passes::recompute::Policy, String> {
+    zeroplan_passes::recompute::Policy::from_name(s)
+        .ok_or_else(|| format!("`{s}` is not a recomputation policy: use none, full or selective"))
 }
 
 fn parse_betas(s: &str) -> Result<(f64, f64), String> {

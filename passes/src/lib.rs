@@ -5,7 +5,8 @@
 //! [`rewrite`] (egg: merge matmuls that share an input, by cost),
 //! [`training::MixedPrecision`] (fp32 master weights behind 16-bit working
 //! copies), [`training::TrainingStep`] ([`autodiff`] and [`optimizer`]:
-//! clipping, AdamW, schedule, loss scaling, accumulation), and [`fuse`]
+//! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
+//! (activation checkpointing: full or selective), and [`fuse`]
 //! (memory-bound ops into kernel-IR kernels). [`accounting`] reads the
 //! model-state bytes back out of a training graph; [`memory`] plans every
 //! buffer's offset and the peak.
@@ -19,5 +20,6 @@ pub mod mixed_precision;
 pub mod optimizer;
 pub mod pipeline;
 mod rebuild;
+pub mod recompute;
 pub mod rewrite;
 pub mod training;

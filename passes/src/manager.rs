@@ -46,6 +46,8 @@ pub struct PassOptions {
     pub pass_limit: Option<usize>,
     /// Passes whose decisions to explain (alternatives and their costs).
     pub explain: BTreeSet<String>,
+    /// Which activations the backward recomputes (the `recompute` pass).
+    pub recompute: crate::recompute::Policy,
     /// Values of the graph's symbols (`batch`, `seq`) that cost models
     /// assume: the per-GPU micro-batch and sequence length being planned.
     pub shape_hint: zeroplan_ir::Bindings,

@@ -2,7 +2,7 @@
 //!
 //! Forward graphs: `rewrite`, `fuse`. Training steps: `rewrite` (on the
 //! forward graph, so merged weights get their gradients split back by
-//! autodiff), `mixed-precision`, `training-step`, `fuse`.
+//! autodiff), `mixed-precision`, `training-step`, `recompute`, `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
@@ -10,6 +10,7 @@ use zeroplan_ir::{DType, Graph};
 
 use crate::fuse::Fuse;
 use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
+use crate::recompute::Recompute;
 use crate::rewrite::Rewrite;
 use crate::training::{MixedPrecision, TrainError, TrainingStep, training_forward};
 
@@ -32,7 +33,7 @@ pub enum Target<'a> {
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
     match target {
         Target::Forward(_) => vec!["rewrite", "fuse"],
-        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "fuse"],
+        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "recompute", "fuse"],
     }
 }
 
@@ -66,7 +67,8 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
                 return Err(TrainError::NoLoss);
             }
             let step = TrainingStep { train: (*train).clone() };
-            let passes: [&dyn Pass; 4] = [&Rewrite, &MixedPrecision, &step, &Fuse];
+            let recompute = Recompute { policy: cx.options.recompute };
+            let passes: [&dyn Pass; 5] = [&Rewrite, &MixedPrecision, &step, &recompute, &Fuse];
             run_passes(forward, &passes, &mut cx)
         }
     }
