@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
-use zeroplan_ir::{Bindings, DType, Dim, Graph, Init, Op, Shape, Tensor, TensorType, spec};
+use zeroplan_ir::{Bindings, DType, Dim, Graph, Init, Op, Shape, Tensor, TensorType, Value, spec};
 use zeroplan_passes::autodiff::backward;
 use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
 use zeroplan_passes::mixed_precision::master_weights;
@@ -237,5 +237,224 @@ fn every_tiny_family_rewrites_and_verifies() {
         // Shapeshifter's weights are reshaped banks, not parameters: never merged.
         let expect_merges = name != "tiny-ssn-bert";
         assert_eq!(stats["groups merged"] != "0", expect_merges, "{name}: {stats:?}");
+    }
+}
+
+// ── Clean-ups: transpose∘transpose, reshape∘reshape, scale∘scale ──
+
+const MM: Op = Op::MatMul { transpose_a: false, transpose_b: true };
+
+fn dims(s: &[&str]) -> Shape {
+    Shape(s.iter().map(|d| d.parse::<Dim>().unwrap()).collect())
+}
+
+/// `x: [batch, seq, 8]` (f32), `w: [8, 8]`, and `chain` applied to `x`,
+/// read by `mm = chain @ wᵀ` and a loss `Σ mm²`.
+fn chain_graph(chain: &[(&str, Op)]) -> Graph {
+    let mut g = Graph::new("chain");
+    let x = g.input("x", TensorType::new(dims(&["batch", "seq", "8"]), DType::F32)).unwrap();
+    let w = g.param("w", TensorType::new(dims(&["8", "8"]), DType::F32), Init::Normal { std: 0.5 }).unwrap();
+    let mut v = x;
+    for (name, op) in chain {
+        v = g.add(*name, op.clone(), &[v]).unwrap();
+    }
+    let mm = g.add("mm", MM, &[v, w]).unwrap();
+    let loss = g.add("loss", Op::SquaredSum, &[mm]).unwrap();
+    g.set_output("y", mm);
+    g.set_output("loss", loss);
+    g
+}
+
+fn transpose(perm: &[usize]) -> Op {
+    Op::Transpose { perm: perm.to_vec() }
+}
+
+fn reshape(s: &[&str]) -> Op {
+    Op::Reshape { shape: dims(s) }
+}
+
+/// Every graph output of `before` and `after` (f64 reference) on the same
+/// inputs and parameters: identical.
+fn same_outputs(before: &Graph, after: &Graph) {
+    let interp = Interpreter { precision: Precision::F64, seed: 3 };
+    let state = interp.init_state(before).unwrap();
+    let (batch, seq) = (2usize, 3usize);
+    let mut feeds = Feeds::new();
+    let xs: Vec<f64> = (0..batch * seq * 8).map(|i| ((i * 37 % 23) as f64 - 11.0) / 7.0).collect();
+    feeds.insert("x".into(), Tensor::float(vec![batch, seq, 8], DType::F32, xs).unwrap());
+    let v0 = interp.evaluate(before, &state, &feeds, 0).unwrap();
+    let v1 = interp.evaluate(after, &state, &feeds, 0).unwrap();
+    for (name, _) in &before.outputs {
+        let (a, b) = (v0.graph_output(before, name).unwrap(), v1.graph_output(after, name).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert_eq!(a.floats().unwrap(), b.floats().unwrap(), "{name}");
+    }
+}
+
+/// Runs the pass and checks the result verifies and computes the same.
+fn clean(graph: Graph, options: PassOptions) -> (Graph, BTreeMap<String, String>, Vec<String>) {
+    let (after, stats, lines) = rewrite(graph.clone(), options);
+    after.verify().unwrap();
+    same_outputs(&graph, &after);
+    (after, stats, lines)
+}
+
+fn operand_name(g: &Graph, node: &str) -> String {
+    let n = g.node_by_name(node).unwrap();
+    g.node(g.operands(n)[0].node).name.clone()
+}
+
+#[test]
+fn inverse_transposes_vanish() {
+    let before = chain_graph(&[("t1", transpose(&[1, 0, 2])), ("t2", transpose(&[1, 0, 2]))]);
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 2);
+    assert_eq!(operand_name(&after, "mm"), "x");
+    assert!(!after.to_text().contains("= transpose"), "{}", after.to_text());
+    assert_eq!(stats["clean-ups applied"], "1");
+    assert_eq!(stats["clean-up regions"], "1");
+}
+
+#[test]
+fn two_transposes_become_one_with_the_composed_permutation() {
+    // [batch, seq, 2, 4] → t1 [batch, 2, seq, 4] → t2 [2, batch, seq, 4]:
+    // output axis d of t2 is axis q[d] of t1, which is axis p[q[d]] of r.
+    let before = chain_graph(&[
+        ("r", reshape(&["batch", "seq", "2", "4"])),
+        ("t1", transpose(&[0, 2, 1, 3])),
+        ("t2", transpose(&[1, 0, 2, 3])),
+        ("back", reshape(&["seq", "batch", "8"])),
+    ]);
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 1);
+    let t2 = after.node_by_name("t2").unwrap();
+    assert_eq!(after.node(t2).op, transpose(&[2, 0, 1, 3]));
+    assert_eq!(operand_name(&after, "t2"), "r");
+    assert!(after.node_by_name("t1").is_none());
+    assert_eq!(operand_name(&after, "back"), "t2");
+    assert_eq!(stats["clean-ups applied"], "1");
+}
+
+#[test]
+fn reshape_chains_collapse() {
+    // Back to x's own shape: the chain vanishes.
+    let before = chain_graph(&[("flat", reshape(&["batch*seq*8"])), ("rows", reshape(&["batch", "seq", "8"]))]);
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 2);
+    assert_eq!(operand_name(&after, "mm"), "x");
+    assert!(!after.to_text().contains("= reshape"), "{}", after.to_text());
+    // To another shape: one reshape, keeping the last one's name.
+    let before = chain_graph(&[
+        ("flat", reshape(&["batch*seq*8"])),
+        ("split", reshape(&["batch*seq", "2", "4"])),
+        ("rows", reshape(&["batch*seq", "8"])),
+    ]);
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 2);
+    assert_eq!(after.node(after.node_by_name("rows").unwrap()).op, reshape(&["batch*seq", "8"]));
+    assert_eq!(operand_name(&after, "rows"), "x");
+    assert_eq!(stats["clean-ups applied"], "1");
+    // A lone reshape to the operand's own shape.
+    let before = chain_graph(&[("same", reshape(&["batch", "seq", "8"]))]);
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 1);
+    assert_eq!(operand_name(&after, "mm"), "x");
+}
+
+#[test]
+fn scale_chains_collapse() {
+    let before = chain_graph(&[("s1", Op::Scale { factor: 4.0 }), ("s2", Op::Scale { factor: 0.125 })]);
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 1);
+    assert_eq!(after.node(after.node_by_name("s2").unwrap()).op, Op::Scale { factor: 0.5 });
+    assert_eq!(operand_name(&after, "s2"), "x");
+    let before = chain_graph(&[("s1", Op::Scale { factor: 4.0 }), ("s2", Op::Scale { factor: 0.25 })]);
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 2);
+    assert_eq!(operand_name(&after, "mm"), "x");
+    let before = chain_graph(&[("one", Op::Scale { factor: 1.0 })]);
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 1);
+    assert!(!after.to_text().contains("= scale"), "{}", after.to_text());
+}
+
+#[test]
+fn mixed_chains_clean_each_kind() {
+    // scale · transpose · transpose · scale · scale: one region, one root
+    // (`c`); the transposes cancel and the last two scales merge. The first
+    // scale stays: no rule commutes scales with transposes.
+    let before = chain_graph(&[
+        ("a", Op::Scale { factor: 2.0 }),
+        ("t1", transpose(&[1, 0, 2])),
+        ("t2", transpose(&[1, 0, 2])),
+        ("b", Op::Scale { factor: 2.0 }),
+        ("c", Op::Scale { factor: 0.25 }),
+    ]);
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count() - 3, "{}", after.to_text());
+    assert_eq!(after.node(after.node_by_name("c").unwrap()).op, Op::Scale { factor: 0.5 });
+    assert_eq!(operand_name(&after, "c"), "a");
+    assert_eq!(operand_name(&after, "mm"), "c");
+    assert_eq!(stats["clean-ups applied"], "1");
+}
+
+#[test]
+fn a_shared_value_of_a_chain_stays_for_its_other_consumer() {
+    let mut before = chain_graph(&[("t1", transpose(&[1, 0, 2])), ("t2", transpose(&[1, 0, 2]))]);
+    let t1 = Value { node: before.node_by_name("t1").unwrap(), output: 0 };
+    let z = before.add("z", Op::Tanh, &[t1]).unwrap();
+    before.set_output("z", z);
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    // t2 is gone (mm reads x); t1 stays for z.
+    assert_eq!(after.node_count(), before.node_count() - 1);
+    assert_eq!(operand_name(&after, "mm"), "x");
+    assert_eq!(operand_name(&after, "z"), "t1");
+    assert_eq!(after.node(after.node_by_name("t1").unwrap()).op, transpose(&[1, 0, 2]));
+    assert_eq!(stats["clean-ups applied"], "1");
+    // A graph output in the middle of a chain is kept too.
+    let mut before = chain_graph(&[("s1", Op::Scale { factor: 4.0 }), ("s2", Op::Scale { factor: 0.125 })]);
+    before.set_output("inner", Value { node: before.node_by_name("s1").unwrap(), output: 0 });
+    let (after, _, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(after.node_count(), before.node_count());
+    assert_eq!(operand_name(&after, "s2"), "x");
+    assert_eq!(after.node(after.node_by_name("s2").unwrap()).op, Op::Scale { factor: 0.5 });
+}
+
+#[test]
+fn pass_limit_stops_clean_ups() {
+    let chain = [
+        ("t1", transpose(&[1, 0, 2])),
+        ("t2", transpose(&[1, 0, 2])),
+        ("z", Op::Tanh),
+        ("s1", Op::Scale { factor: 4.0 }),
+        ("s2", Op::Scale { factor: 0.25 }),
+    ];
+    let before = chain_graph(&chain);
+    let (after, stats, _) = clean(before.clone(), PassOptions { pass_limit: Some(0), ..Default::default() });
+    assert_eq!(after.to_text(), before.to_text());
+    assert_eq!(stats["clean-ups applied"], "0");
+    let options = PassOptions { pass_limit: Some(1), explain: ["rewrite".to_string()].into(), ..Default::default() };
+    let (after, stats, lines) = clean(before.clone(), options);
+    assert_eq!(stats["clean-ups applied"], "1");
+    assert_eq!(after.node_count(), before.node_count() - 2);
+    assert!(after.node_by_name("s1").is_some() && after.node_by_name("t1").is_none());
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[0].starts_with("rewrite: clean-up of t2:") && lines[0].ends_with("→ clean up"), "{lines:#?}");
+    assert!(
+        lines[0].contains("(transpose perm[1,0,2] (transpose perm[1,0,2] x))") && lines[0].contains("→ x "),
+        "{lines:#?}"
+    );
+    assert!(lines[1].starts_with("rewrite: clean-up of s2:") && lines[1].ends_with("keep (pass limit)"));
+    let (after, stats, _) = clean(before.clone(), PassOptions::default());
+    assert_eq!(stats["clean-ups applied"], "2");
+    assert_eq!(after.node_count(), before.node_count() - 4);
+}
+
+#[test]
+fn tiny_models_need_no_clean_ups() {
+    for name in ["tiny-bert", "tiny-mosaicbert", "tiny-albert", "tiny-megatron-bert", "tiny-ssn-bert", "tiny-bert-sts"]
+    {
+        let (_, stats, _) = rewrite(tiny(name), PassOptions::default());
+        assert_eq!(stats["clean-ups applied"], "0", "{name}: {stats:?}");
     }
 }
