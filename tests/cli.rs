@@ -156,13 +156,13 @@ fn pass_manager_flags() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for pass in ["rewrite", "mixed-precision", "training-step", "fuse"] {
+    for pass in ["rewrite", "mixed-precision", "training-step", "recompute", "fuse"] {
         assert!(stderr.lines().any(|l| l.starts_with(pass) && l.contains(" ms ")), "{pass}: {stderr}");
     }
     assert!(stderr.contains("rewrite: {layer0.ffn.gate, layer0.ffn.up}"), "{stderr}");
     let dumps: Vec<String> =
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert_eq!(dumps.len(), 4, "{dumps:?}");
+    assert_eq!(dumps.len(), 5, "{dumps:?}");
     assert!(std::fs::read_to_string(dir.join("01-rewrite.ir")).unwrap().contains("layer0.ffn.gate_up"));
     std::fs::remove_dir_all(&dir).unwrap();
     let limited = zeroplan(&[

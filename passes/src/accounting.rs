@@ -1,6 +1,6 @@
 //! Model-state bytes, read from a training graph.
 //!
-//! Every AdamW node names a parameter (the f32 master, or the f32 weight),
+//! Every AdamW node (or the fuse pass's kernel of one) names a parameter (the f32 master, or the f32 weight),
 //! the gradient it applies, and the two moments. With the 16-bit working
 //! copies (`cast` of a parameter) and the accumulators, that is the whole
 //! model state; the bytes follow from the dtypes the graph states, so the
@@ -35,26 +35,21 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
     let mut total = ModelStateBytes::default();
     let g = graph.petgraph();
     for n in g.node_indices() {
-        match &g[n].op {
-            Op::AdamW { .. } => {
-                let ops = graph.operands(n);
-                total.parameters += bytes(ops[0]);
-                total.gradients += bytes(ops[1]);
-                total.optimizer += bytes(ops[2]) + bytes(ops[3]);
-                // An accumulated gradient: the per-micro-batch one is state too.
-                if matches!(graph.node(ops[1].node).op, Op::State { .. }) {
-                    let param = &graph.node(ops[0].node).name;
-                    let raw = graph.node_by_name(&format!("{param}.grad_f32")).map(|c| graph.operands(c)[0]);
-                    total.micro_batch_gradients += raw.map_or(bytes(ops[1]), bytes);
-                }
+        if let Some(ops) = crate::fuse::adamw_operands(graph, n) {
+            total.parameters += bytes(ops[0]);
+            total.gradients += bytes(ops[1]);
+            total.optimizer += bytes(ops[2]) + bytes(ops[3]);
+            // An accumulated gradient: the per-micro-batch one is state too.
+            if matches!(graph.node(ops[1].node).op, Op::State { .. }) {
+                let param = &graph.node(ops[0].node).name;
+                let raw = graph.node_by_name(&format!("{param}.grad_f32")).map(|c| graph.operands(c)[0]);
+                total.micro_batch_gradients += raw.map_or(bytes(ops[1]), bytes);
             }
-            Op::Cast { .. } => {
-                let source = graph.operands(n)[0];
-                if matches!(graph.node(source.node).op, Op::Param { .. }) {
-                    total.working_copies += bytes(zeroplan_ir::Value { node: n, output: 0 });
-                }
+        } else if let Op::Cast { .. } = &g[n].op {
+            let source = graph.operands(n)[0];
+            if matches!(graph.node(source.node).op, Op::Param { .. }) {
+                total.working_copies += bytes(zeroplan_ir::Value { node: n, output: 0 });
             }
-            _ => {}
         }
     }
     (total, graph.parameter_count())

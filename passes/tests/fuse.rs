@@ -52,7 +52,7 @@ fn close(a: &Tensor, b: &Tensor, what: &str) {
 
 #[test]
 fn fused_training_steps_match_unfused() {
-    for file in ["tiny-bert.ron", "tiny-mosaicbert.ron", "tiny-megatron-bert.ron"] {
+    for file in ["tiny-bert.ron", "tiny-mosaicbert.ron", "tiny-megatron-bert.ron", "tiny-albert.ron"] {
         let graph = train(&model(file));
         let (fg, stats) = fused(&graph);
         assert!(fg.node_count() < graph.node_count(), "{file}: {} → {}", graph.node_count(), fg.node_count());
@@ -88,8 +88,61 @@ fn the_expected_patterns_fuse() {
     assert_eq!(get("pattern.attention_softmax"), 2, "{stats:?}");
     assert_eq!(get("pattern.embedding_layer_norm"), 1, "{stats:?}");
     assert_eq!(get("pattern.bias_act_layer_norm"), 1, "{stats:?}");
+    // Backward: every LayerNorm's gradient (2 per layer, the embeddings'
+    // and the MLM head's); each FFN's GELU gradient with its bias gradient.
+    assert_eq!(get("pattern.layer_norm_grad"), 6, "{stats:?}");
+    assert_eq!(get("pattern.act_grad_bias_grad"), 2, "{stats:?}");
+    // Optimizer: one AdamW and one squared norm per parameter (42).
+    assert_eq!(get("pattern.adamw"), 42, "{stats:?}");
+    assert_eq!(get("pattern.squared_sum"), 42, "{stats:?}");
+    // Bias adds folded into the GEMM: attention output, FFN up and down per
+    // layer, the MLM transform.
+    assert_eq!(get("gemm_epilogues"), 7, "{stats:?}");
+    // dγ, dβ per LayerNorm (12), the bias gradients of the attention output
+    // and FFN down (dropout backward) and FFN up (GELU gradient) per layer
+    // and the MLM transform (7), the position embeddings' sum (1), and the
+    // 42 squared norms.
+    assert_eq!(get("cross_row_outputs"), 12 + 7 + 1 + 42, "{stats:?}");
     let mosaic = fused(&train(&model("tiny-mosaicbert.ron"))).1;
     assert!(mosaic.iter().any(|(k, _)| k == "pattern.glu"), "{mosaic:?}");
+    let albert = fused(&train(&model("tiny-albert.ron"))).1;
+    assert!(albert.iter().any(|(k, v)| k == "pattern.layer_norm_grad" && v == "6"), "{albert:?}");
+}
+
+#[test]
+fn kernels_hold_the_backward_layer_norm_and_the_optimizer() {
+    let mut spec = model("tiny-bert.ron");
+    spec.layers = 1;
+    let (g, _) = fused(&train(&spec));
+    let kernel = |name: &str| {
+        g.petgraph()
+            .node_weights()
+            .find_map(|n| match &n.op {
+                Op::Fused { kernel } if kernel.name == name => Some(kernel.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no kernel {name}"))
+    };
+    // LayerNorm backward: the residual-gradient add, dx, dγ, dβ, the
+    // dropout backward of dx and its bias gradient, all in one kernel.
+    let ln = kernel("layer0.attn.norm.back0.fused").to_text();
+    for want in [
+        "out1 = %layer0.attn.norm.back0#1: f32[32] axes=[2] sum",
+        "out2 = %layer0.attn.norm.back0#2: f32[32] axes=[2] sum",
+        "out3 = %layer0.attn.out_dropout.back0: f32[batch, seq, 32]",
+        "out4 = %layer0.attn.out.back1: f32[32] axes=[2] sum",
+        "add v0, v1",
+        "keep p=0.1 stream=2",
+    ] {
+        assert!(ln.contains(want), "{want}\n{ln}");
+    }
+    assert!(g.resolve("grad.layer0.attn.norm").is_none() && g.resolve("layer0.attn.out.back1").is_none());
+    let adamw = kernel("layer0.attn.q.weight.adamw.fused");
+    assert_eq!((adamw.inputs.len(), adamw.outputs.len()), (8, 3));
+    assert!(adamw.to_text().contains("pow "), "{}", adamw.to_text());
+    let sq = kernel("layer0.attn.q.weight.grad_sq.fused");
+    assert_eq!(sq.outputs[0].axes, Vec::<usize>::new());
+    assert_eq!(kernel("layer0.ffn.act.fused").epilogue_of.as_deref(), Some("layer0.ffn.up.mm"));
 }
 
 #[test]
@@ -98,4 +151,14 @@ fn one_layer_fused_snapshot() {
     spec.layers = 1;
     let (g, _) = fused(&train(&spec));
     insta::assert_snapshot!(format!("{}\n{}", g.to_text(), kernels_text(&g)));
+}
+
+#[test]
+fn model_state_accounting_sees_fused_adamw() {
+    use zeroplan_passes::accounting::model_state_bytes;
+    let graph = train(&model("tiny-bert.ron"));
+    let (fg, _) = fused(&graph);
+    assert!(!fg.petgraph().node_weights().any(|n| matches!(n.op, Op::AdamW { .. })));
+    assert_eq!(model_state_bytes(&fg), model_state_bytes(&graph));
+    assert!(model_state_bytes(&fg).0.optimizer > 0);
 }

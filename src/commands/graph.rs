@@ -189,7 +189,11 @@ impl Summary {
             dtype,
             nodes: graph.node_count(),
             phases: graph.phase_counts().into_iter().map(|(p, n)| (p.name(), n)).collect(),
-            model_state_bytes: graph.op_histogram().contains_key("adamw").then(|| model_state_bytes(graph).0),
+            model_state_bytes: graph
+                .petgraph()
+                .node_indices()
+                .any(|n| zeroplan_passes::fuse::adamw_operands(graph, n).is_some())
+                .then(|| model_state_bytes(graph).0),
             memory,
             inputs,
             outputs,

@@ -1,7 +1,8 @@
 //! `fused` nodes: a [`Kernel`] evaluated row by row, every expression in
 //! `f64` on every column of the row (a reduction's result repeated), with
 //! no rounding inside the kernel; the driver rounds the outputs in `Native`
-//! mode like any other op's.
+//! mode like any other op's. A cross-row output (one omitting kernel axes)
+//! accumulates its stored value from `0.0` in element order.
 
 use super::{attention, bind, nd, random};
 use crate::kernel::{Binary, Expr, Kernel, Unary};
@@ -39,6 +40,7 @@ fn binary(b: Binary, x: f64, y: f64) -> f64 {
         Binary::Lt => flag(x < y),
         Binary::Gt => flag(x > y),
         Binary::Eq => flag(x == y),
+        Binary::Pow => x.powf(y),
     }
 }
 
@@ -80,7 +82,24 @@ pub(super) fn run(
         strides.push(s);
     }
     let slopes = if rank == 4 { attention::alibi_slopes(shape[1]) } else { Vec::new() };
-    let mut outs: Vec<Vec<f64>> = vec![Vec::with_capacity(numel); kernel.outputs.len()];
+    // Per output: its values and, per kernel axis, its stride (0 where it sums).
+    let mut outs: Vec<Vec<f64>> = Vec::with_capacity(kernel.outputs.len());
+    let mut out_strides: Vec<Option<Vec<usize>>> = Vec::with_capacity(kernel.outputs.len());
+    for arg in &kernel.outputs {
+        if arg.is_cross_row(rank) {
+            let dims: Vec<usize> = arg.axes.iter().map(|&a| shape[a]).collect();
+            let own = nd::strides(&dims);
+            let mut s = vec![0; rank];
+            for (k, &a) in arg.axes.iter().enumerate() {
+                s[a] = own[k];
+            }
+            outs.push(vec![0.0; dims.iter().product()]);
+            out_strides.push(Some(s));
+        } else {
+            outs.push(Vec::with_capacity(numel));
+            out_strides.push(None);
+        }
+    }
     let mut vals: Vec<Vec<f64>> = vec![vec![0.0; width]; kernel.body.len()];
     let mut index = vec![0usize; rank];
     for row in 0..rows {
@@ -141,9 +160,26 @@ pub(super) fn run(
                 }
             }
         }
-        for (o, &s) in outs.iter_mut().zip(&kernel.stores) {
-            o.extend_from_slice(&vals[s as usize]);
+        for ((o, &s), os) in outs.iter_mut().zip(&kernel.stores).zip(&out_strides) {
+            match os {
+                None => o.extend_from_slice(&vals[s as usize]),
+                Some(os) => {
+                    for (j, &v) in vals[s as usize].iter().enumerate() {
+                        let flat = row * width + j;
+                        let at: usize = (0..rank).map(|a| (flat / kstrides[a]) % shape[a] * os[a]).sum();
+                        o[at] += v;
+                    }
+                }
+            }
         }
     }
-    Ok(kernel.outputs.iter().zip(outs).map(|(arg, v)| nd::float(shape.clone(), arg.ty.dtype, v)).collect())
+    Ok(kernel
+        .outputs
+        .iter()
+        .zip(outs)
+        .map(|(arg, v)| {
+            let dims = arg.axes.iter().map(|&a| shape[a]).collect();
+            nd::float(dims, arg.ty.dtype, v)
+        })
+        .collect())
 }

@@ -21,6 +21,7 @@ impl KernelBuilder {
                 outputs: Vec::new(),
                 body: Vec::new(),
                 stores: Vec::new(),
+                epilogue_of: None,
             },
         }
     }
@@ -76,6 +77,19 @@ impl KernelBuilder {
         let axes = (0..ty.shape.rank()).collect();
         self.kernel.outputs.push(KernelArg { name: name.into(), ty, axes });
         self.kernel.stores.push(value);
+    }
+
+    /// Declares a cross-row output along kernel `axes` (strictly increasing;
+    /// `ty`'s dimensions are those axes' sizes): the sum of `value` over the
+    /// other axes.
+    pub fn store_sum(&mut self, name: impl Into<String>, ty: TensorType, axes: Vec<usize>, value: ExprId) {
+        self.kernel.outputs.push(KernelArg { name: name.into(), ty, axes });
+        self.kernel.stores.push(value);
+    }
+
+    /// Marks the kernel as the epilogue of matmul node `matmul`.
+    pub fn set_epilogue_of(&mut self, matmul: impl Into<String>) {
+        self.kernel.epilogue_of = Some(matmul.into());
     }
 
     /// The kernel, checked.

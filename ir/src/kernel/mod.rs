@@ -11,11 +11,28 @@
 //!   LayerNorm γ); `[0, rank−1]` of a rank-4 kernel is the attention mask
 //!   `[B, Sk]`; axes without the last are per row; `[]` a scalar. The
 //!   element read is the row-major offset of those coordinates.
-//! - Outputs have the kernel's full shape (one store per element).
+//! - An output with all the kernel's axes stores one value per element. An
+//!   output whose `axes` omit some kernel axes (a **cross-row output**) is
+//!   the *sum* over the omitted axes of its stored expression: `axes=[r−1]`
+//!   of a `[rows…, H]` kernel is a per-column sum over every row (LayerNorm's
+//!   `dγ = Σ_rows dy·x̂`, a bias gradient `Σ_rows dy`), `axes=[]` a scalar
+//!   (`Σ x²`). The interpreter accumulates each output element from `0.0` in
+//!   the kernel's element (row-major) order, exactly like `sum_to` and
+//!   `layer_norm_grad`. A GPU backend writes per-block partial sums (one
+//!   block's rows) to a scratch buffer and adds them up in a second, small
+//!   pass (deterministic), or adds them into a zeroed output with atomics
+//!   (faster, not bit-reproducible); either way the result is only
+//!   available once the whole kernel has run, so no expression of the same
+//!   kernel can read it. The text form marks such an output with `sum`.
 //! - The body is a scalar expression DAG in SSA form: expression `i` may use
 //!   only expressions `< i`. A reduction's operand is evaluated on every
 //!   column of the row; its result is the same for every column.
 //! - `stores[k]` is the expression written to output `k`.
+//!
+//! - `epilogue_of`, when set, names a matmul node whose output this kernel
+//!   reads only through a leading bias add (maybe followed by an
+//!   activation): a cuBLASLt backend can run that add (and GELU) as the
+//!   GEMM's epilogue. The text form shows it as `epilogue of %NAME`.
 //!
 //! Integer operands (the attention mask) are read as their `f64` value.
 //! Comparisons give `1.0` or `0.0`; [`Expr::Select`] takes its second
@@ -95,6 +112,8 @@ pub enum Binary {
     Lt,
     Gt,
     Eq,
+    /// `x^y` (`f64::powf`; AdamW's bias corrections `β^t`).
+    Pow,
 }
 
 /// One node of the scalar expression DAG.
@@ -135,8 +154,13 @@ pub struct Kernel {
     pub inputs: Vec<KernelArg>,
     pub outputs: Vec<KernelArg>,
     pub body: Vec<Expr>,
-    /// The expression stored to each output.
+    /// The expression stored to each output (summed over the axes a
+    /// cross-row output omits).
     pub stores: Vec<ExprId>,
+    /// The matmul node whose bias add (and activation) this kernel starts
+    /// with, for a GEMM-epilogue backend; see the module docs.
+    #[serde(default)]
+    pub epilogue_of: Option<String>,
 }
 
 impl Unary {
@@ -172,6 +196,7 @@ impl Binary {
             Binary::Lt => "lt",
             Binary::Gt => "gt",
             Binary::Eq => "eq",
+            Binary::Pow => "pow",
         }
     }
 }
@@ -185,6 +210,13 @@ impl Expr {
             Expr::Binary(_, a, b) => vec![a, b],
             Expr::Select(c, a, b) => vec![c, a, b],
         }
+    }
+}
+
+impl KernelArg {
+    /// Whether this output omits kernel axes, so it sums over them.
+    pub fn is_cross_row(&self, rank: usize) -> bool {
+        self.axes.len() != rank
     }
 }
 
@@ -219,8 +251,8 @@ impl Kernel {
             }
         }
         for (i, out) in self.outputs.iter().enumerate() {
-            if out.ty.shape != self.shape || !out.ty.dtype.is_float() {
-                return Err(format!("output {i} ({}) must be a float {}, got {}", out.name, self.shape, out.ty));
+            if !out.ty.dtype.is_float() {
+                return Err(format!("output {i} ({}) must be a float tensor, got {}", out.name, out.ty));
             }
         }
         for (i, e) in self.body.iter().enumerate() {
@@ -253,7 +285,11 @@ impl Kernel {
     }
 
     fn write_text(&self, out: &mut String) -> fmt::Result {
-        writeln!(out, "kernel {} over {} {{", self.name, self.shape)?;
+        write!(out, "kernel {} over {}", self.name, self.shape)?;
+        if let Some(mm) = &self.epilogue_of {
+            write!(out, " epilogue of %{mm}")?;
+        }
+        writeln!(out, " {{")?;
         let rank = self.shape.rank();
         for (prefix, args) in [("in", &self.inputs), ("out", &self.outputs)] {
             for (i, arg) in args.iter().enumerate() {
@@ -262,6 +298,9 @@ impl Kernel {
                 if !full {
                     let axes: Vec<String> = arg.axes.iter().map(usize::to_string).collect();
                     write!(out, " axes=[{}]", axes.join(", "))?;
+                    if prefix == "out" {
+                        out.push_str(" sum");
+                    }
                 }
                 out.push('\n');
             }

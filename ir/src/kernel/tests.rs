@@ -163,3 +163,87 @@ fn check_rejects_malformed_kernels() {
     let err = g.add_multi("fused", Op::Fused { kernel: Box::new(bias_layer_norm()) }, &[x, b]).unwrap_err();
     assert!(err.message.contains("operand 0"), "{err}");
 }
+
+/// Over `[2, 2, 3]`: `dy` stored per element, `Σ_rows dy·x` per column,
+/// `Σ dy` per `[2, 3]` (over axis 1), `Σ x²` as a scalar, and `Σ_row x`
+/// per row (over the last axis).
+fn cross_row() -> Kernel {
+    let s = shape![2, 2, 3];
+    let mut k = KernelBuilder::new("cross", s.clone());
+    let x = k.load("x", f32t(s.clone()), vec![0, 1, 2]);
+    let dy = k.load("dy", f32t(s.clone()), vec![0, 1, 2]);
+    let p = k.binary(Binary::Mul, dy, x);
+    let x2 = k.binary(Binary::Mul, x, x);
+    k.store("dy_copy", f32t(s), dy);
+    k.store_sum("dgamma", f32t(shape![3]), vec![2], p);
+    k.store_sum("db", f32t(shape![2, 3]), vec![0, 2], dy);
+    k.store_sum("sq", f32t(shape![]), vec![], x2);
+    k.store_sum("row", f32t(shape![2, 2]), vec![0, 1], x);
+    k.finish().unwrap()
+}
+
+#[test]
+fn cross_row_outputs_sum_over_the_omitted_axes() {
+    let xs: Vec<f64> = (0..12).map(|i| i as f64 * 0.5 - 2.0).collect();
+    let dys: Vec<f64> = (0..12).map(|i| (i * 7 % 5) as f64 - 1.5).collect();
+    let out = run(&cross_row(), vec![t(vec![2, 2, 3], &xs), t(vec![2, 2, 3], &dys)]);
+    assert_eq!(out[0], dys);
+    // Accumulated from 0.0 in element order, exactly.
+    let mut dgamma = [0.0; 3];
+    let mut db = [0.0; 6];
+    let mut sq = 0.0;
+    let mut row = [0.0; 4];
+    for e in 0..12 {
+        let (b, j) = (e / 6, e % 3);
+        dgamma[j] += dys[e] * xs[e];
+        db[b * 3 + j] += dys[e];
+        sq += xs[e] * xs[e];
+        row[e / 3] += xs[e];
+    }
+    assert_eq!(out[1], dgamma);
+    assert_eq!(out[2], db);
+    assert_eq!(out[3], vec![sq]);
+    assert_eq!(out[4], row);
+    // By hand: Σ x² over −2, −1.5, …, 3.5 is 42.5.
+    assert_eq!(sq, 42.5);
+}
+
+#[test]
+fn cross_row_outputs_in_text_check_and_serde() {
+    let k = cross_row();
+    let text = k.to_text();
+    assert!(text.contains("out1 = %dgamma: f32[3] axes=[2] sum\n"), "{text}");
+    assert!(text.contains("out3 = %sq: f32[] axes=[] sum\n"), "{text}");
+    assert!(text.contains("out0 = %dy_copy: f32[2, 2, 3]\n"), "{text}");
+    let json = serde_json::to_string(&k).unwrap();
+    assert_eq!(serde_json::from_str::<Kernel>(&json).unwrap(), k);
+    // Old kernels without `epilogue_of` still read.
+    let old = json.replace(",\"epilogue_of\":null", "");
+    assert_ne!(old, json);
+    assert_eq!(serde_json::from_str::<Kernel>(&old).unwrap(), k);
+    // Dimensions must match the kernel axes they run along; axes increase.
+    let mut bad = cross_row();
+    bad.outputs[1].axes = vec![1];
+    assert!(bad.check().unwrap_err().contains("kernel axis 1"), "{:?}", bad.check());
+    let mut bad = cross_row();
+    bad.outputs[2].axes = vec![2, 0];
+    assert!(bad.check().is_err());
+    let mut bad = cross_row();
+    bad.outputs[3].ty = TensorType::new(shape![], DType::I64);
+    assert!(bad.check().is_err());
+}
+
+#[test]
+fn epilogue_and_pow_in_text_and_interpreter() {
+    let mut k = KernelBuilder::new("ep", shape![1, 2]);
+    let x = k.load("x", f32t(shape![1, 2]), vec![0, 1]);
+    let t2 = k.load("t", f32t(shape![]), vec![]);
+    let p = k.binary(Binary::Pow, x, t2);
+    k.store("y", f32t(shape![1, 2]), p);
+    k.set_epilogue_of("mm");
+    let kernel = k.finish().unwrap();
+    assert!(kernel.to_text().starts_with("kernel ep over [1, 2] epilogue of %mm {\n"), "{}", kernel.to_text());
+    assert!(kernel.to_text().contains("v2 = pow v0, v1\n"));
+    let out = run(&kernel, vec![t(vec![1, 2], &[3.0, 0.5]), t(vec![], &[2.0])]);
+    assert_eq!(out[0], vec![9.0, 0.25]);
+}

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
-use super::lower::fusible;
+use super::lower::{fusible, sum_to_axes};
 
 /// Each node's consumers.
 pub(super) type Users = HashMap<NodeIndex, Vec<NodeIndex>>;
@@ -26,7 +26,8 @@ pub(super) fn users(g: &Graph) -> Users {
 /// The group grown from `anchor`: producers are absorbed while every user of
 /// theirs in the anchor's phase is already in the group (users in later
 /// phases read the stored value); then dropouts reading a group value are
-/// absorbed. Returns the group in topological order (by `position`), or
+/// absorbed, then `sum_to`s of a group value down to a trailing suffix of
+/// the kernel shape (bias gradients, as cross-row outputs). Returns the group in topological order (by `position`), or
 /// `None` when it would not be convex.
 pub(super) fn grow(
     g: &Graph,
@@ -69,6 +70,20 @@ pub(super) fn grow(
             }
         }
     }
+    let members: Vec<NodeIndex> = set.iter().copied().collect();
+    for m in members {
+        for &u in users.get(&m).map(Vec::as_slice).unwrap_or(&[]) {
+            let reads_group = g.operands(u).iter().all(|v| set.contains(&v.node));
+            if !taken.contains(&u)
+                && !set.contains(&u)
+                && g.node(u).phase == phase
+                && reads_group
+                && sum_to_axes(g, u, &kshape).is_some()
+            {
+                set.insert(u);
+            }
+        }
+    }
     if set.len() < 2 || !convex(&set, users) {
         return None;
     }
@@ -95,17 +110,22 @@ fn convex(set: &HashSet<NodeIndex>, users: &Users) -> bool {
 }
 
 /// The group's values read outside it: by a later node, as a graph output
-/// or as an update, in group order.
+/// or as an update, in group order (a node's outputs in order).
 pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users) -> Vec<Value> {
     let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
-    nodes
-        .iter()
-        .copied()
-        .filter(|n| {
-            users.get(n).into_iter().flatten().any(|u| !set.contains(u))
-                || g.outputs.iter().any(|(_, v)| v.node == *n)
-                || g.updates.iter().any(|(_, v)| v.node == *n)
-        })
-        .map(|node| Value { node, output: 0 })
-        .collect()
+    let mut out = Vec::new();
+    for &n in nodes {
+        let outside: Vec<NodeIndex> =
+            users.get(&n).into_iter().flatten().copied().filter(|u| !set.contains(u)).collect();
+        for output in 0..g.node(n).outputs.len() as u32 {
+            let v = Value { node: n, output };
+            let read = outside.iter().any(|&u| g.operands(u).contains(&v))
+                || g.outputs.iter().any(|(_, w)| *w == v)
+                || g.updates.iter().any(|(_, w)| *w == v);
+            if read {
+                out.push(v);
+            }
+        }
+    }
+    out
 }

@@ -6,9 +6,14 @@
 //! softmax and the elementwise/row gradients are fusible when they produce
 //! the kernel's shape (the anchor's) and every operand is that shape, a
 //! right-aligned suffix of it (bias, γ, position embeddings) or the `[B, Sk]`
-//! attention mask. Matmuls, embeddings, reshapes, `sum_to`,
-//! `layer_norm_grad` (its γ/β gradients reduce across rows) and the
-//! optimizer stay as they are.
+//! attention mask; so is `layer_norm_grad` (dx per element, dγ and dβ as
+//! cross-row outputs), and a `sum_to` of a group value down to a trailing
+//! suffix of the kernel shape joins the group as a cross-row output (bias
+//! gradients). In the optimizer phase each `adamw` and each `squared_sum`
+//! becomes a kernel of its own (an AdamW launch over all parameters needs
+//! flat parameter buffers). Matmuls, embeddings and reshapes stay as they
+//! are; a kernel that starts with a bias add on a matmul output nothing else
+//! reads names that matmul as its GEMM epilogue ([`patterns::epilogue`]).
 //!
 //! A group grows from an anchor ([`patterns`]) over producers whose users in
 //! the same phase all lie in the group ([`group`]); its values read outside
@@ -45,12 +50,42 @@ impl Pass for Fuse {
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
         let fail = |message: String| PassError::Failed { pass: "fuse", message };
         let (out, counts) = fuse(&graph, cx).map_err(fail)?;
+        let kernels = out
+            .petgraph()
+            .node_weights()
+            .filter_map(|n| match &n.op {
+                Op::Fused { kernel } => Some(kernel),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        let rank = |k: &zeroplan_ir::kernel::Kernel| k.shape.rank();
+        let cross_row: usize =
+            kernels.iter().map(|k| k.outputs.iter().filter(|o| o.is_cross_row(rank(k))).count()).sum();
+        let epilogues = kernels.iter().filter(|k| k.epilogue_of.is_some()).count();
         cx.stat("kernels", counts.values().sum::<usize>());
         cx.stat("nodes_fused", graph.node_count() + counts.values().sum::<usize>() - out.node_count());
+        cx.stat("cross_row_outputs", cross_row);
+        cx.stat("gemm_epilogues", epilogues);
         for (pattern, n) in counts {
             cx.stat(format!("pattern.{pattern}"), n);
         }
         Ok(out)
+    }
+}
+
+/// The operands `(param, grad, m, v, lr, step, multiplier, finite)` of an
+/// AdamW update at node `n`: an `adamw` node, or the kernel this pass makes
+/// of one (named `NODE.fused` after an `adamw` node `NODE`, which the
+/// optimizer pass names `PARAM.adamw`; its operands are the op's, in order).
+pub fn adamw_operands(graph: &Graph, n: NodeIndex) -> Option<Vec<Value>> {
+    match &graph.node(n).op {
+        Op::AdamW { .. } => Some(graph.operands(n)),
+        Op::Fused { kernel }
+            if kernel.name.ends_with(".adamw.fused") && kernel.inputs.len() == 8 && kernel.outputs.len() == 3 =>
+        {
+            Some(graph.operands(n))
+        }
+        _ => None,
     }
 }
 
@@ -91,11 +126,35 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         if !cx.may_apply() {
             break;
         }
+        let kshape = g.node(anchor).outputs[0].shape.clone();
         let outputs = group::outputs(g, &nodes, &users);
         let name = format!("{}.fused", g.node(anchor).name);
-        let (kernel, operands) = lower::lower(g, &nodes, &outputs, &name)?;
+        let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
+        kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &kshape);
         *counts.entry(patterns::classify(g, &nodes)).or_default() += 1;
         taken.extend(nodes.iter().copied());
+        groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
+    }
+    // The optimizer: each `adamw` and `squared_sum` alone, over its first
+    // operand's shape (one launch per parameter; a launch over all
+    // parameters needs flat parameter buffers).
+    for &n in &order {
+        if g.node(n).phase != zeroplan_ir::Phase::Optimizer || !lower::optimizer_fusible(g, n) {
+            continue;
+        }
+        if !cx.may_apply() {
+            break;
+        }
+        let kshape = g.value_type(g.operands(n)[0]).shape.clone();
+        let nodes = vec![n];
+        let outputs = group::outputs(g, &nodes, &users);
+        if outputs.is_empty() {
+            continue;
+        }
+        let name = format!("{}.fused", g.node(n).name);
+        let (kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
+        *counts.entry(patterns::classify(g, &nodes)).or_default() += 1;
+        taken.insert(n);
         groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
     }
     Ok((rebuild(g, &order, &position, &groups).map_err(|e| e.to_string())?, counts))

@@ -7,14 +7,29 @@
 //! hold: bias add → GELU; GLU gating; bias → dropout → residual →
 //! LayerNorm; embedding sum → LayerNorm; scale → ALiBi → mask → softmax →
 //! dropout; and the backward chains (dropout → softmax_grad → mask_grad →
-//! scale, gelu_grad …).
+//! scale, gelu_grad …); LayerNorm's backward with its `dy` chain (residual
+//! gradient adds, the dropout backward), the dropout backward of its `dx`
+//! and that dropout's bias gradient; an activation gradient with its bias
+//! gradient. Each `adamw` and `squared_sum` is a kernel of its own.
 
-use zeroplan_ir::{Graph, NodeIndex, Op, Phase};
+use std::collections::HashSet;
 
-/// The candidate anchors, in the order they are tried: forward and backward
-/// nodes, last first.
+use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Shape};
+
+use super::group::Users;
+
+/// The candidate anchors, in the order they are tried: the backward's
+/// `layer_norm_grad`s first (last first), so each takes its `dy` chain, the
+/// dropout backward of its `dx` and that dropout's bias gradient before a
+/// smaller group does; then the other forward and backward nodes, last
+/// first. The optimizer's nodes are kernels of their own
+/// ([`super::lower::optimizer_fusible`]).
 pub(super) fn anchors(g: &Graph, order: &[NodeIndex]) -> Vec<NodeIndex> {
-    order.iter().rev().copied().filter(|&n| g.node(n).phase != Phase::Optimizer).collect()
+    let candidates = order.iter().rev().copied().filter(|&n| g.node(n).phase != Phase::Optimizer);
+    let is_ln_grad = |n: &NodeIndex| matches!(g.node(*n).op, Op::LayerNormGrad { .. });
+    let (mut first, rest): (Vec<NodeIndex>, Vec<NodeIndex>) = candidates.partition(is_ln_grad);
+    first.extend(rest);
+    first
 }
 
 fn is_activation(op: &Op) -> bool {
@@ -30,7 +45,14 @@ pub(super) fn classify(g: &Graph, nodes: &[NodeIndex]) -> &'static str {
     let glu = nodes
         .iter()
         .any(|&n| g.node(n).op == Op::Mul && g.operands(n).iter().any(|v| is_activation(&g.node(v.node).op)));
-    if has(&|op| matches!(op, Op::LayerNorm { .. })) {
+    let bias_grad = has(&|op| matches!(op, Op::SumTo { .. }));
+    if has(&|op| matches!(op, Op::AdamW { .. })) {
+        "adamw"
+    } else if has(&|op| matches!(op, Op::SquaredSum)) {
+        "squared_sum"
+    } else if has(&|op| matches!(op, Op::LayerNormGrad { .. })) {
+        "layer_norm_grad"
+    } else if has(&|op| matches!(op, Op::LayerNorm { .. })) {
         if reads_embedding {
             "embedding_layer_norm"
         } else if has(&|op| matches!(op, Op::Dropout { .. })) {
@@ -49,10 +71,45 @@ pub(super) fn classify(g: &Graph, nodes: &[NodeIndex]) -> &'static str {
     } else if has(&|op| is_activation(op)) {
         "bias_act"
     } else if has(&|op| matches!(op, Op::GeluGrad { .. } | Op::SiluGrad | Op::ReluGrad | Op::TanhGrad)) {
-        "act_grad"
+        if bias_grad { "act_grad_bias_grad" } else { "act_grad" }
+    } else if bias_grad {
+        "bias_grad"
     } else if has(&|op| matches!(op, Op::Dropout { .. })) {
         "bias_dropout_residual"
     } else {
         "elementwise"
     }
+}
+
+/// The matmul node whose output the group reads only through a bias add
+/// (a rank-1 bias along the row; maybe followed by an activation): a
+/// cuBLASLt backend can fold that add (and GELU) into the GEMM as its
+/// epilogue. The matmul output must have the kernel's shape and no other
+/// reader. The first such add in group order.
+pub(super) fn epilogue(g: &Graph, nodes: &[NodeIndex], users: &Users, kshape: &Shape) -> Option<String> {
+    let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
+    for &n in nodes {
+        if g.node(n).op != Op::Add {
+            continue;
+        }
+        let ops = g.operands(n);
+        for (mm, bias) in [(ops[0], ops[1]), (ops[1], ops[0])] {
+            let only_reader = users.get(&mm.node).is_some_and(|u| u.as_slice() == [n])
+                && !g.outputs.iter().any(|(_, v)| v.node == mm.node)
+                && !g.updates.iter().any(|(_, v)| v.node == mm.node);
+            let bias_ty = g.value_type(bias);
+            let is_bias = !set.contains(&bias.node)
+                && bias_ty.shape.rank() == 1
+                && bias_ty.shape.dims().last() == kshape.dims().last();
+            if matches!(g.node(mm.node).op, Op::MatMul { .. })
+                && !set.contains(&mm.node)
+                && g.value_type(mm).shape == *kshape
+                && only_reader
+                && is_bias
+            {
+                return Some(g.node(mm.node).name.clone());
+            }
+        }
+    }
+    None
 }
