@@ -195,17 +195,22 @@ pub(super) fn lower(
     Ok((kernel, operands))
 }
 
-/// `layer_norm_grad (x, γ, dy) → (dx, dγ, dβ)` as `rows::layer_norm_grad`
-/// computes it: the row statistics as in `layer_norm`, `g = dy·γ`,
-/// `dx = rstd·((g − Σg/H) − x̂·(Σ g·x̂)/H)`; `dγ = Σ_rows dy·x̂` and
-/// `dβ = Σ_rows dy` as cross-row outputs along the last axis.
-fn layer_norm_grad(k: &mut KernelBuilder, eps: f64, x: &[ExprId]) -> Vec<Lowered> {
+/// A row's LayerNorm statistics, as `rows::layer_norm` computes them: the
+/// mean, the biased variance by a second pass, `rstd = 1/√(var + eps)`.
+struct RowStatistics {
+    /// The row length `H`.
+    n: ExprId,
+    rstd: ExprId,
+    /// `(x − mean)·rstd`.
+    xhat: ExprId,
+}
+
+fn row_statistics(k: &mut KernelBuilder, x: ExprId, eps: f64) -> RowStatistics {
     use Binary::*;
-    let last = vec![k.shape().rank() - 1];
     let n = k.push(Expr::RowLen);
-    let sum = k.push(Expr::ReduceSum(x[0]));
+    let sum = k.push(Expr::ReduceSum(x));
     let mean = k.binary(Div, sum, n);
-    let d = k.binary(Sub, x[0], mean);
+    let d = k.binary(Sub, x, mean);
     let d2 = k.binary(Mul, d, d);
     let ss = k.push(Expr::ReduceSum(d2));
     let var = k.binary(Div, ss, n);
@@ -213,6 +218,17 @@ fn layer_norm_grad(k: &mut KernelBuilder, eps: f64, x: &[ExprId]) -> Vec<Lowered
     let ve = k.binary(Add, var, eps);
     let rstd = k.unary(Unary::Rsqrt, ve);
     let xhat = k.binary(Mul, d, rstd);
+    RowStatistics { n, rstd, xhat }
+}
+
+/// `layer_norm_grad (x, γ, dy) → (dx, dγ, dβ)` as `rows::layer_norm_grad`
+/// computes it: the row statistics as in `layer_norm`, `g = dy·γ`,
+/// `dx = rstd·((g − Σg/H) − x̂·(Σ g·x̂)/H)`; `dγ = Σ_rows dy·x̂` and
+/// `dβ = Σ_rows dy` as cross-row outputs along the last axis.
+fn layer_norm_grad(k: &mut KernelBuilder, eps: f64, x: &[ExprId]) -> Vec<Lowered> {
+    use Binary::*;
+    let last = vec![k.shape().rank() - 1];
+    let RowStatistics { n, rstd, xhat } = row_statistics(k, x[0], eps);
     let g = k.binary(Mul, x[2], x[1]);
     let sum_g = k.push(Expr::ReduceSum(g));
     let mean_g = k.binary(Div, sum_g, n);
@@ -318,17 +334,7 @@ fn expr(k: &mut KernelBuilder, op: &Op, x: &[ExprId]) -> Option<ExprId> {
             k.binary(Sub, x[0], penalty)
         }
         Op::LayerNorm { eps } => {
-            let n = k.push(Expr::RowLen);
-            let sum = k.push(Expr::ReduceSum(x[0]));
-            let mean = k.binary(Div, sum, n);
-            let d = k.binary(Sub, x[0], mean);
-            let d2 = k.binary(Mul, d, d);
-            let ss = k.push(Expr::ReduceSum(d2));
-            let var = k.binary(Div, ss, n);
-            let eps = k.constant(*eps);
-            let ve = k.binary(Add, var, eps);
-            let rstd = k.unary(Unary::Rsqrt, ve);
-            let xhat = k.binary(Mul, d, rstd);
+            let xhat = row_statistics(k, x[0], *eps).xhat;
             let scaled = k.binary(Mul, xhat, x[1]);
             k.binary(Add, scaled, x[2])
         }
