@@ -22,6 +22,7 @@ impl KernelBuilder {
                 body: Vec::new(),
                 stores: Vec::new(),
                 epilogue_of: None,
+                pattern: None,
             },
         }
     }

@@ -161,6 +161,10 @@ pub struct Kernel {
     /// with, for a GEMM-epilogue backend; see the module docs.
     #[serde(default)]
     pub epilogue_of: Option<String>,
+    /// The fusion pattern that made the kernel (`adamw`, `layer_norm_grad`,
+    /// …), so analyses can recognise a fused op without parsing its name.
+    #[serde(default)]
+    pub pattern: Option<String>,
 }
 
 impl Unary {

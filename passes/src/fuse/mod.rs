@@ -75,16 +75,12 @@ impl Pass for Fuse {
 
 /// The operands `(param, grad, m, v, lr, step, multiplier, finite)` of an
 /// AdamW update at node `n`: an `adamw` node, or the kernel this pass makes
-/// of one (named `NODE.fused` after an `adamw` node `NODE`, which the
-/// optimizer pass names `PARAM.adamw`; its operands are the op's, in order).
+/// of one (pattern `adamw`: a lone `adamw` node, whose operands the kernel
+/// keeps in order).
 pub fn adamw_operands(graph: &Graph, n: NodeIndex) -> Option<Vec<Value>> {
     match &graph.node(n).op {
         Op::AdamW { .. } => Some(graph.operands(n)),
-        Op::Fused { kernel }
-            if kernel.name.ends_with(".adamw.fused") && kernel.inputs.len() == 8 && kernel.outputs.len() == 3 =>
-        {
-            Some(graph.operands(n))
-        }
+        Op::Fused { kernel } if kernel.pattern.as_deref() == Some("adamw") => Some(graph.operands(n)),
         _ => None,
     }
 }
@@ -131,7 +127,9 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         let name = format!("{}.fused", g.node(anchor).name);
         let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
         kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &kshape);
-        *counts.entry(patterns::classify(g, &nodes)).or_default() += 1;
+        let pattern = patterns::classify(g, &nodes);
+        kernel.pattern = Some(pattern.to_string());
+        *counts.entry(pattern).or_default() += 1;
         taken.extend(nodes.iter().copied());
         groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
     }
@@ -152,8 +150,10 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
             continue;
         }
         let name = format!("{}.fused", g.node(n).name);
-        let (kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
-        *counts.entry(patterns::classify(g, &nodes)).or_default() += 1;
+        let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
+        let pattern = patterns::classify(g, &nodes);
+        kernel.pattern = Some(pattern.to_string());
+        *counts.entry(pattern).or_default() += 1;
         taken.insert(n);
         groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
     }
