@@ -6,18 +6,10 @@ use common::load_model;
 use zeroplan_ir::Graph;
 use zeroplan_ir::build::{BuildOptions, forward};
 
-const TINY: [&str; 6] = [
-    "tiny/tiny-bert.ron",
-    "tiny/tiny-mosaicbert.ron",
-    "tiny/tiny-albert.ron",
-    "tiny/tiny-megatron-bert.ron",
-    "tiny/tiny-ssn-bert.ron",
-    "tiny/tiny-bert-sts.ron",
-];
-
 #[test]
 fn ron_round_trips_every_tiny_graph() {
-    for file in TINY {
+    for file in common::tiny_models() {
+        let file = file.as_str();
         let graph = forward(&load_model(file), &BuildOptions::default()).unwrap();
         let ron = graph.to_ron();
         let back = Graph::from_ron(&ron).unwrap_or_else(|e| panic!("{file}: {e}"));

@@ -1,19 +1,16 @@
 //! The fuse pass: fused training graphs compute what the unfused ones do.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+mod common;
 
+use std::collections::BTreeMap;
+
+use common::model;
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision};
-use zeroplan_ir::spec::{self, ModelSpec, TrainingSpec};
+use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Op, Tensor};
 use zeroplan_passes::fuse::{Fuse, kernels_text};
 use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
 use zeroplan_passes::training::training_graph;
-
-fn model(file: &str) -> ModelSpec {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny").join(file);
-    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn train(spec: &ModelSpec) -> Graph {
     training_graph(spec, &TrainingSpec { dropout: Some(0.1), ..Default::default() }).unwrap()
@@ -52,7 +49,9 @@ fn close(a: &Tensor, b: &Tensor, what: &str) {
 
 #[test]
 fn fused_training_steps_match_unfused() {
-    for file in ["tiny-bert.ron", "tiny-mosaicbert.ron", "tiny-megatron-bert.ron", "tiny-albert.ron"] {
+    for file in
+        ["tiny/tiny-bert.ron", "tiny/tiny-mosaicbert.ron", "tiny/tiny-megatron-bert.ron", "tiny/tiny-albert.ron"]
+    {
         let graph = train(&model(file));
         let (fg, stats) = fused(&graph);
         assert!(fg.node_count() < graph.node_count(), "{file}: {} → {}", graph.node_count(), fg.node_count());
@@ -79,7 +78,7 @@ fn fused_training_steps_match_unfused() {
 
 #[test]
 fn the_expected_patterns_fuse() {
-    let stats = fused(&train(&model("tiny-bert.ron"))).1;
+    let stats = fused(&train(&model("tiny/tiny-bert.ron"))).1;
     let get = |k: &str| stats.iter().find(|(s, _)| s == k).map(|(_, v)| v.parse::<usize>().unwrap()).unwrap_or(0);
     // Per layer: bias+GELU, two residual LayerNorms, the softmax; plus the
     // embeddings' and the MLM head's LayerNorms.
@@ -103,15 +102,15 @@ fn the_expected_patterns_fuse() {
     // and the MLM transform (7), the position embeddings' sum (1), and the
     // 42 squared norms.
     assert_eq!(get("cross_row_outputs"), 12 + 7 + 1 + 42, "{stats:?}");
-    let mosaic = fused(&train(&model("tiny-mosaicbert.ron"))).1;
+    let mosaic = fused(&train(&model("tiny/tiny-mosaicbert.ron"))).1;
     assert!(mosaic.iter().any(|(k, _)| k == "pattern.glu"), "{mosaic:?}");
-    let albert = fused(&train(&model("tiny-albert.ron"))).1;
+    let albert = fused(&train(&model("tiny/tiny-albert.ron"))).1;
     assert!(albert.iter().any(|(k, v)| k == "pattern.layer_norm_grad" && v == "6"), "{albert:?}");
 }
 
 #[test]
 fn kernels_hold_the_backward_layer_norm_and_the_optimizer() {
-    let mut spec = model("tiny-bert.ron");
+    let mut spec = model("tiny/tiny-bert.ron");
     spec.layers = 1;
     let (g, _) = fused(&train(&spec));
     let kernel = |name: &str| {
@@ -147,7 +146,7 @@ fn kernels_hold_the_backward_layer_norm_and_the_optimizer() {
 
 #[test]
 fn one_layer_fused_snapshot() {
-    let mut spec = model("tiny-bert.ron");
+    let mut spec = model("tiny/tiny-bert.ron");
     spec.layers = 1;
     let (g, _) = fused(&train(&spec));
     insta::assert_snapshot!(format!("{}\n{}", g.to_text(), kernels_text(&g)));
@@ -156,7 +155,7 @@ fn one_layer_fused_snapshot() {
 #[test]
 fn model_state_accounting_sees_fused_adamw() {
     use zeroplan_passes::accounting::model_state_bytes;
-    let graph = train(&model("tiny-bert.ron"));
+    let graph = train(&model("tiny/tiny-bert.ron"));
     let (fg, _) = fused(&graph);
     assert!(!fg.petgraph().node_weights().any(|n| matches!(n.op, Op::AdamW { .. })));
     assert_eq!(model_state_bytes(&fg), model_state_bytes(&graph));

@@ -1,16 +1,14 @@
 //! Memory plans: no two live buffers overlap, the peak is at least what is
 //! live at once, and the figures agree with what the graph states.
 
-use std::path::PathBuf;
+mod common;
+
+use common::model;
 use zeroplan_ir::Bindings;
-use zeroplan_ir::spec::{self, ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::spec::{Precision, TrainingSpec};
 use zeroplan_passes::accounting::model_state_bytes;
 use zeroplan_passes::memory::{Category, plan};
 use zeroplan_passes::training::training_graph;
-
-fn model(file: &str) -> ModelSpec {
-    spec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models").join(file)).unwrap()
-}
 
 fn bindings(batch: u64, seq: u64) -> Bindings {
     [("batch".to_string(), batch), ("seq".to_string(), seq)].into()

@@ -2,18 +2,13 @@
 //! family: the forward graph after `rewrite` and after `fuse` (with its
 //! kernels), and the fused training step of a one-layer model.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{model, tiny_models};
 use zeroplan_ir::spec::{self, ModelSpec, TrainingSpec};
 use zeroplan_passes::fuse::kernels_text;
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
-
-const FAMILIES: [&str; 6] =
-    ["tiny-bert", "tiny-mosaicbert", "tiny-albert", "tiny-megatron-bert", "tiny-ssn-bert", "tiny-bert-sts"];
-
-fn model(name: &str) -> ModelSpec {
-    spec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{name}.ron"))).unwrap()
-}
 
 /// Small per-GPU shapes, where the cost model merges projections.
 fn options(disabled: &[&str]) -> PassOptions {
@@ -31,20 +26,22 @@ fn text(model: &ModelSpec, target: &Target, disabled: &[&str]) -> String {
 
 #[test]
 fn forward_after_rewrite() {
-    for family in FAMILIES {
+    for file in tiny_models() {
+        let family = file.trim_start_matches("tiny/").trim_end_matches(".ron");
         insta::assert_snapshot!(
             format!("{family}_forward_rewrite"),
-            text(&model(family), &Target::Forward(zeroplan_ir::DType::F32), &["fuse"])
+            text(&model(&file), &Target::Forward(zeroplan_ir::DType::F32), &["fuse"])
         );
     }
 }
 
 #[test]
 fn forward_after_fuse() {
-    for family in FAMILIES {
+    for file in tiny_models() {
+        let family = file.trim_start_matches("tiny/").trim_end_matches(".ron");
         insta::assert_snapshot!(
             format!("{family}_forward_fuse"),
-            text(&model(family), &Target::Forward(zeroplan_ir::DType::F32), &[])
+            text(&model(&file), &Target::Forward(zeroplan_ir::DType::F32), &[])
         );
     }
 }
@@ -52,8 +49,9 @@ fn forward_after_fuse() {
 #[test]
 fn one_layer_training_step_after_every_pass() {
     let train = TrainingSpec::default();
-    for family in FAMILIES {
-        let mut m = model(family);
+    for file in tiny_models() {
+        let family = file.trim_start_matches("tiny/").trim_end_matches(".ron");
+        let mut m = model(&file);
         m.layers = 1;
         if let spec::Sharing::TemplateBank { .. } = m.sharing {
             m.sharing = spec::Sharing::TemplateBank { templates: 1 };

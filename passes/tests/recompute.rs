@@ -1,18 +1,16 @@
 //! Recomputation changes lifetimes, never values.
 
+mod common;
+
+use common::model;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use zeroplan_ir::interp::{Interpreter, Precision};
-use zeroplan_ir::spec::{self, ModelSpec, Precision as Compute, TrainingSpec};
+use zeroplan_ir::spec::{ModelSpec, Precision as Compute, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Phase, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::memory::{Category, plan};
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_passes::recompute::Policy;
-
-fn model(file: &str) -> ModelSpec {
-    spec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models").join(file)).unwrap()
-}
 
 fn compiled(m: &ModelSpec, train: &TrainingSpec, policy: Policy, disabled: &[&str]) -> Graph {
     let options = PassOptions {

@@ -1,25 +1,13 @@
 //! Training graphs build and verify for every family, precision and
 //! accumulation setting, and state their model-state bytes.
 
-use std::path::PathBuf;
-use zeroplan_ir::spec::{self, Head, LossScaling, ModelSpec, Precision, TrainingSpec};
+mod common;
+
+use common::model;
+use zeroplan_ir::spec::{Head, LossScaling, Precision, TrainingSpec};
 use zeroplan_ir::{Op, Phase};
 use zeroplan_passes::accounting::model_state_bytes;
 use zeroplan_passes::training::{TrainError, training_graph};
-
-fn model(file: &str) -> ModelSpec {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models").join(file);
-    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-const TINY: [&str; 6] = [
-    "tiny/tiny-bert.ron",
-    "tiny/tiny-mosaicbert.ron",
-    "tiny/tiny-albert.ron",
-    "tiny/tiny-megatron-bert.ron",
-    "tiny/tiny-ssn-bert.ron",
-    "tiny/tiny-bert-sts.ron",
-];
 
 fn precisions() -> [Precision; 3] {
     [Precision::F32, Precision::Bf16, Precision::F16(LossScaling::default())]
@@ -27,7 +15,8 @@ fn precisions() -> [Precision; 3] {
 
 #[test]
 fn every_family_precision_and_accumulation_builds() {
-    for file in TINY {
+    for file in common::tiny_models() {
+        let file = file.as_str();
         for precision in precisions() {
             for micro_batches in [1, 3] {
                 let train = TrainingSpec { precision, micro_batches, ..TrainingSpec::default() };
