@@ -82,3 +82,24 @@ fn activations_grow_linearly_with_the_batch() {
     let (d1, d2) = (two - one, four - two);
     assert!(d2 as f64 > 1.8 * d1 as f64 && (d2 as f64) < 2.2 * d1 as f64, "{one} {two} {four}");
 }
+
+/// Korthikanti et al. (2022) give `s·b·h·(34 + 5·a·s/h)` bytes of 16-bit
+/// activations per transformer layer without recomputation — a cross-check,
+/// not the method. The plan's activations at the peak, less the 16-bit
+/// working copies of the weights (model state, not activations), must agree
+/// within 10% for bert-large; docs/memory.md explains the difference.
+#[test]
+fn activations_agree_with_korthikanti() {
+    let m = model("bert-large.ron");
+    let train = TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() };
+    let graph = training_graph(&m, &train).unwrap();
+    let (b, s) = (8u64, 512u64);
+    let p = plan(&graph, &bindings(b, s)).unwrap();
+    let (state, _) = model_state_bytes(&graph);
+    let ours = (p.at_peak[&Category::Activations] - state.working_copies) as f64;
+    let (h, a, layers) = (m.hidden as f64, m.heads as f64, m.layers as f64);
+    let (s, b) = (s as f64, b as f64);
+    let korthikanti = s * b * h * (34.0 + 5.0 * a * s / h) * layers;
+    let ratio = ours / korthikanti;
+    assert!((0.9..1.1).contains(&ratio), "ours {ours}, Korthikanti {korthikanti}, ratio {ratio}");
+}
