@@ -63,9 +63,6 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
         }
         Target::Training(train) => {
             let forward = training_forward(model, train)?;
-            if !forward.outputs.iter().any(|(name, _)| name == "loss") {
-                return Err(TrainError::NoLoss);
-            }
             let step = TrainingStep { train: (*train).clone() };
             let recompute = Recompute { policy: cx.options.recompute };
             let passes: [&dyn Pass; 5] = [&Rewrite, &MixedPrecision, &step, &recompute, &Fuse];

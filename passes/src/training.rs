@@ -34,7 +34,8 @@ pub enum TrainError {
 }
 
 /// The forward graph of `model` built for training under `train`: its
-/// dropout overridden, in the compute dtype of `train`'s precision.
+/// dropout overridden, in the compute dtype of `train`'s precision. A model
+/// without a loss (the bare encoder) cannot be trained.
 pub fn training_forward(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph, TrainError> {
     train.validate().map_err(|problems| {
         TrainError::Spec(problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; "))
@@ -49,16 +50,17 @@ pub fn training_forward(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph
         Precision::Bf16 => DType::BF16,
         Precision::F16(_) => DType::F16,
     };
-    Ok(build::forward(&model, &BuildOptions { dtype })?)
+    let forward = build::forward(&model, &BuildOptions { dtype })?;
+    if !forward.outputs.iter().any(|(name, _)| name == "loss") {
+        return Err(TrainError::NoLoss);
+    }
+    Ok(forward)
 }
 
 /// The training-step graph of `model` under `train`, verified, without
 /// the optimising passes.
 pub fn training_graph(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph, TrainError> {
     let forward = training_forward(model, train)?;
-    if !forward.outputs.iter().any(|(name, _)| name == "loss") {
-        return Err(TrainError::NoLoss);
-    }
     let step = TrainingStep { train: train.clone() };
     let mut cx = PassContext::new(PassOptions::default());
     let (graph, _) =

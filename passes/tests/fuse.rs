@@ -1,10 +1,12 @@
 //! The fuse pass: fused training graphs compute what the unfused ones do.
 
+// The models/ helpers the ir tests use.
+#[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
 
-use common::model;
+use common::load_model as model;
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Op, Tensor};

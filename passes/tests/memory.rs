@@ -1,9 +1,11 @@
 //! Memory plans: no two live buffers overlap, the peak is at least what is
 //! live at once, and the figures agree with what the graph states.
 
+// The models/ helpers the ir tests use.
+#[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
-use common::model;
+use common::load_model as model;
 use zeroplan_ir::Bindings;
 use zeroplan_ir::spec::{Precision, TrainingSpec};
 use zeroplan_passes::accounting::model_state_bytes;

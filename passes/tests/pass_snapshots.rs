@@ -2,9 +2,11 @@
 //! family: the forward graph after `rewrite` and after `fuse` (with its
 //! kernels), and the fused training step of a one-layer model.
 
+// The models/ helpers the ir tests use.
+#[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
-use common::{model, tiny_models};
+use common::{load_model as model, tiny_models};
 use zeroplan_ir::spec::{self, ModelSpec, TrainingSpec};
 use zeroplan_passes::fuse::kernels_text;
 use zeroplan_passes::manager::PassOptions;

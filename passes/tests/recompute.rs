@@ -1,8 +1,10 @@
 //! Recomputation changes lifetimes, never values.
 
+// The models/ helpers the ir tests use.
+#[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
-use common::model;
+use common::load_model as model;
 use std::collections::BTreeMap;
 use zeroplan_ir::interp::{Interpreter, Precision};
 use zeroplan_ir::spec::{ModelSpec, Precision as Compute, TrainingSpec};

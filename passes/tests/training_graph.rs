@@ -1,9 +1,11 @@
 //! Training graphs build and verify for every family, precision and
 //! accumulation setting, and state their model-state bytes.
 
+// The models/ helpers the ir tests use.
+#[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
-use common::model;
+use common::load_model as model;
 use zeroplan_ir::spec::{Head, LossScaling, Precision, TrainingSpec};
 use zeroplan_ir::{Op, Phase};
 use zeroplan_passes::accounting::model_state_bytes;

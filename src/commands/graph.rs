@@ -26,8 +26,9 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
         None => Target::Forward(args.dtype),
         Some(train) => Target::Training(train),
     };
+    let options = args.passes.options();
     let compiled =
-        compile(&spec, &target, args.passes.options()).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+        compile(&spec, &target, options.clone()).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if args.passes.time_passes {
         eprint!("{}", pass_report(&compiled.records));
     }
@@ -36,7 +37,7 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
     }
     let graph = compiled.graph;
     let text = if args.summary {
-        let hint = args.passes.options().shape_hint;
+        let hint = options.shape_hint;
         let memory =
             zeroplan_passes::memory::plan(&graph, &hint).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
         let summary = Summary::new(&spec, &graph, MemoryReport::new(&memory, &hint));

@@ -1,4 +1,5 @@
-//! Helpers shared by the ir integration tests.
+//! Helpers shared by the ir and passes integration tests (the passes tests
+//! include this file by path).
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
