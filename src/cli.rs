@@ -141,6 +141,16 @@ pub struct PassArgs {
     /// from its input) or selective (attention scores and softmax).
     #[arg(long, default_value = "none", value_parser = parse_recompute)]
     pub recompute: zeroplan_passes::recompute::Policy,
+    /// Data-parallel ranks of a training step: runs the `partition` pass
+    /// (ZeRO flat buffers and collectives) when given.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<u64>,
+    /// ZeRO stage for `--ranks`: 0 (plain data parallel) to 3.
+    #[arg(long, default_value_t = 0, value_name = "STAGE")]
+    pub zero: u8,
+    /// ZeRO-Offload for `--ranks`: none, optimizer, optimizer+params.
+    #[arg(long, default_value = "none", value_parser = parse_offload)]
+    pub offload: zeroplan_ir::plan::Offload,
     /// The per-GPU micro-batch cost models assume.
     #[arg(long, default_value_t = 32)]
     pub batch_size: u64,
@@ -159,6 +169,11 @@ impl PassArgs {
             explain: self.explain.iter().cloned().collect(),
             shape_hint: [("batch".to_string(), self.batch_size), ("seq".to_string(), self.seq_len)].into(),
             recompute: self.recompute,
+            data_parallel: self.ranks.map(|ranks| zeroplan_ir::plan::DataParallel {
+                ranks,
+                zero_stage: self.zero,
+                offload: self.offload,
+            }),
         }
     }
 }
@@ -196,6 +211,11 @@ fn parse_head(s: &str) -> Result<zeroplan_ir::spec::Head, String> {
 fn parse_recompute(s: &str) -> Result<zeroplan_passes::recompute::Policy, String> {
     zeroplan_passes::recompute::Policy::from_name(s)
         .ok_or_else(|| format!("`{s}` is not a recomputation policy: use none, full or selective"))
+}
+
+fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {
+    zeroplan_ir::plan::Offload::from_name(s)
+        .ok_or_else(|| format!("`{s}` is not an offload: use none, optimizer or optimizer+params"))
 }
 
 fn parse_betas(s: &str) -> Result<(f64, f64), String> {

@@ -43,6 +43,16 @@ impl Phase {
     }
 }
 
+/// Where a node runs and its outputs live. Everything is on the device
+/// unless the partition pass offloads it (ZeRO-Offload's host AdamW and
+/// host-resident optimizer states).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum Place {
+    #[default]
+    Device,
+    Host,
+}
+
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
@@ -50,6 +60,7 @@ pub struct Node {
     pub op: Op,
     pub outputs: Vec<TensorType>,
     pub phase: Phase,
+    pub place: Place,
 }
 
 /// An edge: output `output` of the source feeds operand `operand` of the target.
@@ -84,6 +95,8 @@ pub struct Graph {
     pub updates: Vec<(NodeIndex, Value)>,
     /// The phase given to nodes added from now on.
     pub phase: Phase,
+    /// The place given to nodes added from now on.
+    pub place: Place,
 }
 
 impl Graph {
@@ -115,7 +128,7 @@ impl Graph {
             .map(|v| self.try_type(*v).ok_or_else(|| fail(format!("operand {v:?} does not exist"))))
             .collect::<Result<_, _>>()?;
         let outputs = infer(&op, &types, &declared).map_err(fail)?;
-        let index = self.graph.add_node(Node { name: name.clone(), op, outputs, phase: self.phase });
+        let index = self.graph.add_node(Node { name: name.clone(), op, outputs, phase: self.phase, place: self.place });
         for (i, v) in operands.iter().enumerate() {
             self.graph.add_edge(v.node, index, Operand { output: v.output, operand: i as u32 });
         }
@@ -245,9 +258,22 @@ impl Graph {
     }
 
     /// The number of trainable scalars: each parameter node counted once,
-    /// however many ops use it (shared weights count once).
+    /// however many ops use it (shared weights count once). A flat buffer
+    /// counts its members, whether this rank holds all of it or a shard.
     pub fn parameter_count(&self) -> u64 {
-        self.params().iter().filter_map(|n| self.graph[*n].outputs[0].shape.numel().as_constant()).sum()
+        let count = |n: &NodeIndex| match &self.graph[*n].op {
+            Op::Param { init: Init::Flat { members, .. } } => Some(members.iter().map(|m| m.len()).sum()),
+            _ => self.graph[*n].outputs[0].shape.numel().as_constant(),
+        };
+        self.params().iter().filter_map(count).sum()
+    }
+
+    /// The nodes that read any output of `n`, each once, in index order.
+    pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut users: Vec<NodeIndex> = self.graph.edges_directed(n, Direction::Outgoing).map(|e| e.target()).collect();
+        users.sort_unstable();
+        users.dedup();
+        users
     }
 
     /// How many nodes of each op, by op name.

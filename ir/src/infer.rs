@@ -9,6 +9,41 @@ use crate::dtype::DType;
 use crate::op::Op;
 use crate::shape::{Dim, Shape, TensorType};
 
+/// The length of a collective's rank-1 operand, with `ranks ≥ 1`.
+fn flat_len(op: &Op, t: &TensorType, ranks: u64) -> Result<u64, String> {
+    let n = match t.shape.dims() {
+        [d] => d.as_constant(),
+        _ => None,
+    };
+    match n {
+        Some(n) if ranks > 0 => Ok(n),
+        _ => Err(format!("{} takes a constant rank-1 tensor over ≥ 1 ranks, got {t} over {ranks}", op.name())),
+    }
+}
+
+/// A flat buffer is rank 1, and its members fit the whole (all shards).
+fn check_flat(init: &crate::op::Init, t: &TensorType) -> Result<(), String> {
+    let crate::op::Init::Flat { members, shards } = init else { return Ok(()) };
+    let len = match t.shape.dims() {
+        [d] => d.as_constant(),
+        _ => None,
+    };
+    let Some(len) = len.filter(|_| *shards > 0) else {
+        return Err(format!("a flat buffer is a constant rank-1 tensor over ≥ 1 shards, not {t}"));
+    };
+    let mut end = 0;
+    for m in members {
+        if m.offset < end {
+            return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
+        }
+        end = m.offset + m.len();
+    }
+    if end > len * shards {
+        return Err(format!("the members need {end} elements, more than {len} × {shards} shards"));
+    }
+    Ok(())
+}
+
 /// The output types of `op` applied to operands of types `operands`.
 ///
 /// Source ops (inputs, parameters, `arange`) have no operands: their type is
@@ -20,15 +55,21 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
     let one = |t: TensorType| Ok(vec![t]);
     match op {
         Op::Input => one(single_declared(op, declared)?),
-        Op::Param { .. } => {
+        Op::Param { init } => {
             let t = single_declared(op, declared)?;
             require_float("the parameter", &t)?;
+            check_flat(init, &t)?;
             if let Some(d) = t.shape.dims().iter().find(|d| d.as_constant().is_none()) {
                 return Err(format!("parameters have constant shapes, but dimension `{d}` of {t} is symbolic"));
             }
             one(t)
         }
-        Op::State { .. } | Op::Fill { .. } => one(single_declared(op, declared)?),
+        Op::State { init } => {
+            let t = single_declared(op, declared)?;
+            check_flat(init, &t)?;
+            one(t)
+        }
+        Op::Fill { .. } => one(single_declared(op, declared)?),
         Op::Arange => {
             let t = single_declared(op, declared)?;
             if t.shape.rank() != 1 || !t.dtype.is_int() {
@@ -154,6 +195,43 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             one(TensorType::new(Shape(dims), x.dtype))
         }
         Op::Concat { axis } => concat(operands, *axis),
+        Op::Flatten { len } => {
+            let dtype = operands[0].dtype;
+            let mut total = 0u64;
+            for t in operands {
+                if t.dtype != dtype {
+                    return Err(format!("flatten needs operands of one dtype, got {} and {t}", operands[0]));
+                }
+                total +=
+                    t.shape.numel().as_constant().ok_or_else(|| format!("flatten needs constant shapes, got {t}"))?;
+            }
+            if total > *len {
+                return Err(format!("the operands hold {total} elements, more than the bucket's {len}"));
+            }
+            one(TensorType::new(Shape(vec![Dim::constant(*len)]), dtype))
+        }
+        Op::Shard { ranks } | Op::ReduceScatter { ranks } => {
+            let n = flat_len(op, operands[0], *ranks)?;
+            if n % ranks != 0 {
+                return Err(format!(
+                    "{} of {} over {ranks} ranks: the length must divide evenly",
+                    op.name(),
+                    operands[0]
+                ));
+            }
+            one(TensorType::new(Shape(vec![Dim::constant(n / ranks)]), operands[0].dtype))
+        }
+        Op::AllGather { ranks } => {
+            let n = flat_len(op, operands[0], *ranks)?;
+            one(TensorType::new(Shape(vec![Dim::constant(n * ranks)]), operands[0].dtype))
+        }
+        Op::AllReduce { ranks } => {
+            if *ranks == 0 {
+                return Err("all_reduce needs at least one rank".into());
+            }
+            one(operands[0].clone())
+        }
+        Op::Copy => one(operands[0].clone()),
         Op::Fused { kernel } => {
             kernel.check()?;
             for (i, (arg, t)) in kernel.inputs.iter().zip(operands).enumerate() {

@@ -18,6 +18,7 @@ pub mod infer;
 pub mod interp;
 pub mod kernel;
 pub mod op;
+pub mod plan;
 mod serial;
 pub mod shape;
 pub mod spec;
@@ -26,8 +27,8 @@ mod text;
 mod verify;
 
 pub use dtype::DType;
-pub use graph::{Graph, GraphError, Node, Operand, Phase, Value};
-pub use op::{GeluApproximation, Init, Op};
+pub use graph::{Graph, GraphError, Node, Operand, Phase, Place, Value};
+pub use op::{FlatMember, GeluApproximation, Init, Op};
 pub use petgraph::stable_graph::NodeIndex;
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};

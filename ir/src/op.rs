@@ -23,6 +23,35 @@ pub enum Init {
     Constant {
         value: f64,
     },
+    /// A ZeRO flat buffer: `members` back to back, each initialised as a
+    /// parameter of its name would be (so a flat buffer starts bitwise where
+    /// the separate parameters would), zero padding after the last; with
+    /// `shards > 1`, this rank's `1/shards` of it.
+    Flat {
+        members: Vec<FlatMember>,
+        shards: u64,
+    },
+}
+
+/// One parameter inside a flat buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlatMember {
+    /// The parameter's name (`layer0.attn.q.weight`): checkpoints and init use it.
+    pub name: String,
+    pub shape: Vec<u64>,
+    /// First element in the flat buffer.
+    pub offset: u64,
+    pub init: Box<Init>,
+}
+
+impl FlatMember {
+    pub fn len(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl fmt::Display for Init {
@@ -32,6 +61,10 @@ impl fmt::Display for Init {
             Init::Zeros => f.write_str("zeros"),
             Init::Ones => f.write_str("ones"),
             Init::Constant { value } => write!(f, "constant({value})"),
+            Init::Flat { members, shards } => {
+                let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+                write!(f, "flat([{}], shards={shards})", names.join(", "))
+            }
         }
     }
 }
@@ -234,6 +267,32 @@ pub enum Op {
         backoff: f64,
     },
 
+    // ── Data parallel (written by the partition pass) ──
+    /// Flattens each operand and concatenates them into one rank-1 tensor of
+    /// `len` elements, zero-padded at the end: a gradient bucket.
+    Flatten {
+        len: u64,
+    },
+    /// This rank's `1/ranks` of a rank-1 tensor (a view of its buffer).
+    Shard {
+        ranks: u64,
+    },
+    /// Sum over the `ranks` data-parallel ranks; every rank gets the sum.
+    AllReduce {
+        ranks: u64,
+    },
+    /// Sum over the ranks of a rank-1 tensor; each rank keeps its `1/ranks`.
+    ReduceScatter {
+        ranks: u64,
+    },
+    /// Every rank's rank-1 tensor, concatenated in rank order.
+    AllGather {
+        ranks: u64,
+    },
+    /// Moves its operand to the memory of the node's [`crate::Place`]
+    /// (host ↔ device over PCIe).
+    Copy,
+
     // ── Fused (written by the fuse pass) ──
     /// One fused row kernel ([`crate::kernel`]): operands are the kernel's
     /// inputs, outputs its outputs. The text form shows its name; the body is
@@ -317,6 +376,12 @@ impl Op {
             Op::GradScale { .. } => "grad_scale",
             Op::AdamW { .. } => "adamw",
             Op::LossScaleUpdate { .. } => "loss_scale_update",
+            Op::Flatten { .. } => "flatten",
+            Op::Shard { .. } => "shard",
+            Op::AllReduce { .. } => "all_reduce",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::AllGather { .. } => "all_gather",
+            Op::Copy => "copy",
             Op::Fused { .. } => "fused",
         }
     }
@@ -341,7 +406,12 @@ impl Op {
             | Op::SumTo { .. }
             | Op::SliceGrad { .. }
             | Op::SquaredSum
-            | Op::LrSchedule { .. } => Exactly(1),
+            | Op::LrSchedule { .. }
+            | Op::Shard { .. }
+            | Op::AllReduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGather { .. }
+            | Op::Copy => Exactly(1),
             Op::Embedding
             | Op::MatMul { .. }
             | Op::Add
@@ -364,9 +434,20 @@ impl Op {
             | Op::MseGrad
             | Op::LossScaleUpdate { .. } => Exactly(3),
             Op::AdamW { .. } => Exactly(8),
-            Op::Concat { .. } => AtLeast(1),
+            Op::Concat { .. } | Op::Flatten { .. } => AtLeast(1),
             Op::Fused { kernel } => Exactly(kernel.inputs.len()),
         }
+    }
+
+    /// Collectives: the ops that communicate between ranks.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. })
+    }
+
+    /// Ops whose result is a view of their first operand's buffer: no copy,
+    /// no new memory (contiguous reshapes, leading-axis slices, shards).
+    pub fn is_view(&self) -> bool {
+        matches!(self, Op::Reshape { .. } | Op::Shard { .. } | Op::Slice { axis: 0, .. })
     }
 
     /// Ops with no operands, whose type is declared rather than inferred.
@@ -446,7 +527,12 @@ impl Op {
             Op::Concat { axis } => vec![("axis", axis.to_string())],
             Op::CrossEntropy { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
             Op::Fused { kernel } => vec![("kernel", kernel.name.clone())],
+            Op::Flatten { len } => vec![("len", len.to_string())],
+            Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
+                vec![("ranks", ranks.to_string())]
+            }
             Op::Input
+            | Op::Copy
             | Op::Arange
             | Op::Embedding
             | Op::Add

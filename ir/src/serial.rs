@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Graph, Phase, Value};
+use crate::graph::{Graph, Phase, Place, Value};
 use crate::op::Op;
 use crate::shape::TensorType;
 
@@ -30,10 +30,16 @@ struct NodeEntry {
     outputs: Vec<TensorType>,
     #[serde(default, skip_serializing_if = "is_forward")]
     phase: Phase,
+    #[serde(default, skip_serializing_if = "is_device")]
+    place: Place,
 }
 
 fn is_forward(phase: &Phase) -> bool {
     *phase == Phase::Forward
+}
+
+fn is_device(place: &Place) -> bool {
+    *place == Place::Device
 }
 
 /// Why a RON graph could not be read.
@@ -69,6 +75,7 @@ impl Graph {
                     operands: self.operands(n).into_iter().map(|v| self.value_ref(v)).collect(),
                     outputs: node.outputs.clone(),
                     phase: node.phase,
+                    place: node.place,
                 }
             })
             .collect();
@@ -95,6 +102,7 @@ impl Graph {
                 .collect::<Result<Vec<_>, _>>()?;
             let declared = if entry.op.is_source() { entry.outputs.clone() } else { Vec::new() };
             graph.phase = entry.phase;
+            graph.place = entry.place;
             let index = graph
                 .add_node(entry.name.clone(), entry.op, &operands, declared)
                 .map_err(|e| node_error(&entry.name, e.message))?;
@@ -116,6 +124,7 @@ impl Graph {
             graph.set_update(t, v).map_err(|e| node_error(&target, e.message))?;
         }
         graph.phase = Phase::Forward;
+        graph.place = Place::Device;
         Ok(graph)
     }
 

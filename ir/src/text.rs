@@ -48,6 +48,9 @@ impl Graph {
                 let attrs: Vec<String> = attrs.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
                 write!(out, " {{{}}}", attrs.join(", "))?;
             }
+            if node.place == crate::graph::Place::Host {
+                out.push_str(" @host");
+            }
             out.push('\n');
         }
         for (name, v) in &self.outputs {

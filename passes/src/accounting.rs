@@ -1,12 +1,14 @@
 //! Model-state bytes, read from a training graph.
 //!
-//! Every AdamW node (or the fuse pass's kernel of one) names a parameter (the f32 master, or the f32 weight),
-//! the gradient it applies, and the two moments. With the 16-bit working
-//! copies (`cast` of a parameter) and the accumulators, that is the whole
-//! model state; the bytes follow from the dtypes the graph states, so the
-//! familiar 16 bytes per parameter is a result, not an assumption.
+//! Every AdamW node (or the fuse pass's kernel of one) names a parameter (the
+//! f32 master, or the f32 weight), the gradient it applies, and the two
+//! moments. With the 16-bit working copies (a `cast` of a parameter, or
+//! after partitioning the flat 16-bit parameters) and the accumulators, that
+//! is the whole model state; the bytes follow from the dtypes and shard
+//! sizes the graph states, so the familiar 16 bytes per parameter — and
+//! ZeRO's per-rank formulas — are results, not assumptions.
 
-use zeroplan_ir::{Graph, Op};
+use zeroplan_ir::{DType, Graph, Op, Phase, Value};
 
 /// Bytes of model state by class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -29,15 +31,21 @@ impl ModelStateBytes {
     }
 }
 
-/// Model-state bytes of a training graph, and its parameter count.
+/// Model-state bytes of a training graph (per rank, after the partition
+/// pass), and its parameter count.
 pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
     let bytes = |v| graph.value_type(v).size_bytes(&Default::default()).unwrap_or(0);
     let mut total = ModelStateBytes::default();
     let g = graph.petgraph();
     for n in g.node_indices() {
+        let out = Value { node: n, output: 0 };
         if let Some(ops) = crate::fuse::adamw_operands(graph, n) {
-            total.parameters += bytes(ops[0]);
-            total.gradients += bytes(ops[1]);
+            // fp32 masters (a state, after partitioning) are parameters; a
+            // parameter AdamW updates directly is counted below.
+            if matches!(graph.node(ops[0].node).op, Op::State { .. }) {
+                total.parameters += bytes(ops[0]);
+            }
+            total.gradients += bytes(held_gradient(graph, ops[1]));
             total.optimizer += bytes(ops[2]) + bytes(ops[3]);
             // An accumulated gradient: the per-micro-batch one is state too.
             if matches!(graph.node(ops[1].node).op, Op::State { .. }) {
@@ -45,12 +53,31 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
                 let raw = graph.node_by_name(&format!("{param}.grad_f32")).map(|c| graph.operands(c)[0]);
                 total.micro_batch_gradients += raw.map_or(bytes(ops[1]), bytes);
             }
+        } else if let Op::Param { .. } = &g[n].op {
+            match graph.value_type(out).dtype {
+                DType::F32 => total.parameters += bytes(out),
+                _ => total.working_copies += bytes(out),
+            }
         } else if let Op::Cast { .. } = &g[n].op {
             let source = graph.operands(n)[0];
             if matches!(graph.node(source.node).op, Op::Param { .. }) {
-                total.working_copies += bytes(zeroplan_ir::Value { node: n, output: 0 });
+                total.working_copies += bytes(out);
             }
         }
     }
     (total, graph.parameter_count())
+}
+
+/// The gradient as the backward leaves it for the optimizer: `grad` before
+/// the reductions and copies the optimizer phase applies to it (ZeRO-1
+/// holds whole gradients and reduce-scatters them only after the backward).
+fn held_gradient(graph: &Graph, mut grad: Value) -> Value {
+    loop {
+        let node = graph.node(grad.node);
+        let passes_through = node.op.is_collective() || matches!(node.op, Op::Copy | Op::Shard { .. });
+        if node.phase != Phase::Optimizer || !passes_through {
+            return grad;
+        }
+        grad = graph.operands(grad.node)[0];
+    }
 }

@@ -6,18 +6,21 @@
 //! [`training::MixedPrecision`] (fp32 master weights behind 16-bit working
 //! copies), [`training::TrainingStep`] ([`autodiff`] and [`optimizer`]:
 //! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
-//! (activation checkpointing: full or selective), and [`fuse`]
+//! (activation checkpointing: full or selective), [`partition`] (ZeRO
+//! stages 0–3 and offload over flat buffers), and [`fuse`]
 //! (memory-bound ops into kernel-IR kernels). [`accounting`] reads the
 //! model-state bytes back out of a training graph; [`memory`] plans every
 //! buffer's offset and the peak.
 
 pub mod accounting;
 pub mod autodiff;
+pub mod cost;
 pub mod fuse;
 pub mod manager;
 pub mod memory;
 pub mod mixed_precision;
 pub mod optimizer;
+pub mod partition;
 pub mod pipeline;
 mod rebuild;
 pub mod recompute;

@@ -51,6 +51,9 @@ pub struct PassOptions {
     /// Values of the graph's symbols (`batch`, `seq`) that cost models
     /// assume: the per-GPU micro-batch and sequence length being planned.
     pub shape_hint: zeroplan_ir::Bindings,
+    /// Data parallelism for the `partition` pass; without it the pass
+    /// leaves the per-parameter optimizer as it is.
+    pub data_parallel: Option<zeroplan_ir::plan::DataParallel>,
 }
 
 /// What passes share while a pipeline runs.

@@ -2,7 +2,8 @@
 //!
 //! Forward graphs: `rewrite`, `fuse`. Training steps: `rewrite` (on the
 //! forward graph, so merged weights get their gradients split back by
-//! autodiff), `mixed-precision`, `training-step`, `recompute`, `fuse`.
+//! autodiff), `mixed-precision`, `training-step`, `recompute`, `partition`
+//! (only when data parallelism is asked for), `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
@@ -10,6 +11,7 @@ use zeroplan_ir::{DType, Graph};
 
 use crate::fuse::Fuse;
 use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
+use crate::partition::Partition;
 use crate::recompute::Recompute;
 use crate::rewrite::Rewrite;
 use crate::training::{MixedPrecision, TrainError, TrainingStep, training_forward};
@@ -33,7 +35,7 @@ pub enum Target<'a> {
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
     match target {
         Target::Forward(_) => vec!["rewrite", "fuse"],
-        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "recompute", "fuse"],
+        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "recompute", "partition", "fuse"],
     }
 }
 
@@ -65,7 +67,12 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
             let forward = training_forward(model, train)?;
             let step = TrainingStep { train: (*train).clone() };
             let recompute = Recompute { policy: cx.options.recompute };
-            let passes: [&dyn Pass; 5] = [&Rewrite, &MixedPrecision, &step, &recompute, &Fuse];
+            let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &MixedPrecision, &step, &recompute];
+            let partition = cx.options.data_parallel.map(|data_parallel| Partition { data_parallel });
+            if let Some(partition) = &partition {
+                passes.push(partition);
+            }
+            passes.push(&Fuse);
             run_passes(forward, &passes, &mut cx)
         }
     }

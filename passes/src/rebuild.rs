@@ -7,13 +7,16 @@ use zeroplan_ir::{Graph, GraphError, NodeIndex, Value};
 /// Old values to new values.
 pub type ValueMap = HashMap<Value, Value>;
 
-/// Adds a copy of `src`'s node `n` to `dst` (same name, op, phase of `dst`),
-/// with operands translated through `map`, and maps its outputs.
+/// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
+/// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
     let node = src.node(n);
     let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
     let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
-    let copy = dst.add_node(node.name.clone(), node.op.clone(), &operands, declared)?;
+    let place = std::mem::replace(&mut dst.place, node.place);
+    let copy = dst.add_node(node.name.clone(), node.op.clone(), &operands, declared);
+    dst.place = place;
+    let copy = copy?;
     for output in 0..node.outputs.len() as u32 {
         map.insert(Value { node: n, output }, Value { node: copy, output });
     }

@@ -99,6 +99,18 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
             Ok(vec![nd::scalar(scale), nd::scalar(good)])
         }
         Op::Fused { kernel } => kernel::run(kernel, x, ctx.bindings, ctx.seed, ctx.offset),
+        Op::Flatten { len } => one(layout::flatten(x, usize_of(*len)?)),
+        // One rank: every collective is the identity, and a shard is the whole.
+        Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
+            if *ranks != 1 {
+                return Err(format!(
+                    "{} over {ranks} ranks needs the multi-rank interpreter; this one runs a single rank",
+                    op.name()
+                ));
+            }
+            Ok(vec![x[0].clone()])
+        }
+        Op::Copy => Ok(vec![x[0].clone()]),
     }
 }
 

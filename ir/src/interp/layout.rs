@@ -61,6 +61,19 @@ pub(super) fn split(x: &Tensor, axis: usize, sizes: &[usize]) -> Result<Vec<Tens
 }
 
 /// The operands joined along `axis`, in order; other axes must agree.
+/// Each operand flattened, concatenated, zero-padded to `len` elements.
+pub(super) fn flatten(xs: &[&Tensor], len: usize) -> Result<Tensor, String> {
+    let mut flat = Vec::with_capacity(len);
+    for x in xs {
+        flat.extend_from_slice(nd::floats(x, "a flatten operand")?);
+    }
+    if flat.len() > len {
+        return Err(format!("the operands hold {} elements, more than the bucket's {len}", flat.len()));
+    }
+    flat.resize(len, 0.0);
+    Ok(nd::float(vec![len], xs[0].dtype(), flat))
+}
+
 pub(super) fn concat(xs: &[&Tensor], axis: usize) -> Result<Tensor, String> {
     let first = xs.first().ok_or("concat needs at least one operand")?;
     if axis >= first.shape().len() {

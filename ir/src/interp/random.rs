@@ -82,6 +82,22 @@ pub(super) fn init(init: &Init, shape: Vec<usize>, dtype: DType, seed: u64, ordi
             Ok(nd::float(shape, dtype, (0..n as u64).map(|e| std * standard_normal(seed, ordinal, e)).collect()))
         }
         Init::Normal { .. } => Err(format!("a normal initialiser needs a float dtype, not {dtype}")),
+        Init::Flat { shards, .. } if *shards > 1 => Err(format!(
+            "a flat buffer sharded over {shards} ranks needs the multi-rank interpreter; this one runs a single rank"
+        )),
+        Init::Flat { members, .. } => {
+            let mut flat = vec![0.0; n];
+            for m in members {
+                let shape = m.shape.iter().map(|&d| d as usize).collect();
+                let part = self::init(&m.init, shape, dtype, seed, name_stream(&m.name))?;
+                let values = part.floats().ok_or_else(|| format!("flat member `{}` is not a float", m.name))?;
+                let at = m.offset as usize;
+                flat.get_mut(at..at + values.len())
+                    .ok_or_else(|| format!("flat member `{}` ends past the buffer's {n} elements", m.name))?
+                    .copy_from_slice(values);
+            }
+            Ok(nd::float(shape, dtype, flat))
+        }
     }
 }
 

@@ -169,6 +169,14 @@ pub(super) fn vjp(
         Op::Fused { .. } => {
             return Err(not_differentiable("fused kernels have no gradient: fusion runs after autodiff"));
         }
+        Op::Flatten { .. }
+        | Op::Shard { .. }
+        | Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Copy => {
+            return Err(not_differentiable("data-parallel ops have no gradient: partitioning runs after autodiff"));
+        }
     }
     Ok(grads)
 }

@@ -37,9 +37,14 @@ pub(super) fn grow(
     position: &HashMap<NodeIndex, usize>,
 ) -> Option<Vec<NodeIndex>> {
     let kshape = g.node(anchor).outputs[0].shape.clone();
-    let phase = g.node(anchor).phase;
+    // A group runs in one phase, on one side of PCIe.
+    let (phase, place) = (g.node(anchor).phase, g.node(anchor).place);
     let eligible = |n: NodeIndex, set: &HashSet<NodeIndex>| {
-        !taken.contains(&n) && !set.contains(&n) && g.node(n).phase == phase && fusible(g, n, &kshape)
+        !taken.contains(&n)
+            && !set.contains(&n)
+            && g.node(n).phase == phase
+            && g.node(n).place == place
+            && fusible(g, n, &kshape)
     };
     let mut set: HashSet<NodeIndex> = HashSet::from([anchor]);
     loop {

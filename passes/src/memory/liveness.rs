@@ -21,7 +21,9 @@ pub enum Category {
     OptimizerState,
     /// Batch inputs.
     Inputs,
-    /// Everything computed during the step.
+    /// Flat gradient buckets and their reductions (after the partition pass).
+    Gradients,
+    /// Everything else computed during the step.
     Activations,
 }
 
@@ -34,8 +36,11 @@ pub struct Interval {
     pub start: usize,
     pub end: usize,
     pub category: Category,
-    /// The value reuses the buffer of this earlier value (an in-place update).
+    /// The value reuses the buffer of this earlier value (an in-place
+    /// update, or a view).
     pub alias_of: Option<Value>,
+    /// Device or host memory.
+    pub place: zeroplan_ir::Place,
 }
 
 /// Why liveness could not be computed.
@@ -61,15 +66,29 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     for (_, v) in &graph.outputs {
         last_use.insert(*v, last);
     }
+    // A view is read wherever its views are: the viewed buffer lives until
+    // the last of them (reverse order reaches views of views first).
+    let mut alias: HashMap<Value, Value> = HashMap::new();
+    for &n in order.iter().rev() {
+        if graph.node(n).op.is_view() {
+            let (view, viewed) = (Value { node: n, output: 0 }, graph.operands(n)[0]);
+            if let Some(&l) = last_use.get(&view) {
+                last_use.entry(viewed).and_modify(|e| *e = (*e).max(l)).or_insert(l);
+            }
+            alias.insert(view, viewed);
+        }
+    }
     // In-place updates: the new value may take the target's buffer when no
     // reader of the target comes after the node computing the new value.
-    let mut alias: HashMap<Value, Value> = HashMap::new();
+    let mut updated_in_place: Vec<Value> = Vec::new();
     for (target, v) in &graph.updates {
         let old = Value { node: *target, output: 0 };
         let readers_done = last_use.get(&old).is_none_or(|&l| l <= position[&v.node]);
         let same_size = graph.value_type(old).size_bytes(bindings) == graph.value_type(*v).size_bytes(bindings);
-        if readers_done && same_size && !alias.values().any(|a| *a == old) {
+        let same_place = graph.node(old.node).place == graph.node(v.node).place;
+        if readers_done && same_size && same_place && !alias.contains_key(v) && !updated_in_place.contains(&old) {
             alias.insert(*v, old);
+            updated_in_place.push(old);
         }
     }
     let mut intervals = Vec::new();
@@ -80,6 +99,8 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
             Op::Param { .. } => Category::Parameters,
             Op::State { .. } => Category::OptimizerState,
             Op::Input => Category::Inputs,
+            Op::Flatten { .. } | Op::ReduceScatter { .. } => Category::Gradients,
+            Op::AllReduce { .. } if node.phase == zeroplan_ir::Phase::Backward => Category::Gradients,
             _ => Category::Activations,
         };
         for output in 0..node.outputs.len() as u32 {
@@ -89,7 +110,8 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
                 .ok_or_else(|| LivenessError::Unbound(graph.value_ref(value)))?;
             let start = if persistent { 0 } else { position[&n] };
             let end = if persistent { last } else { last_use.get(&value).copied().unwrap_or(position[&n]) };
-            intervals.push(Interval { value, bytes, start, end, category, alias_of: alias.get(&value).copied() });
+            let alias_of = alias.get(&value).copied();
+            intervals.push(Interval { value, bytes, start, end, category, alias_of, place: node.place });
         }
     }
     Ok(intervals)

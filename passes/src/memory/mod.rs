@@ -8,14 +8,16 @@
 //! inputs live until their last reader; every computed tensor — activations,
 //! gradients, the 16-bit working copies — lives from the node that computes
 //! it to its last reader. Updates are in place when the schedule allows
-//! (see [`liveness`]). Not yet counted: GEMM workspace, collective staging
-//! buffers and the runtime's own context; the planner issue adds them.
+//! (see [`liveness`]); views share the buffer they view. After the
+//! partition pass, flat gradient buckets and their reductions are
+//! `gradients`, gathered parameters (ZeRO-3) are activations-like transients
+//! and host-resident state (ZeRO-Offload) is planned in a second, host arena.
 
 pub mod arena;
 pub mod liveness;
 
 use std::collections::BTreeMap;
-use zeroplan_ir::{Bindings, Graph, NodeIndex};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Place};
 
 pub use arena::Arena;
 pub use liveness::{Category, Interval, LivenessError};
@@ -23,19 +25,25 @@ pub use liveness::{Category, Interval, LivenessError};
 /// A memory plan of one graph under one binding of its symbols.
 pub struct MemoryPlan {
     pub order: Vec<NodeIndex>,
+    /// Lifetimes of the device's tensors; the arena indexes into these.
     pub intervals: Vec<Interval>,
     pub arena: Arena,
     /// Bytes live at the peak position, by category (persistent ones whole).
     pub at_peak: BTreeMap<Category, u64>,
+    /// Host memory (ZeRO-Offload), planned the same way.
+    pub host_intervals: Vec<Interval>,
+    pub host: Arena,
 }
 
 /// Plans `graph` for `bindings` (e.g. `batch = 32, seq = 128`).
 pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
     let order = graph.topo_order().ok_or(LivenessError::Cycle)?;
-    let intervals = liveness::liveness(graph, &order, bindings)?;
+    let (intervals, host_intervals): (Vec<Interval>, Vec<Interval>) =
+        liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
     let arena = arena::place(&intervals);
+    let host = arena::place(&host_intervals);
     let at_peak = composition_at_peak(&intervals, &arena);
-    Ok(MemoryPlan { order, intervals, arena, at_peak })
+    Ok(MemoryPlan { order, intervals, arena, at_peak, host_intervals, host })
 }
 
 /// Live bytes by category at the schedule position where most are live.

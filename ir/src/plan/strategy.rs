@@ -1,0 +1,82 @@
+//! What a plan decided: how the data-parallel ranks share model state, what
+//! lives on the host, what the backward recomputes, how big a micro-batch is.
+
+use serde::{Deserialize, Serialize};
+
+/// What ZeRO-Offload moves to host memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    #[default]
+    None,
+    /// fp32 master weights and AdamW moments live on the host; AdamW runs
+    /// there on gradients copied over PCIe (Ren et al., ZeRO-Offload, 2021).
+    Optimizer,
+    /// The optimizer as above, and the 16-bit parameter shards too (stage 3
+    /// only): they cross PCIe before every all-gather (ZeRO-Infinity).
+    OptimizerAndParams,
+}
+
+impl Offload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+            Offload::OptimizerAndParams => "optimizer+params",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Offload> {
+        [Offload::None, Offload::Optimizer, Offload::OptimizerAndParams].into_iter().find(|o| o.name() == name)
+    }
+}
+
+/// Data parallelism with ZeRO (Rajbhandari et al., 2020): which model states
+/// each of `ranks` replicas holds whole and which only its `1/ranks` shard of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DataParallel {
+    pub ranks: u64,
+    /// 0: everything replicated, gradients all-reduced. 1: optimizer states
+    /// sharded. 2: gradients too. 3: parameters too.
+    pub zero_stage: u8,
+    pub offload: Offload,
+}
+
+impl DataParallel {
+    /// One rank, nothing sharded or offloaded.
+    pub fn single() -> DataParallel {
+        DataParallel { ranks: 1, zero_stage: 0, offload: Offload::None }
+    }
+
+    /// Shards of the optimizer states (fp32 masters and moments).
+    pub fn optimizer_shards(&self) -> u64 {
+        if self.zero_stage >= 1 { self.ranks } else { 1 }
+    }
+
+    /// Shards of the gradients the optimizer reads.
+    pub fn gradient_shards(&self) -> u64 {
+        if self.zero_stage >= 2 { self.ranks } else { 1 }
+    }
+
+    /// Shards of the 16-bit (or fp32) parameters the forward reads.
+    pub fn parameter_shards(&self) -> u64 {
+        if self.zero_stage >= 3 { self.ranks } else { 1 }
+    }
+
+    /// Why this combination cannot be planned, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.ranks == 0 {
+            return Err("data parallelism needs at least one rank".into());
+        }
+        if self.zero_stage > 3 {
+            return Err(format!("ZeRO has stages 0 to 3, not {}", self.zero_stage));
+        }
+        if self.offload == Offload::OptimizerAndParams && self.zero_stage != 3 {
+            return Err(format!(
+                "offloading parameters needs ZeRO stage 3 (parameters sharded), not stage {}",
+                self.zero_stage
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Communication volume: what every rank sends per training step.
+//!
+//! Ring algorithms (Patarasuk & Yuan, 2009; NCCL's default for large
+//! messages): over `r` ranks a reduce-scatter or an all-gather of `n`
+//! elements sends `(r−1)/r · n` elements from each rank in `r−1` steps, and
+//! an all-reduce is the two in sequence, `2(r−1)/r · n` in `2(r−1)` steps.
+//! `n` is the whole (unsharded) tensor's length.
+
+use std::collections::BTreeMap;
+use zeroplan_ir::{Graph, Op, Phase, Value};
+
+/// One collective's ring: the elements each rank sends, and the steps.
+pub fn ring(op: &Op, whole_elements: u64) -> Option<(f64, u64)> {
+    let (ranks, passes) = match *op {
+        Op::AllReduce { ranks } => (ranks, 2),
+        Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, 1),
+        _ => return None,
+    };
+    let share = (ranks - 1) as f64 / ranks as f64;
+    Some((passes as f64 * share * whole_elements as f64, passes * (ranks - 1)))
+}
+
+/// The unsharded length of a collective's tensor: the all-gather's output,
+/// the reduce-scatter's or all-reduce's input.
+pub fn whole_elements(graph: &Graph, value: Value) -> u64 {
+    let node = graph.node(value.node);
+    let whole = match node.op {
+        Op::AllGather { .. } => value,
+        _ => graph.operands(value.node)[0],
+    };
+    graph.value_type(whole).shape.numel().as_constant().unwrap_or(0)
+}
+
+/// Traffic of one collective kind over a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Traffic {
+    /// Collectives launched per step.
+    pub count: u64,
+    /// Elements each rank sends per step.
+    pub elements: f64,
+    /// Bytes each rank sends per step.
+    pub bytes: f64,
+}
+
+/// Per collective kind (`all_reduce`, …), what each rank sends in one step
+/// of `micro_batches` micro-batches: forward and backward collectives run
+/// once per micro-batch, optimizer ones once.
+pub fn traffic(graph: &Graph, micro_batches: u64) -> BTreeMap<&'static str, Traffic> {
+    let mut by_kind: BTreeMap<&'static str, Traffic> = BTreeMap::new();
+    for n in graph.petgraph().node_indices() {
+        let node = graph.node(n);
+        if !node.op.is_collective() {
+            continue;
+        }
+        let Some((elements, _)) = ring(&node.op, whole_elements(graph, Value { node: n, output: 0 })) else { continue };
+        let times = if node.phase == Phase::Optimizer { 1 } else { micro_batches };
+        let t = by_kind.entry(node.op.name()).or_default();
+        t.count += times;
+        t.elements += times as f64 * elements;
+        t.bytes += times as f64 * elements * node.outputs[0].dtype.size_bytes() as f64;
+    }
+    by_kind
+}

@@ -1,0 +1,3 @@
+//! Cost models of a planned step.
+
+pub mod comm;

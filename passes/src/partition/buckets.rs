@@ -1,0 +1,92 @@
+//! Buckets: the flat buffers ZeRO shards, communicates and updates whole.
+//!
+//! One bucket per layer (the name's first component, `layer3`, `embeddings`,
+//! `mlm`) and weight-decay group, in the order the forward first reads its
+//! parameters — so stage 3 gathers one bucket per layer, in forward order,
+//! and backward reduces them in reverse. Each bucket is padded to a multiple
+//! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
+
+use std::collections::HashMap;
+use zeroplan_ir::{FlatMember, Graph, Init, NodeIndex, Op};
+
+use super::slots::Slot;
+
+/// Elements a shard's length is a multiple of (256 bytes at 16 bits).
+pub const SHARD_ALIGN: u64 = 128;
+
+/// A flat buffer of parameters that share a layer and a weight decay.
+pub(super) struct Bucket {
+    pub name: String,
+    /// The layer's index in forward order: stage 3 prefetches by layer.
+    pub layer: usize,
+    /// Indices into the slots, in member order.
+    pub slots: Vec<usize>,
+    pub members: Vec<FlatMember>,
+    /// Padded length: a multiple of `ranks × SHARD_ALIGN`.
+    pub len: u64,
+    pub weight_decay: f64,
+}
+
+impl Bucket {
+    /// Elements of padding after the last member.
+    pub fn padding(&self) -> u64 {
+        self.len - self.members.last().map_or(0, |m| m.offset + m.len())
+    }
+}
+
+/// The layer a parameter belongs to: `layer3.attn.q.weight` → `layer3`.
+fn group(name: &str) -> &str {
+    name.split('.').next().unwrap_or(name)
+}
+
+/// Groups `slots` into buckets for `ranks` ranks.
+pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks: u64) -> Vec<Bucket> {
+    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    // Where the forward first reads each parameter (through its working copy).
+    let first_use = |s: &Slot| {
+        let read = s.working.unwrap_or(s.param);
+        graph.users(read).iter().map(|u| position[u]).min().unwrap_or(usize::MAX)
+    };
+    let mut by_use: Vec<usize> = (0..slots.len()).collect();
+    by_use.sort_by_key(|&i| (first_use(&slots[i]), position[&slots[i].param]));
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut index: HashMap<(String, u64), usize> = HashMap::new();
+    let mut layers: HashMap<String, usize> = HashMap::new();
+    for i in by_use {
+        let slot = &slots[i];
+        let node = graph.node(slot.param);
+        let layer = group(&node.name).to_string();
+        let key = (layer.clone(), slot.weight_decay.to_bits());
+        let next_layer = layers.len();
+        let layer_index = *layers.entry(layer.clone()).or_insert(next_layer);
+        let b = *index.entry(key).or_insert_with(|| {
+            let suffix = if slot.weight_decay > 0.0 { "decay" } else { "no_decay" };
+            buckets.push(Bucket {
+                name: format!("{layer}.{suffix}"),
+                layer: layer_index,
+                slots: Vec::new(),
+                members: Vec::new(),
+                len: 0,
+                weight_decay: slot.weight_decay,
+            });
+            buckets.len() - 1
+        });
+        let Op::Param { init } = &node.op else { unreachable!("slots hold parameters") };
+        let shape: Vec<u64> = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0)).collect();
+        let bucket = &mut buckets[b];
+        let offset = bucket.members.last().map_or(0, |m| m.offset + m.len());
+        bucket.members.push(FlatMember { name: node.name.clone(), shape, offset, init: Box::new(init.clone()) });
+        bucket.slots.push(i);
+    }
+    let unit = ranks * SHARD_ALIGN;
+    for bucket in &mut buckets {
+        let used = bucket.members.last().map_or(0, |m| m.offset + m.len());
+        bucket.len = used.div_ceil(unit).max(1) * unit;
+    }
+    buckets
+}
+
+/// The flat init of a bucket's members, this rank's `1/shards` of it.
+pub(super) fn flat_init(bucket: &Bucket, shards: u64) -> Init {
+    Init::Flat { members: bucket.members.clone(), shards }
+}
