@@ -259,3 +259,19 @@ fn train_reads_a_batch_file() {
     assert!(err.contains("bad.safetensors"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn data_parallel_summary_shows_traffic_and_offload_errors_are_clear() {
+    let base = ["graph", "models/tiny/tiny-bert.ron", "--train", "--summary", "--json", "--ranks", "4"];
+    let s = stdout_json(&[&base[..], &["--zero", "3"]].concat());
+    let comm = &s["comm"];
+    assert!(
+        comm["all_gather"]["count"].as_u64().unwrap() > 0 && comm["reduce_scatter"]["bytes"].as_f64().unwrap() > 0.0
+    );
+    let plain = stdout_json(&["graph", "models/tiny/tiny-bert.ron", "--train", "--summary", "--json"]);
+    assert!(plain.get("comm").is_none(), "one rank, no partitioning: no traffic");
+    let err = failure(&[&base[..], &["--zero", "1", "--offload", "optimizer+params"]].concat());
+    assert!(err.contains("needs ZeRO stage 3"), "{err}");
+    let err = failure(&[&base[..], &["--offload", "disk"]].concat());
+    assert!(err.contains("use none, optimizer or optimizer+params"), "{err}");
+}

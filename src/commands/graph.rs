@@ -8,6 +8,7 @@ use crate::output::emit;
 use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Graph, Op};
 use zeroplan_passes::accounting::{ModelStateBytes, model_state_bytes};
+use zeroplan_passes::cost::comm::Traffic;
 use zeroplan_passes::manager::PassRecord;
 use zeroplan_passes::memory::{Category, MemoryPlan};
 use zeroplan_passes::pipeline::{Target, compile};
@@ -40,7 +41,9 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
         let hint = options.shape_hint;
         let memory =
             zeroplan_passes::memory::plan(&graph, &hint).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
-        let summary = Summary::new(&spec, &graph, MemoryReport::new(&memory, &hint));
+        let mut summary = Summary::new(&spec, &graph, MemoryReport::new(&memory, &hint));
+        let micro_batches = train.as_ref().map_or(1, |t| t.micro_batches);
+        summary.comm = zeroplan_passes::cost::comm::traffic(&graph, micro_batches);
         if args.json {
             format!("{}\n", serde_json::to_string_pretty(&summary).expect("serialisable"))
         } else {
@@ -71,6 +74,8 @@ struct MemoryReport {
     fragmentation: f64,
     /// Bytes live at the peak, by category.
     at_peak: BTreeMap<Category, u64>,
+    /// Host memory the plan needs (ZeRO-Offload), at its own peak.
+    host_peak_bytes: u64,
 }
 
 impl MemoryReport {
@@ -82,6 +87,7 @@ impl MemoryReport {
             lower_bound_bytes: plan.arena.lower_bound,
             fragmentation: plan.arena.fragmentation(),
             at_peak: plan.at_peak.clone(),
+            host_peak_bytes: plan.host.size,
         }
     }
 
@@ -94,8 +100,13 @@ impl MemoryReport {
                 format!("{} {:.1}", serde_json::to_value(c).expect("serialisable").as_str().unwrap_or("?"), mib(*b))
             })
             .collect();
+        let host = if self.host_peak_bytes > 0 {
+            format!("; host {:.1} MiB", mib(self.host_peak_bytes))
+        } else {
+            String::new()
+        };
         format!(
-            "  memory      batch {} × seq {}: peak {:.1} MiB (lower bound {:.1}, fragmentation {:.1}%); at the peak, MiB: {}\n",
+            "  memory      batch {} × seq {}: peak {:.1} MiB (lower bound {:.1}, fragmentation {:.1}%); at the peak, MiB: {}{host}\n",
             self.batch,
             self.seq,
             mib(self.peak_bytes),
@@ -151,6 +162,9 @@ struct Summary {
     model_state_bytes: Option<ModelStateBytes>,
     /// The static memory plan at the assumed batch and sequence length.
     memory: MemoryReport,
+    /// What each rank sends per step, by collective (data-parallel steps).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    comm: BTreeMap<&'static str, Traffic>,
     inputs: BTreeMap<String, String>,
     outputs: BTreeMap<String, String>,
     ops: BTreeMap<&'static str, usize>,
@@ -196,6 +210,7 @@ impl Summary {
                 .any(|n| zeroplan_passes::fuse::adamw_operands(graph, n).is_some())
                 .then(|| model_state_bytes(graph).0),
             memory,
+            comm: BTreeMap::new(),
             inputs,
             outputs,
             ops: graph.op_histogram(),
@@ -234,8 +249,23 @@ impl Summary {
                 per(b.micro_batch_gradients),
             )
         });
+        let comm = if self.comm.is_empty() {
+            String::new()
+        } else {
+            let kinds: Vec<String> = self
+                .comm
+                .iter()
+                .map(|(k, t)| format!("{k} {}× {:.1} MiB", t.count, t.bytes / (1u64 << 20) as f64))
+                .collect();
+            let elements: f64 = self.comm.values().map(|t| t.elements).sum();
+            format!(
+                "  comm        per rank per step: {} ({:.2}Ψ elements)\n",
+                kinds.join(", "),
+                elements / self.params as f64
+            )
+        };
         format!(
-            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes} ({phases}): {ops}\n{state}{memory}  inputs      {inputs}\n  outputs     {outputs}\n",
+            "{name} ({head} head, {dtype})\n  parameters  {params} ({mib:.1} MiB)\n  shape       {layers} layers, hidden {hidden}, {heads} heads, intermediate {inter}, vocab {vocab}\n  nodes       {nodes} ({phases}): {ops}\n{state}{memory}{comm}  inputs      {inputs}\n  outputs     {outputs}\n",
             name = self.name,
             head = self.head,
             dtype = self.dtype,
