@@ -104,6 +104,15 @@ impl Graph {
         Graph { name: name.into(), ..Graph::default() }
     }
 
+    /// Runs `add` with new nodes placed at `place`, then restores the cursor:
+    /// the one way passes put nodes on the host.
+    pub fn at_place<T>(&mut self, place: Place, add: impl FnOnce(&mut Graph) -> T) -> T {
+        let saved = std::mem::replace(&mut self.place, place);
+        let result = add(self);
+        self.place = saved;
+        result
+    }
+
     /// Adds a node after inferring its output types from its operands.
     ///
     /// Source ops take their type from `declared`; other ops must pass an

@@ -9,13 +9,17 @@ use crate::dtype::DType;
 use crate::op::Op;
 use crate::shape::{Dim, Shape, TensorType};
 
-/// The length of a collective's rank-1 operand, with `ranks ≥ 1`.
-fn flat_len(op: &Op, t: &TensorType, ranks: u64) -> Result<u64, String> {
-    let n = match t.shape.dims() {
+/// The length of a constant rank-1 tensor (a flat buffer).
+fn rank1_len(t: &TensorType) -> Option<u64> {
+    match t.shape.dims() {
         [d] => d.as_constant(),
         _ => None,
-    };
-    match n {
+    }
+}
+
+/// The length of a collective's rank-1 operand, with `ranks ≥ 1`.
+fn flat_len(op: &Op, t: &TensorType, ranks: u64) -> Result<u64, String> {
+    match rank1_len(t) {
         Some(n) if ranks > 0 => Ok(n),
         _ => Err(format!("{} takes a constant rank-1 tensor over ≥ 1 ranks, got {t} over {ranks}", op.name())),
     }
@@ -24,11 +28,7 @@ fn flat_len(op: &Op, t: &TensorType, ranks: u64) -> Result<u64, String> {
 /// A flat buffer is rank 1, and its members fit the whole (all shards).
 fn check_flat(init: &crate::op::Init, t: &TensorType) -> Result<(), String> {
     let crate::op::Init::Flat { members, shards } = init else { return Ok(()) };
-    let len = match t.shape.dims() {
-        [d] => d.as_constant(),
-        _ => None,
-    };
-    let Some(len) = len.filter(|_| *shards > 0) else {
+    let Some(len) = rank1_len(t).filter(|_| *shards > 0) else {
         return Err(format!("a flat buffer is a constant rank-1 tensor over ≥ 1 shards, not {t}"));
     };
     let mut end = 0;

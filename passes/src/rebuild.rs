@@ -13,10 +13,7 @@ pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap)
     let node = src.node(n);
     let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
     let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
-    let place = std::mem::replace(&mut dst.place, node.place);
-    let copy = dst.add_node(node.name.clone(), node.op.clone(), &operands, declared);
-    dst.place = place;
-    let copy = copy?;
+    let copy = dst.at_place(node.place, |dst| dst.add_node(node.name.clone(), node.op.clone(), &operands, declared))?;
     for output in 0..node.outputs.len() as u32 {
         map.insert(Value { node: n, output }, Value { node: copy, output });
     }

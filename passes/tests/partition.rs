@@ -94,6 +94,13 @@ fn offload_puts_the_optimizer_on_the_host() {
     assert!(err.contains("needs ZeRO stage 3"), "{err}");
 }
 
+/// bert-large's bf16 training step, fused, for `ranks` ranks at a ZeRO stage.
+fn bert_large_bf16(ranks: u64, zero_stage: u8) -> Graph {
+    let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
+    let dp = DataParallel { ranks, zero_stage, offload: Offload::None };
+    compiled(&model("bert-large.ron"), &train, Some(dp), true)
+}
+
 /// ZeRO's model states per rank (Rajbhandari et al., 2020, §5), mixed
 /// precision: 2Ψ parameters, 2Ψ gradients, 12Ψ optimizer states (fp32
 /// masters and moments), each divided by N_d from its stage on.
@@ -104,12 +111,9 @@ fn zero_formula(stage: u8, psi: f64, ranks: f64) -> (f64, f64, f64) {
 
 #[test]
 fn model_state_per_rank_follows_the_zero_formulas() {
-    let m = model("bert-large.ron");
-    let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
     let ranks = 64;
     for stage in 0..=3 {
-        let dp = DataParallel { ranks, zero_stage: stage, offload: Offload::None };
-        let graph = compiled(&m, &train, Some(dp), true);
+        let graph = bert_large_bf16(ranks, stage);
         let (bytes, psi) = zeroplan_passes::accounting::model_state_bytes(&graph);
         let (params, grads, optimizer) = zero_formula(stage, psi as f64, ranks as f64);
         let got = (bytes.working_copies as f64, bytes.gradients as f64, (bytes.parameters + bytes.optimizer) as f64);
@@ -131,12 +135,9 @@ fn model_state_per_rank_follows_the_zero_formulas() {
 
 #[test]
 fn each_rank_sends_two_psi_below_stage_three_and_three_psi_at_it() {
-    let m = model("bert-large.ron");
-    let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
     let ranks = 8;
     for stage in 0..=3 {
-        let dp = DataParallel { ranks, zero_stage: stage, offload: Offload::None };
-        let graph = compiled(&m, &train, Some(dp), true);
+        let graph = bert_large_bf16(ranks, stage);
         let psi = graph.parameter_count() as f64;
         let traffic = zeroplan_passes::cost::comm::traffic(&graph, 1);
         let sent: f64 = traffic.values().map(|t| t.elements).sum();

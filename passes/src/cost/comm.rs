@@ -9,15 +9,15 @@
 use std::collections::BTreeMap;
 use zeroplan_ir::{Graph, Op, Phase, Value};
 
-/// One collective's ring: the elements each rank sends, and the steps.
-pub fn ring(op: &Op, whole_elements: u64) -> Option<(f64, u64)> {
+/// The fraction of the whole tensor each rank sends in a ring collective;
+/// `None` for ops that do not communicate.
+pub fn ring_share(op: &Op) -> Option<f64> {
     let (ranks, passes) = match *op {
-        Op::AllReduce { ranks } => (ranks, 2),
-        Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, 1),
+        Op::AllReduce { ranks } => (ranks, 2.0),
+        Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, 1.0),
         _ => return None,
     };
-    let share = (ranks - 1) as f64 / ranks as f64;
-    Some((passes as f64 * share * whole_elements as f64, passes * (ranks - 1)))
+    Some(passes * (ranks - 1) as f64 / ranks as f64)
 }
 
 /// The unsharded length of a collective's tensor: the all-gather's output,
@@ -49,10 +49,8 @@ pub fn traffic(graph: &Graph, micro_batches: u64) -> BTreeMap<&'static str, Traf
     let mut by_kind: BTreeMap<&'static str, Traffic> = BTreeMap::new();
     for n in graph.petgraph().node_indices() {
         let node = graph.node(n);
-        if !node.op.is_collective() {
-            continue;
-        }
-        let Some((elements, _)) = ring(&node.op, whole_elements(graph, Value { node: n, output: 0 })) else { continue };
+        let Some(share) = ring_share(&node.op) else { continue };
+        let elements = share * whole_elements(graph, Value { node: n, output: 0 }) as f64;
         let times = if node.phase == Phase::Optimizer { 1 } else { micro_batches };
         let t = by_kind.entry(node.op.name()).or_default();
         t.count += times;

@@ -198,11 +198,11 @@ fn rebuild(
     while let Some(Reverse((_, u))) = ready.pop() {
         if u < groups.len() {
             let grp = &groups[u];
-            (out.phase, out.place) = (g.node(grp.nodes[0]).phase, g.node(grp.nodes[0]).place);
+            let first = g.node(grp.nodes[0]);
+            out.phase = first.phase;
             let operands: Vec<Value> = grp.operands.iter().map(|v| map[v]).collect();
-            let fused = out.add_node(grp.name.clone(), grp.op.clone(), &operands, Vec::new());
-            out.place = zeroplan_ir::Place::Device;
-            let fused = fused?;
+            let fused =
+                out.at_place(first.place, |out| out.add_node(grp.name.clone(), grp.op.clone(), &operands, Vec::new()))?;
             for (k, v) in grp.outputs.iter().enumerate() {
                 map.insert(*v, Value { node: fused, output: k as u32 });
             }

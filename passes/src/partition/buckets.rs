@@ -28,9 +28,14 @@ pub(super) struct Bucket {
 }
 
 impl Bucket {
+    /// Elements the members occupy, from 0 to the end of the last.
+    fn used(&self) -> u64 {
+        self.members.last().map_or(0, |m| m.offset + m.len())
+    }
+
     /// Elements of padding after the last member.
     pub fn padding(&self) -> u64 {
-        self.len - self.members.last().map_or(0, |m| m.offset + m.len())
+        self.len - self.used()
     }
 }
 
@@ -74,14 +79,13 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
         let Op::Param { init } = &node.op else { unreachable!("slots hold parameters") };
         let shape: Vec<u64> = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0)).collect();
         let bucket = &mut buckets[b];
-        let offset = bucket.members.last().map_or(0, |m| m.offset + m.len());
+        let offset = bucket.used();
         bucket.members.push(FlatMember { name: node.name.clone(), shape, offset, init: Box::new(init.clone()) });
         bucket.slots.push(i);
     }
     let unit = ranks * SHARD_ALIGN;
     for bucket in &mut buckets {
-        let used = bucket.members.last().map_or(0, |m| m.offset + m.len());
-        bucket.len = used.div_ceil(unit).max(1) * unit;
+        bucket.len = bucket.used().div_ceil(unit).max(1) * unit;
     }
     buckets
 }

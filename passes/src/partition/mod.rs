@@ -210,29 +210,19 @@ impl<'a> Builder<'a> {
             op => op.clone(),
         };
         let declared = if op.is_source() { node.outputs.clone() } else { Vec::new() };
-        self.out.place = node.place;
-        let copy = self.out.add_node(node.name.clone(), op, &operands, declared);
-        self.out.place = Place::Device;
-        let copy = copy?;
+        let copy = self.out.at_place(node.place, |out| out.add_node(node.name.clone(), op, &operands, declared))?;
         for output in 0..node.outputs.len() as u32 {
             self.map.insert(Value { node: n, output }, Value { node: copy, output });
         }
         Ok(())
     }
 
-    /// Adds a node at `place`.
     fn add_at(&mut self, place: Place, name: String, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
-        self.out.place = place;
-        let v = self.out.add(name, op, operands);
-        self.out.place = Place::Device;
-        v
+        self.out.at_place(place, |out| out.add(name, op, operands))
     }
 
     fn source_at(&mut self, place: Place, name: String, op: Op, ty: TensorType) -> Result<Value, GraphError> {
-        self.out.place = place;
-        let v = self.out.source(name, op, ty);
-        self.out.place = Place::Device;
-        v
+        self.out.at_place(place, |out| out.source(name, op, ty))
     }
 
     fn flat(len: u64, dtype: DType) -> TensorType {
@@ -440,14 +430,8 @@ impl<'a> Builder<'a> {
         }
         let (beta1, beta2, eps) = self.step.betas_eps;
         let op = Op::AdamW { beta1, beta2, eps, weight_decay: bucket.weight_decay };
-        self.out.place = place;
-        let updated = self.out.add_multi(
-            format!("{name}.adamw"),
-            op,
-            &[param, grad, m, v, scalars[0], scalars[1], scalars[2], scalars[3]],
-        );
-        self.out.place = Place::Device;
-        let updated = updated?;
+        let operands = [param, grad, m, v, scalars[0], scalars[1], scalars[2], scalars[3]];
+        let updated = self.out.at_place(place, |out| out.add_multi(format!("{name}.adamw"), op, &operands))?;
         self.out.set_update(m.node, updated[1])?;
         self.out.set_update(v.node, updated[2])?;
         let mut new = updated[0];

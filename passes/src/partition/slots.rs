@@ -34,6 +34,8 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
     let mut slots = Vec::new();
     let mut replaced = HashSet::new();
     let mut shared = None;
+    // The gradients AdamW applies: what the squared global norm sums.
+    let mut applied: HashSet<Value> = HashSet::new();
     for &n in &order {
         let Op::AdamW { beta1, beta2, eps, weight_decay } = graph.node(n).op else { continue };
         let ops = graph.operands(n);
@@ -50,6 +52,7 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
         replaced.extend([n, param, ops[2].node, ops[3].node]);
         let working = graph.users(param).into_iter().find(|&u| matches!(graph.node(u).op, Op::Cast { .. }));
         replaced.extend(working);
+        applied.insert(ops[1]);
         let raw_grad = raw_gradient(graph, ops[1], &mut replaced)?;
         slots.push(Slot { param, working, raw_grad, weight_decay });
     }
@@ -57,11 +60,6 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
     let grad_scale = scalars[2].node;
     // The squared global norm: a squared_sum per gradient, and the adds
     // that total them.
-    let applied: HashSet<Value> = order
-        .iter()
-        .filter(|&&n| matches!(graph.node(n).op, Op::AdamW { .. }))
-        .map(|&n| graph.operands(n)[1])
-        .collect();
     for &n in &order {
         let node = graph.node(n);
         let operands = graph.operands(n);
