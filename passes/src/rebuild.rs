@@ -2,7 +2,7 @@
 //! passes build a transformed graph without mutating the input.
 
 use std::collections::HashMap;
-use zeroplan_ir::{Graph, GraphError, NodeIndex, Value};
+use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Value};
 
 /// Old values to new values.
 pub type ValueMap = HashMap<Value, Value>;
@@ -10,10 +10,23 @@ pub type ValueMap = HashMap<Value, Value>;
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
-    let node = src.node(n);
     let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
-    let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
-    let copy = dst.at_place(node.place, |dst| dst.add_node(node.name.clone(), node.op.clone(), &operands, declared))?;
+    copy_node_as(src, n, src.node(n).op.clone(), &operands, dst, map)
+}
+
+/// [`copy_node`] with the pass's own `op` and `operands` in place of the
+/// node's: same name, place and (for sources) declared type.
+pub fn copy_node_as(
+    src: &Graph,
+    n: NodeIndex,
+    op: Op,
+    operands: &[Value],
+    dst: &mut Graph,
+    map: &mut ValueMap,
+) -> Result<(), GraphError> {
+    let node = src.node(n);
+    let declared = if op.is_source() { node.outputs.clone() } else { Vec::new() };
+    let copy = dst.at_place(node.place, |dst| dst.add_node(node.name.clone(), op, operands, declared))?;
     for output in 0..node.outputs.len() as u32 {
         map.insert(Value { node: n, output }, Value { node: copy, output });
     }

@@ -43,7 +43,7 @@ use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Place, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::ValueMap;
+use crate::rebuild::{ValueMap, copy_node_as};
 pub use buckets::SHARD_ALIGN;
 use buckets::{Bucket, flat_init};
 use slots::Step;
@@ -209,12 +209,7 @@ impl<'a> Builder<'a> {
             }
             op => op.clone(),
         };
-        let declared = if op.is_source() { node.outputs.clone() } else { Vec::new() };
-        let copy = self.out.at_place(node.place, |out| out.add_node(node.name.clone(), op, &operands, declared))?;
-        for output in 0..node.outputs.len() as u32 {
-            self.map.insert(Value { node: n, output }, Value { node: copy, output });
-        }
-        Ok(())
+        copy_node_as(self.graph, n, op, &operands, &mut self.out, &mut self.map)
     }
 
     fn add_at(&mut self, place: Place, name: String, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
