@@ -12,12 +12,79 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Plan training on a cluster: the fastest strategy that fits, with its memory, traffic and time.
+    Compile(Box<CompileArgs>),
+    /// Show a plan file: memory per GPU by category, traffic, predicted speed, the runner-up.
+    Inspect(InspectArgs),
     /// Build a model's forward graph and print it (text, Graphviz or JSON) or its summary.
     Graph(Box<GraphArgs>),
     /// Train a model for some steps and log each step.
     Train(Box<TrainArgs>),
     /// List the devices plans can run on here: the host, and CUDA GPUs if a driver is found.
     Devices(DevicesArgs),
+}
+
+#[derive(Args)]
+pub struct CompileArgs {
+    /// A `.ron` model spec (see models/) or a Hugging Face `config.json` (or its directory).
+    pub spec: PathBuf,
+    /// GPUs in all (data-parallel ranks).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u64,
+    /// Nodes the GPUs are spread over, evenly.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    /// GPU profile: a bundled name (v100-32gb, a100-40gb, a100-80gb, h100-80gb-sxm, h200) or a RON file.
+    #[arg(long)]
+    pub gpu: String,
+    /// Per-GPU memory budget (`40GiB`, `38000MiB`, `40GB`); the card's memory by default.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub seq: u64,
+    /// Sequences per optimizer step over all GPUs.
+    #[arg(long)]
+    pub global_batch: u64,
+    /// A RON training spec (optimizer, precision…); `--precision` overrides it.
+    #[arg(long, value_name = "TRAIN.ron")]
+    pub train: Option<PathBuf>,
+    /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<zeroplan_ir::spec::Precision>,
+    /// Pin the ZeRO stage (0–3).
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<u8>,
+    /// Pin the recomputation policy: none, selective or full.
+    #[arg(long, value_parser = parse_recompute)]
+    pub recompute: Option<zeroplan_passes::recompute::Policy>,
+    /// Pin ZeRO-Offload: none, optimizer or optimizer+params.
+    #[arg(long, value_parser = parse_offload)]
+    pub offload: Option<zeroplan_ir::plan::Offload>,
+    /// Pin the sequences per micro-batch per GPU.
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
+    /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
+    #[arg(long)]
+    pub whole_depth: bool,
+    /// Write the plan (RON) here, atomically.
+    #[arg(short, long, value_name = "PLAN.ron")]
+    pub output: Option<PathBuf>,
+    /// Print the inspection as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// A plan written by `zeroplan compile -o`.
+    pub plan: PathBuf,
+    /// Print JSON (`strategy.*`, `memory.*`, `comm.*`, `predicted.*`, `runner_up`, `candidates`).
+    #[arg(long)]
+    pub json: bool,
+    /// List the schedule: one line per instruction with its stream and predicted start.
+    #[arg(long)]
+    pub timeline: bool,
 }
 
 #[derive(Args)]
@@ -216,6 +283,29 @@ fn parse_recompute(s: &str) -> Result<zeroplan_passes::recompute::Policy, String
 fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {
     zeroplan_ir::plan::Offload::from_name(s)
         .ok_or_else(|| format!("`{s}` is not an offload: use none, optimizer or optimizer+params"))
+}
+
+/// `40GiB`, `512MiB`, `40GB`, `1.5TiB` or plain bytes.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}`; write e.g. 40GiB, 38000MiB or 40GB")),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok((x * scale) as u64),
+        _ => Err(format!("`{s}` is not a memory size: write e.g. 40GiB, 38000MiB or 40GB")),
+    }
 }
 
 fn parse_betas(s: &str) -> Result<(f64, f64), String> {

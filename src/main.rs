@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod gpus;
 mod output;
 
 use clap::Parser;
@@ -10,6 +11,8 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match &cli.command {
+        cli::Command::Compile(args) => commands::compile::run(args),
+        cli::Command::Inspect(args) => commands::inspect::run(args),
         cli::Command::Graph(args) => commands::graph::run(args),
         cli::Command::Train(args) => commands::train::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),

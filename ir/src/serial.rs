@@ -87,7 +87,10 @@ impl Graph {
 
     /// Reads a graph written by [`Graph::to_ron`].
     pub fn from_ron(text: &str) -> Result<Graph, GraphFileError> {
-        let file: GraphFile = ron::from_str(text)?;
+        Graph::from_file(ron::from_str(text)?)
+    }
+
+    fn from_file(file: GraphFile) -> Result<Graph, GraphFileError> {
         let mut graph = Graph::new(file.name);
         let node_error = |node: &str, message: String| GraphFileError::Node { node: node.to_string(), message };
         for entry in file.nodes {
@@ -138,5 +141,18 @@ impl Graph {
         let count = self.node(node).outputs.len();
         let well_formed = (output as usize) < count && (count == 1) != reference.contains('#');
         well_formed.then_some(Value { node, output })
+    }
+}
+
+/// Graphs embed in other files (plans) in the layout of their own file.
+impl Serialize for Graph {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_file().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Graph {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Graph, D::Error> {
+        Graph::from_file(GraphFile::deserialize(deserializer)?).map_err(serde::de::Error::custom)
     }
 }

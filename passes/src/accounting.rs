@@ -71,7 +71,7 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
 /// The gradient as the backward leaves it for the optimizer: `grad` before
 /// the reductions and copies the optimizer phase applies to it (ZeRO-1
 /// holds whole gradients and reduce-scatters them only after the backward).
-fn held_gradient(graph: &Graph, mut grad: Value) -> Value {
+pub(crate) fn held_gradient(graph: &Graph, mut grad: Value) -> Value {
     loop {
         let node = graph.node(grad.node);
         let passes_through = node.op.is_collective() || matches!(node.op, Op::Copy | Op::Shard { .. });

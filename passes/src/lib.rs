@@ -22,6 +22,7 @@ pub mod mixed_precision;
 pub mod optimizer;
 pub mod partition;
 pub mod pipeline;
+pub mod plan;
 mod rebuild;
 pub mod recompute;
 pub mod rewrite;

@@ -38,6 +38,16 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The name `from_name` reads back.
+    pub fn name(self) -> String {
+        match self {
+            Policy::None => "none",
+            Policy::Full => "full",
+            Policy::Selective => "selective",
+        }
+        .to_string()
+    }
+
     pub fn from_name(name: &str) -> Option<Policy> {
         match name {
             "none" => Some(Policy::None),

@@ -1,5 +1,7 @@
 //! One module per subcommand.
 
+pub mod compile;
 pub mod devices;
 pub mod graph;
+pub mod inspect;
 pub mod train;

@@ -1,5 +1,12 @@
-//! The plan IR: what the planner decided and what it predicts.
+//! The plan IR: what the planner decided, what it predicts, and the
+//! program the runtime executes.
 
+mod file;
 mod strategy;
+mod summary;
 
+pub use file::{
+    Buffer, Candidate, ClusterDescription, PLAN_FORMAT, Plan, PlanFileError, Program, RunnerUp, Strategy, Workload,
+};
 pub use strategy::{DataParallel, Offload};
+pub use summary::{CollectiveTraffic, CommSummary, MemorySummary, Predicted, Reserve};

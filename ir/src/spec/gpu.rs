@@ -27,6 +27,8 @@ pub struct PeakTflops {
 #[serde(deny_unknown_fields)]
 pub struct GpuProfile {
     pub name: String,
+    /// Streaming multiprocessors: GEMM tiles run in waves of this many.
+    pub sm_count: u64,
     /// Device memory as the driver reports it, MiB.
     pub memory_mib: u64,
     pub peak_tflops: PeakTflops,
@@ -85,6 +87,7 @@ impl GpuProfile {
             }
         };
         check(!self.name.trim().is_empty(), "name", "is empty");
+        check(self.sm_count > 0, "sm_count", "is 0");
         check(self.memory_mib > 0, "memory_mib", "is 0");
         let p = self.peak_tflops;
         check(

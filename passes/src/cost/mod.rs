@@ -1,3 +1,12 @@
-//! Cost models of a planned step.
+//! Cost models of a planned step: [`work`] (FLOPs and bytes of each
+//! instruction), [`time`] (seconds on a GPU of a cluster), [`comm`]
+//! (communication volume) and [`simulate`] (the schedule on compute,
+//! communication, copy and host streams → step time, tokens/s, MFU).
 
 pub mod comm;
+pub mod simulate;
+pub mod time;
+pub mod work;
+
+pub use simulate::simulate;
+pub use time::Machine;

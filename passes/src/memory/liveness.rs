@@ -9,19 +9,22 @@
 //! the parameter and its moments in place, accumulators add in place).
 
 use std::collections::HashMap;
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Value};
+use std::collections::HashSet;
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
 /// What a tensor is, for reports by category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
-    /// Trained parameters (f32 masters under mixed precision).
+    /// Trained parameters (f32 masters under mixed precision), their 16-bit
+    /// working copies, and parameters gathered for use (ZeRO-3).
     Parameters,
     /// Optimizer moments, accumulators and other persistent state.
     OptimizerState,
     /// Batch inputs.
     Inputs,
-    /// Flat gradient buckets and their reductions (after the partition pass).
+    /// The gradients the optimizer applies, flat gradient buckets and their
+    /// reductions (after the partition pass).
     Gradients,
     /// Everything else computed during the step.
     Activations,
@@ -91,16 +94,22 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
             updated_in_place.push(old);
         }
     }
+    let gradients = applied_gradients(graph);
     let mut intervals = Vec::new();
     for &n in order {
         let node = graph.node(n);
         let persistent = matches!(node.op, Op::Param { .. } | Op::State { .. });
+        let reads_a_parameter = || graph.operands(n).iter().all(|v| matches!(graph.node(v.node).op, Op::Param { .. }));
         let category = match node.op {
             Op::Param { .. } => Category::Parameters,
             Op::State { .. } => Category::OptimizerState,
             Op::Input => Category::Inputs,
+            // Working copies, and parameters gathered for the forward or backward.
+            Op::Cast { .. } if reads_a_parameter() => Category::Parameters,
+            Op::AllGather { .. } if node.phase != Phase::Optimizer => Category::Parameters,
             Op::Flatten { .. } | Op::ReduceScatter { .. } => Category::Gradients,
-            Op::AllReduce { .. } if node.phase == zeroplan_ir::Phase::Backward => Category::Gradients,
+            Op::AllReduce { .. } if node.phase == Phase::Backward => Category::Gradients,
+            _ if gradients.contains(&n) => Category::Gradients,
             _ => Category::Activations,
         };
         for output in 0..node.outputs.len() as u32 {
@@ -115,4 +124,15 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         }
     }
     Ok(intervals)
+}
+
+/// The nodes computing the gradients optimizers read, before the
+/// reductions and copies of the optimizer phase.
+fn applied_gradients(graph: &Graph) -> HashSet<NodeIndex> {
+    let g = graph.petgraph();
+    g.node_indices()
+        .filter_map(|n| crate::fuse::adamw_operands(graph, n))
+        .map(|ops| crate::accounting::held_gradient(graph, ops[1]).node)
+        .filter(|n| !matches!(graph.node(*n).op, Op::State { .. }))
+        .collect()
 }

@@ -15,9 +15,10 @@
 
 pub mod arena;
 pub mod liveness;
+pub mod reserve;
 
 use std::collections::BTreeMap;
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Place};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase, Place};
 
 pub use arena::Arena;
 pub use liveness::{Category, Interval, LivenessError};
@@ -30,6 +31,8 @@ pub struct MemoryPlan {
     pub arena: Arena,
     /// Bytes live at the peak position, by category (persistent ones whole).
     pub at_peak: BTreeMap<Category, u64>,
+    /// Each phase's own peak (forward, backward, optimizer).
+    pub phase_peaks: BTreeMap<Phase, PhasePeak>,
     /// Host memory (ZeRO-Offload), planned the same way.
     pub host_intervals: Vec<Interval>,
     pub host: Arena,
@@ -42,13 +45,29 @@ pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessEr
         liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
     let arena = arena::place(&intervals);
     let host = arena::place(&host_intervals);
-    let at_peak = composition_at_peak(&intervals, &arena);
-    Ok(MemoryPlan { order, intervals, arena, at_peak, host_intervals, host })
+    let phase_at: Vec<Phase> = order.iter().map(|&n| graph.node(n).phase).collect();
+    let (at_peak, phase_peaks) = peaks(&intervals, &arena, &phase_at);
+    Ok(MemoryPlan { order, intervals, arena, at_peak, phase_peaks, host_intervals, host })
 }
 
-/// Live bytes by category at the schedule position where most are live.
-fn composition_at_peak(intervals: &[Interval], arena: &Arena) -> BTreeMap<Category, u64> {
-    let positions = intervals.iter().map(|i| i.end + 1).max().unwrap_or(0);
+/// The most bytes live during one phase of the step, and what they are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PhasePeak {
+    pub live_bytes: u64,
+    pub by_category: BTreeMap<Category, u64>,
+}
+
+/// Live bytes by category at the schedule position where most are live,
+/// and the same for each phase's own busiest position. The phases' peaks
+/// grow at different rates with depth and batch (activations in the
+/// backward, states in the optimizer), so the depth extrapolation
+/// (`plan::depth`) follows each on its own.
+fn peaks(
+    intervals: &[Interval],
+    arena: &Arena,
+    phase_at: &[Phase],
+) -> (BTreeMap<Category, u64>, BTreeMap<Phase, PhasePeak>) {
+    let positions = intervals.iter().map(|i| i.end + 1).max().unwrap_or(0).max(phase_at.len());
     let spans: Vec<(usize, usize, u64, Category)> =
         arena.placements.iter().map(|p| (p.start, p.end, p.bytes, intervals[p.interval].category)).collect();
     let mut delta = vec![0i128; positions + 1];
@@ -56,18 +75,34 @@ fn composition_at_peak(intervals: &[Interval], arena: &Arena) -> BTreeMap<Catego
         delta[s] += b as i128;
         delta[e + 1] -= b as i128;
     }
-    let (mut live, mut best, mut at) = (0i128, -1i128, 0usize);
-    for (i, d) in delta.iter().enumerate() {
+    let mut live = 0i128;
+    let mut best: Option<(i128, usize)> = None;
+    let mut best_in: BTreeMap<Phase, (i128, usize)> = BTreeMap::new();
+    for (i, d) in delta.iter().enumerate().take(positions) {
         live += d;
-        if live > best {
-            (best, at) = (live, i);
+        if best.is_none_or(|(b, _)| live > b) {
+            best = Some((live, i));
+        }
+        if let Some(&phase) = phase_at.get(i) {
+            let entry = best_in.entry(phase).or_insert((live, i));
+            if live > entry.0 {
+                *entry = (live, i);
+            }
         }
     }
-    let mut by = BTreeMap::new();
-    for (s, e, b, c) in spans {
-        if s <= at && at <= e {
-            *by.entry(c).or_default() += b;
+    let at = |position: usize| {
+        let mut by = BTreeMap::new();
+        for &(s, e, b, c) in &spans {
+            if s <= position && position <= e {
+                *by.entry(c).or_default() += b;
+            }
         }
-    }
-    by
+        by
+    };
+    let overall = best.map(|(_, i)| at(i)).unwrap_or_default();
+    let by_phase = best_in
+        .into_iter()
+        .map(|(phase, (live, i))| (phase, PhasePeak { live_bytes: live.max(0) as u64, by_category: at(i) }))
+        .collect();
+    (overall, by_phase)
 }

@@ -359,7 +359,10 @@ impl<'a> Builder<'a> {
     fn gradients_for_optimizer(&mut self) -> Result<(), GraphError> {
         let ranks = self.dp.ranks;
         let mut total: Option<Value> = None;
-        for b in 0..self.buckets.len() {
+        // In the order the backward finishes the buckets (last layer
+        // first): collectives run in issue order, so one issued for a
+        // bucket whose gradients come last would hold up all the others.
+        for b in (0..self.buckets.len()).rev() {
             let name = format!("{}.grad", self.buckets[b].name);
             let pending = self.made[b].pending.ok_or_else(|| GraphError {
                 node: name.clone(),

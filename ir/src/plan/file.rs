@@ -1,0 +1,157 @@
+//! The plan file: what `zeroplan compile` writes and `inspect` and the
+//! runtime read.
+//!
+//! One program serves every data-parallel rank (they differ only in which
+//! shard a `shard` view selects). Its graph lists nodes in schedule order;
+//! every tensor has a buffer at a fixed offset in its place's arena.
+
+use serde::{Deserialize, Serialize};
+
+use super::strategy::Offload;
+use super::summary::{CommSummary, MemorySummary, Predicted};
+use crate::graph::{Graph, Place};
+
+/// The version of the plan file's layout; readers reject others.
+pub const PLAN_FORMAT: u32 = 1;
+
+/// A compiled, memory-planned training step and the reasons for it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: u32,
+    /// The model spec's name.
+    pub model: String,
+    /// Parameters (Ψ).
+    pub params: u64,
+    pub cluster: ClusterDescription,
+    pub workload: Workload,
+    pub strategy: Strategy,
+    pub memory: MemorySummary,
+    pub comm: CommSummary,
+    pub predicted: Predicted,
+    /// The best plan of another strategy, and why it lost.
+    pub runner_up: Option<RunnerUp>,
+    /// Every strategy the search considered, best first.
+    pub candidates: Vec<Candidate>,
+    pub program: Program,
+}
+
+/// Where the plan runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterDescription {
+    /// The GPU profile the plan was made for, whole, so the plan can be
+    /// re-timed and inspected without the profile's file.
+    pub gpu: crate::spec::GpuProfile,
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    pub budget_bytes: u64,
+}
+
+/// What is trained per step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    pub seq: u64,
+    /// Sequences per optimizer step over all ranks.
+    pub global_batch: u64,
+    /// `f32`, `bf16` or `f16`.
+    pub precision: String,
+}
+
+/// The choices the search made.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Strategy {
+    pub ranks: u64,
+    pub zero_stage: u8,
+    pub offload: Offload,
+    /// The recomputation policy's name (`none`, `selective`, `full`, …).
+    pub recompute: String,
+    /// Sequences per micro-batch per rank.
+    pub micro_batch: u64,
+    /// Micro-batches accumulated per optimizer step.
+    pub micro_batches: u64,
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ZeRO-{} offload {} recompute {} micro-batch {}×{}",
+            self.zero_stage,
+            self.offload.name(),
+            self.recompute,
+            self.micro_batch,
+            self.micro_batches
+        )
+    }
+}
+
+/// The runner-up strategy and the reason it lost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunnerUp {
+    pub strategy: Strategy,
+    pub peak_bytes: u64,
+    pub step_seconds: f64,
+    pub tokens_per_second: f64,
+    pub reason: String,
+}
+
+/// One strategy the search evaluated (its best micro-batch).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub strategy: Strategy,
+    pub peak_bytes: u64,
+    /// The least memory this strategy needs (micro-batch 1).
+    pub min_peak_bytes: u64,
+    pub fits: bool,
+    /// For strategies that fit.
+    pub tokens_per_second: Option<f64>,
+}
+
+/// The executable part: the scheduled graph and its buffers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Program {
+    /// Nodes in schedule order; symbols `batch` and `seq` bound below.
+    pub graph: Graph,
+    pub batch: u64,
+    pub seq: u64,
+    pub arena_bytes: u64,
+    pub host_arena_bytes: u64,
+    pub buffers: Vec<Buffer>,
+}
+
+/// One tensor's storage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    /// The value, as the text form writes it (`name` or `name#i`).
+    pub value: String,
+    pub place: Place,
+    /// Byte offset in its place's arena (for an alias: the buffer it shares).
+    pub offset: u64,
+    pub bytes: u64,
+    /// The value whose buffer this one reuses (in-place update or view).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias_of: Option<String>,
+}
+
+/// Why a plan file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFileError {
+    #[error("{0}")]
+    Syntax(#[from] ron::error::SpannedError),
+    #[error("plan format {found}, but this zeroplan reads format {PLAN_FORMAT}: compile the plan again")]
+    Format { found: u32 },
+}
+
+impl Plan {
+    pub fn to_ron(&self) -> String {
+        let pretty = ron::ser::PrettyConfig::default().depth_limit(4).compact_arrays(true);
+        ron::ser::to_string_pretty(self, pretty).expect("plans serialise")
+    }
+
+    pub fn from_ron(text: &str) -> Result<Plan, PlanFileError> {
+        let plan: Plan = ron::from_str(text)?;
+        if plan.format != PLAN_FORMAT {
+            return Err(PlanFileError::Format { found: plan.format });
+        }
+        Ok(plan)
+    }
+}

@@ -1,0 +1,112 @@
+//! The step simulation: the schedule played on four in-order streams.
+//!
+//! Compute (GEMMs and kernels), communication (NCCL), copy (PCIe) and host
+//! (CPU AdamW) each run their instructions in schedule order, one at a
+//! time; an instruction starts when its stream is free and its operands
+//! are ready. So a reduce-scatter issued mid-backward overlaps the rest of
+//! the backward, a prefetched all-gather overlaps the layer before, and
+//! what cannot overlap shows as exposed time. The step is the forward and
+//! backward once per micro-batch (the first simulated, the others assumed
+//! the same) followed by the optimizer phase.
+
+use std::collections::{BTreeMap, HashMap};
+use zeroplan_ir::plan::Predicted;
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase};
+
+use super::time::Machine;
+use super::work::{Stream, work};
+
+/// One instruction on the timeline of the first micro-batch and the
+/// optimizer phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub node: NodeIndex,
+    /// `None` for views and other instructions that run nowhere.
+    pub stream: Option<Stream>,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The schedule played once: every instruction's times, each stream's
+/// busy seconds (forward and backward, optimizer), the FLOPs.
+struct Playback {
+    events: Vec<Event>,
+    busy: BTreeMap<Stream, [f64; 2]>,
+    micro_batch_end: f64,
+    end: f64,
+    model_flops: f64,
+    hardware_flops: f64,
+}
+
+fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Playback> {
+    let mut ready: HashMap<NodeIndex, f64> = HashMap::with_capacity(order.len());
+    let mut free: BTreeMap<Stream, f64> = BTreeMap::new();
+    let mut p = Playback {
+        events: Vec::with_capacity(order.len()),
+        busy: BTreeMap::new(),
+        micro_batch_end: 0.0,
+        end: 0.0,
+        model_flops: 0.0,
+        hardware_flops: 0.0,
+    };
+    for &n in order {
+        let node = graph.node(n);
+        let w = work(graph, n, bindings)?;
+        let inputs_ready = graph.operands(n).iter().map(|v| ready[&v.node]).fold(0.0, f64::max);
+        let stream = w.engine.stream();
+        let (start, finish) = match stream {
+            None => (inputs_ready, inputs_ready),
+            Some(stream) => {
+                let seconds = machine.seconds(&node.op, &w);
+                let start = inputs_ready.max(free.get(&stream).copied().unwrap_or(0.0));
+                free.insert(stream, start + seconds);
+                p.busy.entry(stream).or_default()[usize::from(node.phase == Phase::Optimizer)] += seconds;
+                (start, start + seconds)
+            }
+        };
+        ready.insert(n, finish);
+        p.events.push(Event { node: n, stream, start, end: finish });
+        p.end = p.end.max(finish);
+        if node.phase != Phase::Optimizer {
+            p.micro_batch_end = p.micro_batch_end.max(finish);
+            p.hardware_flops += w.flops;
+            if !node.name.ends_with(".recompute") {
+                p.model_flops += w.flops;
+            }
+        }
+    }
+    Some(p)
+}
+
+/// The timeline of `graph` in `order`: one event per instruction.
+pub fn timeline(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Vec<Event>> {
+    Some(play(graph, order, bindings, machine)?.events)
+}
+
+/// Simulates `graph` (in `order`) under `bindings` on `machine`; one step
+/// accumulates `micro_batches` micro-batches and trains on `tokens` tokens
+/// over the whole cluster. `None` where a size is unbound.
+pub fn simulate(
+    graph: &Graph,
+    order: &[NodeIndex],
+    bindings: &Bindings,
+    machine: &Machine,
+    micro_batches: u64,
+    tokens: u64,
+) -> Option<Predicted> {
+    let p = play(graph, order, bindings, machine)?;
+    let repeats = micro_batches.max(1) as f64;
+    let step_seconds = p.end + (repeats - 1.0) * p.micro_batch_end;
+    let compute = p.busy.get(&Stream::Compute).map_or(0.0, |[fb, opt]| repeats * fb + opt);
+    let busy_seconds = p.busy.iter().map(|(s, [fb, opt])| (s.name().to_string(), repeats * fb + opt)).collect();
+    let (model_flops, hardware_flops) = (repeats * p.model_flops, repeats * p.hardware_flops);
+    Some(Predicted {
+        step_seconds,
+        tokens_per_second: tokens as f64 / step_seconds,
+        mfu: model_flops / (step_seconds * machine.peak_flops()),
+        model_flops,
+        hardware_flops,
+        stalled_seconds: (step_seconds - compute).max(0.0),
+        busy_seconds,
+    })
+}

@@ -1,0 +1,112 @@
+//! How long one instruction takes on one GPU of a cluster.
+//!
+//! - GEMMs: a roofline, `max(FLOPs / (peak · η), bytes / HBM)`, where the
+//!   efficiency `η` is the achievable fraction of the datasheet peak
+//!   ([`GEMM_PEAK_FRACTION`]) times the shape's losses: tile quantisation
+//!   (cuBLAS tiles the output in 128 × 128 blocks; a 130-row product pays
+//!   for 256), wave quantisation (tiles run in waves of one per SM; 133
+//!   tiles on 132 SMs take two waves) and a short-`k` term (a tile's main
+//!   loop needs some depth to hide its prologue: `k / (k + 64)`, which is
+//!   why attention's head-dim-64 products run at half speed).
+//! - Memory-bound kernels: their bytes at [`HBM_FRACTION`] of HBM bandwidth.
+//! - Collectives: the α-β model of a ring (Patarasuk & Yuan, 2009; Thakur
+//!   et al., 2005): `steps · α + (bytes each rank sends) / β`, with `β` the
+//!   NVLink bandwidth when the ring stays inside a node and the inter-node
+//!   bandwidth per GPU when it spans nodes (the slowest link sets a ring's
+//!   pace), and `α` the profile's per-step latency.
+//! - Copies: bytes over PCIe at the profile's host bandwidth.
+//! - Host work (ZeRO-Offload's AdamW): bytes at [`HOST_BYTES_PER_SECOND`].
+//!
+//! Every device instruction also pays [`LAUNCH_SECONDS`]. The constants are
+//! assumptions of the model, named here so they can be calibrated against a
+//! GPU; docs/cost.md lists them with their sources.
+
+use zeroplan_ir::spec::Cluster;
+use zeroplan_ir::{DType, Op};
+
+use super::work::{Engine, GemmShape, Work};
+
+/// Fraction of the datasheet's dense peak a large, well-shaped GEMM
+/// reaches: cuBLAS's large bf16 products reach ~75–85% on A100 and H100
+/// (NVIDIA's published cuBLAS figures and MLPerf submissions).
+pub const GEMM_PEAK_FRACTION: f64 = 0.8;
+/// Output tile edge of the tensor-core GEMM kernels, elements.
+pub const GEMM_TILE: u64 = 128;
+/// `k` at which a GEMM's main loop runs at half efficiency.
+pub const GEMM_K_HALF: f64 = 64.0;
+/// Fraction of HBM bandwidth a streaming kernel reaches.
+pub const HBM_FRACTION: f64 = 0.85;
+/// Launch overhead of one kernel, GEMM, copy or collective, seconds (eager
+/// launches; CUDA graphs would cut it).
+pub const LAUNCH_SECONDS: f64 = 4e-6;
+/// Host memory traffic of the host optimizer per rank, bytes/s: DeepSpeed's
+/// CPU-Adam (AVX-512, every core) updates on the order of 1G parameters/s
+/// per GPU's share of a node (Ren et al., ZeRO-Offload, 2021), ≈ 28 bytes
+/// read and written per fp32 parameter.
+pub const HOST_BYTES_PER_SECOND: f64 = 25e9;
+
+/// A GPU of a cluster, computing in one dtype.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub cluster: Cluster,
+    /// The dtype GEMMs compute in (the training precision).
+    pub dtype: DType,
+}
+
+impl Machine {
+    /// Peak tensor throughput for this dtype, FLOP/s (the f32 peak where
+    /// the GPU has no tensor cores for it).
+    pub fn peak_flops(&self) -> f64 {
+        self.cluster.gpu.peak_flops(self.dtype).unwrap_or(self.cluster.gpu.peak_tflops.f32 * 1e12)
+    }
+
+    /// Seconds `work` (of node op `op`) takes.
+    pub fn seconds(&self, op: &Op, work: &Work) -> f64 {
+        let gpu = &self.cluster.gpu;
+        let hbm = gpu.hbm_gbps * 1e9;
+        match work.engine {
+            Engine::Free => 0.0,
+            Engine::Gemm => {
+                let efficiency = GEMM_PEAK_FRACTION * work.gemm.map_or(1.0, |g| self.shape_efficiency(g));
+                LAUNCH_SECONDS + (work.flops / (self.peak_flops() * efficiency)).max(work.bytes / hbm)
+            }
+            Engine::Kernel => LAUNCH_SECONDS + work.bytes / (hbm * HBM_FRACTION),
+            Engine::Copy => LAUNCH_SECONDS + work.bytes / (gpu.host_gbps * 1e9),
+            Engine::Host => work.bytes / HOST_BYTES_PER_SECOND,
+            Engine::Collective => {
+                let share = super::comm::ring_share(op).unwrap_or(0.0);
+                let (ranks, steps) = match *op {
+                    Op::AllReduce { ranks } => (ranks, 2 * (ranks - 1)),
+                    Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, ranks - 1),
+                    _ => (1, 0),
+                };
+                LAUNCH_SECONDS
+                    + steps as f64 * gpu.collective_latency_us * 1e-6
+                    + share * work.bytes / self.ring_bandwidth(ranks)
+            }
+        }
+    }
+
+    /// Bytes/s per direction on the slowest link of a ring over `ranks`.
+    pub fn ring_bandwidth(&self, ranks: u64) -> f64 {
+        let gpu = &self.cluster.gpu;
+        let inside_a_node = ranks <= self.cluster.gpus_per_node;
+        let gbps = match (inside_a_node, gpu.nvlink_gbps > 0.0) {
+            (true, true) => gpu.nvlink_gbps,
+            (true, false) => gpu.host_gbps,
+            (false, _) => gpu.internode_gbps,
+        };
+        gbps * 1e9
+    }
+
+    /// Tile, wave and short-`k` efficiency of one GEMM shape, in (0, 1].
+    pub fn shape_efficiency(&self, g: GemmShape) -> f64 {
+        let tiles_along = |d: u64| d.div_ceil(GEMM_TILE).max(1);
+        let tile_fill = (g.m * g.n) as f64 / ((tiles_along(g.m) * tiles_along(g.n) * GEMM_TILE * GEMM_TILE) as f64);
+        let tiles = g.batch.max(1) * tiles_along(g.m) * tiles_along(g.n);
+        let sms = self.cluster.gpu.sm_count.max(1);
+        let wave_fill = tiles as f64 / (tiles.div_ceil(sms) * sms) as f64;
+        let depth = g.k as f64 / (g.k as f64 + GEMM_K_HALF);
+        (tile_fill * wave_fill * depth).clamp(1e-3, 1.0)
+    }
+}

@@ -1,0 +1,155 @@
+//! One choice compiled for the search, and its figures at a micro-batch:
+//! memory from the memory pass, communication and time from the cost model.
+
+use std::collections::BTreeMap;
+use zeroplan_ir::plan::{CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, Predicted, Strategy};
+use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
+
+use super::{PlanError, Request};
+use crate::cost::{self, Machine};
+use crate::manager::PassOptions;
+use crate::memory::{self, Category, MemoryPlan};
+use crate::pipeline::{Target, compile};
+use crate::recompute::Policy;
+
+/// A strategy less its micro-batch: what `--zero`, `--offload` and
+/// `--recompute` pin, and what the runner-up differs from the winner in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub zero_stage: u8,
+    pub offload: Offload,
+    pub recompute: Policy,
+}
+
+impl Choice {
+    pub fn strategy(&self, ranks: u64, micro_batch: u64, micro_batches: u64) -> Strategy {
+        Strategy {
+            ranks,
+            zero_stage: self.zero_stage,
+            offload: self.offload,
+            recompute: self.recompute.name(),
+            micro_batch,
+            micro_batches,
+        }
+    }
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())
+    }
+}
+
+/// A candidate's figures.
+#[derive(Clone, Debug)]
+pub struct Evaluation {
+    pub strategy: Strategy,
+    pub memory: MemorySummary,
+    pub comm: CommSummary,
+    pub predicted: Predicted,
+}
+
+/// A training step compiled for one choice, in schedule order.
+pub struct Step {
+    pub graph: Graph,
+    pub order: Vec<NodeIndex>,
+}
+
+impl Step {
+    /// Compiles `model`'s step for `choice` over `ranks` data-parallel
+    /// ranks, accumulating `micro_batches` micro-batches (the graph only
+    /// depends on whether there is more than one), its cost decisions
+    /// (matmul merging) made for `hint_batch` sequences per micro-batch.
+    pub fn compile(
+        req: &Request,
+        model: &ModelSpec,
+        choice: Choice,
+        ranks: u64,
+        hint_batch: u64,
+        micro_batches: u64,
+    ) -> Result<Step, PlanError> {
+        let train = TrainingSpec { micro_batches, ..req.train.clone() };
+        let options = PassOptions {
+            recompute: choice.recompute,
+            shape_hint: bindings(hint_batch, req.seq),
+            data_parallel: Some(DataParallel { ranks, zero_stage: choice.zero_stage, offload: choice.offload }),
+            ..PassOptions::default()
+        };
+        let graph = compile(model, &Target::Training(&train), options)
+            .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
+            .graph;
+        let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
+        Ok(Step { graph, order })
+    }
+
+    /// Plans the memory at `micro_batch` sequences.
+    pub fn memory(&self, req: &Request, micro_batch: u64) -> Result<(MemoryPlan, MemorySummary), PlanError> {
+        let plan = memory::plan(&self.graph, &bindings(micro_batch, req.seq))
+            .map_err(|e| PlanError::Compile(e.to_string()))?;
+        let reserve = memory::reserve::reserve(&self.graph);
+        let live = |c: Category| plan.at_peak.get(&c).copied().unwrap_or(0);
+        let summary = MemorySummary {
+            peak_bytes: plan.arena.size + reserve.total(),
+            budget_bytes: req.cluster.budget_bytes(),
+            arena_bytes: plan.arena.size,
+            lower_bound_bytes: plan.arena.lower_bound,
+            reserve,
+            reserve_bytes: reserve.total(),
+            params_bytes: live(Category::Parameters),
+            grads_bytes: live(Category::Gradients),
+            optimizer_bytes: live(Category::OptimizerState),
+            activations_bytes: live(Category::Activations) + live(Category::Inputs),
+            host_bytes: plan.host.size,
+        };
+        Ok((plan, summary))
+    }
+
+    /// The cost model's figures for one step of `micro_batches`
+    /// micro-batches of `micro_batch` sequences.
+    pub fn predict(
+        &self,
+        req: &Request,
+        machine: &Machine,
+        micro_batch: u64,
+        micro_batches: u64,
+    ) -> Result<(CommSummary, Predicted), PlanError> {
+        let bindings = bindings(micro_batch, req.seq);
+        let tokens = req.global_batch * req.seq;
+        let predicted = cost::simulate(&self.graph, &self.order, &bindings, machine, micro_batches, tokens)
+            .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
+        let traffic = cost::comm::traffic(&self.graph, micro_batches);
+        let by_collective: BTreeMap<String, CollectiveTraffic> = traffic
+            .iter()
+            .map(|(kind, t)| (kind.to_string(), CollectiveTraffic { count: t.count, bytes: t.bytes }))
+            .collect();
+        let mut host_copy_bytes = 0.0;
+        for n in self.graph.petgraph().node_indices() {
+            let node = self.graph.node(n);
+            if matches!(node.op, Op::Copy) {
+                let value = Value { node: n, output: 0 };
+                let bytes = self.graph.value_type(value).size_bytes(&bindings).unwrap_or(0) as f64;
+                host_copy_bytes += bytes * if node.phase == Phase::Optimizer { 1.0 } else { micro_batches as f64 };
+            }
+        }
+        let comm =
+            CommSummary { bytes_per_step: traffic.values().map(|t| t.bytes).sum(), by_collective, host_copy_bytes };
+        Ok((comm, predicted))
+    }
+
+    /// Memory and time together.
+    pub fn evaluate(
+        &self,
+        req: &Request,
+        machine: &Machine,
+        strategy: Strategy,
+    ) -> Result<(Evaluation, MemoryPlan), PlanError> {
+        let (plan, memory) = self.memory(req, strategy.micro_batch)?;
+        let (comm, predicted) = self.predict(req, machine, strategy.micro_batch, strategy.micro_batches)?;
+        Ok((Evaluation { strategy, memory, comm, predicted }, plan))
+    }
+}
+
+pub fn bindings(batch: u64, seq: u64) -> Bindings {
+    [("batch".to_string(), batch), ("seq".to_string(), seq)].into()
+}

@@ -1,0 +1,218 @@
+//! The planner: from a model, a training spec and a cluster to the plan
+//! with the highest predicted throughput that fits in memory.
+//!
+//! [`search`] tries every choice of ZeRO stage × offload × recomputation
+//! (less what the user pinned) at the micro-batches that fit, judging
+//! memory with the memory pass and time with the cost model; [`depth`]
+//! makes that cheap for deep models by planning each distinct layer once.
+//! The winner is then compiled and planned whole — its figures in the plan
+//! are exact, not extrapolated — and [`program`] lays out what the runtime
+//! executes. [`explain`] says why the runner-up lost, or, when nothing
+//! fits, what budget or GPU count would make each choice fit.
+
+pub mod depth;
+pub mod evaluate;
+pub mod explain;
+pub mod program;
+pub mod search;
+
+use zeroplan_ir::DType;
+use zeroplan_ir::plan::{Candidate, ClusterDescription, Offload, PLAN_FORMAT, Plan, RunnerUp, Workload};
+use zeroplan_ir::spec::{Cluster, ModelSpec, Precision, TrainingSpec};
+
+use crate::cost::Machine;
+use crate::recompute::Policy;
+use evaluate::{Evaluation, Step};
+pub use explain::Shortfall;
+use search::Outcome;
+
+/// Choices the user fixed; the search varies the rest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pins {
+    pub zero_stage: Option<u8>,
+    pub offload: Option<Offload>,
+    pub recompute: Option<Policy>,
+    pub micro_batch: Option<u64>,
+}
+
+/// What to plan.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    pub model: &'a ModelSpec,
+    pub train: TrainingSpec,
+    pub cluster: Cluster,
+    /// Tokens per sequence.
+    pub seq: u64,
+    /// Sequences per optimizer step over all ranks.
+    pub global_batch: u64,
+    pub pins: Pins,
+    /// Search deep independent stacks by two short ones ([`depth`]); off,
+    /// every candidate is compiled whole.
+    pub extrapolate_depth: bool,
+}
+
+/// Why no plan came out.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{0}")]
+    Compile(String),
+    #[error(
+        "the global batch of {global_batch} sequences does not split over {ranks} GPUs: \
+         use a multiple of {ranks} (e.g. --global-batch {})",
+        global_batch.div_ceil(*ranks).max(1) * ranks
+    )]
+    Batch { global_batch: u64, ranks: u64 },
+    #[error(
+        "--micro-batch {micro_batch} does not divide the {per_rank} sequences each GPU trains on per step: \
+         use one of {}",
+        search::divisors(*per_rank).iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    MicroBatch { micro_batch: u64, per_rank: u64 },
+    #[error("the {gpu} has no tensor cores for {precision}: use --precision {instead}")]
+    Precision { gpu: String, precision: &'static str, instead: &'static str },
+    #[error("--zero {0}: ZeRO has stages 0 to 3")]
+    Stage(u8),
+    #[error("the pins leave nothing to search: {0}")]
+    Pins(String),
+    #[error("{}", explain::nothing_fits_text(.budget_bytes, .gpus, .shortfalls))]
+    NothingFits { budget_bytes: u64, gpus: u64, shortfalls: Vec<Shortfall> },
+}
+
+/// The dtype GEMMs compute in under `precision`.
+pub fn compute_dtype(precision: Precision) -> DType {
+    match precision {
+        Precision::F32 => DType::F32,
+        Precision::Bf16 => DType::BF16,
+        Precision::F16(_) => DType::F16,
+    }
+}
+
+pub fn precision_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::F32 => "f32",
+        Precision::Bf16 => "bf16",
+        Precision::F16(_) => "f16",
+    }
+}
+
+/// Plans `req`: the fastest strategy that fits, compiled and placed.
+pub fn plan(req: &Request) -> Result<Plan, PlanError> {
+    let machine = check(req)?;
+    let choices = search::choices(req);
+    if choices.is_empty() {
+        return Err(PlanError::Pins("offloading the optimizer needs ZeRO stage ≥ 1, the parameters stage 3".into()));
+    }
+    let outcomes = search::search(req, &machine, &choices)?;
+    if outcomes.iter().all(|o| o.best.is_none()) {
+        return Err(explain::nothing_fits(req, &outcomes)?);
+    }
+    let (winner, step, memory_plan) = exact_winner(req, &machine, &outcomes)?;
+    let runner_up = outcomes.iter().filter(|o| o.choice != step.0).find_map(|o| o.best.as_ref()).map(|r| RunnerUp {
+        strategy: r.strategy.clone(),
+        peak_bytes: r.memory.peak_bytes,
+        step_seconds: r.predicted.step_seconds,
+        tokens_per_second: r.predicted.tokens_per_second,
+        reason: explain::why_slower(&winner, r),
+    });
+    let candidates = outcomes
+        .iter()
+        .map(|o| Candidate {
+            strategy: o
+                .best
+                .as_ref()
+                .map_or_else(|| o.choice.strategy(winner.strategy.ranks, 1, 0), |b| b.strategy.clone()),
+            peak_bytes: o.best.as_ref().map_or(o.min_peak_bytes, |b| b.memory.peak_bytes),
+            min_peak_bytes: o.min_peak_bytes,
+            fits: o.best.is_some(),
+            tokens_per_second: o.best.as_ref().map(|b| b.predicted.tokens_per_second),
+        })
+        .collect();
+    let graph = step.1.graph;
+    Ok(Plan {
+        format: PLAN_FORMAT,
+        model: req.model.name.clone(),
+        params: graph.parameter_count(),
+        cluster: ClusterDescription {
+            gpu: req.cluster.gpu.clone(),
+            nodes: req.cluster.nodes,
+            gpus_per_node: req.cluster.gpus_per_node,
+            budget_bytes: req.cluster.budget_bytes(),
+        },
+        workload: Workload {
+            seq: req.seq,
+            global_batch: req.global_batch,
+            precision: precision_name(req.train.precision).to_string(),
+        },
+        program: program::program(graph, &memory_plan, winner.strategy.micro_batch, req.seq),
+        strategy: winner.strategy,
+        memory: winner.memory,
+        comm: winner.comm,
+        predicted: winner.predicted,
+        runner_up,
+        candidates,
+    })
+}
+
+/// The request's own errors, before any search; the machine it runs on.
+fn check(req: &Request) -> Result<Machine, PlanError> {
+    let ranks = req.cluster.world_size();
+    if ranks == 0 || req.global_batch == 0 || req.global_batch % ranks != 0 {
+        return Err(PlanError::Batch { global_batch: req.global_batch, ranks: ranks.max(1) });
+    }
+    if let Some(z) = req.pins.zero_stage.filter(|z| *z > 3) {
+        return Err(PlanError::Stage(z));
+    }
+    if let Some(b) = req.pins.micro_batch {
+        let per_rank = req.global_batch / ranks;
+        if b == 0 || per_rank % b != 0 {
+            return Err(PlanError::MicroBatch { micro_batch: b, per_rank });
+        }
+    }
+    let dtype = compute_dtype(req.train.precision);
+    if req.cluster.gpu.peak_flops(dtype).is_none() {
+        let instead = if req.cluster.gpu.peak_flops(DType::F16).is_some() { "f16" } else { "f32" };
+        return Err(PlanError::Precision {
+            gpu: req.cluster.gpu.name.clone(),
+            precision: precision_name(req.train.precision),
+            instead,
+        });
+    }
+    Ok(Machine { cluster: req.cluster.clone(), dtype })
+}
+
+/// The best outcome compiled and planned whole. The search's figures for
+/// deep models are extrapolated; where the exact plan no longer fits, the
+/// next smaller micro-batch of the same choice is tried, then the next
+/// choice.
+#[allow(clippy::type_complexity)]
+fn exact_winner(
+    req: &Request,
+    machine: &Machine,
+    outcomes: &[Outcome],
+) -> Result<(Evaluation, (evaluate::Choice, Step), crate::memory::MemoryPlan), PlanError> {
+    let ranks = req.cluster.world_size();
+    let per_rank = req.global_batch / ranks;
+    let budget = req.cluster.budget_bytes();
+    let mut smallest_peak = u64::MAX;
+    for outcome in outcomes {
+        let Some(best) = &outcome.best else { continue };
+        let sizes: Vec<u64> = search::divisors(per_rank)
+            .into_iter()
+            .filter(|&b| b <= best.strategy.micro_batch && req.pins.micro_batch.is_none_or(|p| p == b))
+            .rev()
+            .collect();
+        for b in sizes {
+            let strategy = outcome.choice.strategy(ranks, b, per_rank / b);
+            let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
+            let (evaluation, memory_plan) = step.evaluate(req, machine, strategy)?;
+            if evaluation.memory.peak_bytes <= budget {
+                return Ok((evaluation, (outcome.choice, step), memory_plan));
+            }
+            smallest_peak = smallest_peak.min(evaluation.memory.peak_bytes);
+        }
+    }
+    Err(PlanError::Compile(format!(
+        "the search's estimates fit but no exact plan does (least peak {smallest_peak} bytes, budget {budget}): \
+         a bug in the depth extrapolation; plan again with a larger --memory"
+    )))
+}

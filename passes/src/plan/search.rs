@@ -1,0 +1,182 @@
+//! The search: every choice of ZeRO stage × offload × recomputation, each
+//! at the largest micro-batches that fit, ranked by predicted throughput.
+//!
+//! Memory grows with the micro-batch, so for each choice the largest
+//! micro-batch that fits is found by bisection over the divisors of the
+//! sequences each rank trains on per step (gradient accumulation makes up
+//! the rest of the global batch). Accumulating adds fp32 accumulators, so
+//! the one micro-batch without accumulation (all of a rank's sequences at
+//! once) is checked on its own. Every micro-batch that fits is then timed
+//! by the cost model — the largest is usually but not always the fastest
+//! (wave quantisation, per-micro-batch collectives).
+
+use std::collections::HashMap;
+use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, Predicted};
+
+use super::depth::Probe;
+use super::evaluate::{Choice, Evaluation};
+use super::{PlanError, Request};
+use crate::cost::Machine;
+use crate::recompute::Policy;
+
+/// What the search found for one choice.
+pub struct Outcome {
+    pub choice: Choice,
+    /// The least memory the choice needs per GPU (its smallest micro-batch).
+    pub min_peak_bytes: u64,
+    /// Its fastest micro-batch that fits, if one does.
+    pub best: Option<Evaluation>,
+}
+
+/// The choices the pins leave, in a fixed order.
+pub fn choices(req: &Request) -> Vec<Choice> {
+    let mut out = Vec::new();
+    for zero_stage in 0..=3u8 {
+        for offload in [Offload::None, Offload::Optimizer, Offload::OptimizerAndParams] {
+            // ZeRO-Offload partitions what it moves: the optimizer needs
+            // stage ≥ 1 (DeepSpeed's rule), the parameters stage 3.
+            let allowed = match offload {
+                Offload::None => true,
+                Offload::Optimizer => zero_stage >= 1,
+                Offload::OptimizerAndParams => zero_stage == 3,
+            };
+            for recompute in [Policy::None, Policy::Selective, Policy::Full] {
+                let choice = Choice { zero_stage, offload, recompute };
+                let pins = &req.pins;
+                if allowed
+                    && pins.zero_stage.is_none_or(|z| z == zero_stage)
+                    && pins.offload.is_none_or(|o| o == offload)
+                    && pins.recompute.is_none_or(|r| r == recompute)
+                {
+                    out.push(choice);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The divisors of `n`, ascending.
+pub fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// Runs the search over `choices` on `ranks` ranks; outcomes best first
+/// (fitting ones by throughput, then the others by least memory).
+pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
+    let per_rank = req.global_batch / req.cluster.world_size();
+    let mut outcomes = Vec::with_capacity(choices.len());
+    for &choice in choices {
+        outcomes.push(search_choice(req, machine, choice, per_rank)?);
+    }
+    outcomes.sort_by(|a, b| match (&a.best, &b.best) {
+        (Some(x), Some(y)) => y.predicted.tokens_per_second.total_cmp(&x.predicted.tokens_per_second),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.min_peak_bytes.cmp(&b.min_peak_bytes),
+    });
+    Ok(outcomes)
+}
+
+fn search_choice(req: &Request, machine: &Machine, choice: Choice, per_rank: u64) -> Result<Outcome, PlanError> {
+    let ranks = req.cluster.world_size();
+    let budget = req.cluster.budget_bytes();
+    let sizes: Vec<u64> =
+        divisors(per_rank).into_iter().filter(|b| req.pins.micro_batch.is_none_or(|p| p == *b)).collect();
+    let (accumulating, whole): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&b| b < per_rank);
+    let mut memory: HashMap<u64, MemorySummary> = HashMap::new();
+    let mut fitting: Vec<u64> = Vec::new();
+    let mut min_peak_bytes = u64::MAX;
+
+    if let (Some(&first), Some(&last)) = (accumulating.first(), accumulating.last()) {
+        let probe = Probe::compile(req, choice, ranks, last, per_rank / first)?;
+        let peak = |b: u64, memory: &mut HashMap<u64, MemorySummary>| -> Result<u64, PlanError> {
+            let m = probe.memory(req, b)?;
+            let p = m.peak_bytes;
+            memory.insert(b, m);
+            Ok(p)
+        };
+        let least = peak(first, &mut memory)?;
+        min_peak_bytes = min_peak_bytes.min(least);
+        if least <= budget {
+            // Invariant: sizes[..lo] fit, sizes[hi..] do not.
+            let (mut lo, mut hi) = (1, accumulating.len());
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if peak(accumulating[mid], &mut memory)? <= budget {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            fitting.extend(&accumulating[..lo]);
+        }
+        let best = best_of(req, machine, &probe, choice, &fitting, per_rank, &memory)?;
+        if whole.is_empty() {
+            return Ok(Outcome { choice, min_peak_bytes, best });
+        }
+        let rest = search_whole(req, machine, choice, per_rank)?;
+        min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
+        let best = [best, rest.best]
+            .into_iter()
+            .flatten()
+            .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
+        return Ok(Outcome { choice, min_peak_bytes, best });
+    }
+    if whole.is_empty() {
+        return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
+    }
+    search_whole(req, machine, choice, per_rank)
+}
+
+/// The one micro-batch without accumulation: all of a rank's sequences.
+fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64) -> Result<Outcome, PlanError> {
+    let probe = Probe::compile(req, choice, req.cluster.world_size(), per_rank, 1)?;
+    let memory = probe.memory(req, per_rank)?;
+    let min_peak_bytes = memory.peak_bytes;
+    let fits = memory.peak_bytes <= req.cluster.budget_bytes();
+    let cache = HashMap::from([(per_rank, memory)]);
+    let sizes: &[u64] = if fits { &[per_rank] } else { &[] };
+    let best = best_of(req, machine, &probe, choice, sizes, per_rank, &cache)?;
+    Ok(Outcome { choice, min_peak_bytes, best })
+}
+
+/// The fastest of the micro-batches `sizes` (all known to fit); `memory`
+/// holds the summaries the bisection already made.
+fn best_of(
+    req: &Request,
+    machine: &Machine,
+    probe: &Probe,
+    choice: Choice,
+    sizes: &[u64],
+    per_rank: u64,
+    memory: &HashMap<u64, MemorySummary>,
+) -> Result<Option<Evaluation>, PlanError> {
+    let mut best: Option<(u64, CommSummary, Predicted)> = None;
+    for &b in sizes {
+        let (comm, predicted) = probe.predict(req, machine, b, per_rank / b)?;
+        if best.as_ref().is_none_or(|(_, _, p)| predicted.tokens_per_second > p.tokens_per_second) {
+            best = Some((b, comm, predicted));
+        }
+    }
+    let Some((b, comm, predicted)) = best else { return Ok(None) };
+    let memory = match memory.get(&b) {
+        Some(m) => m.clone(),
+        None => probe.memory(req, b)?,
+    };
+    let strategy = choice.strategy(req.cluster.world_size(), b, per_rank / b);
+    Ok(Some(Evaluation { strategy, memory, comm, predicted }))
+}

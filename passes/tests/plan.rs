@@ -1,0 +1,234 @@
+//! The planner: its search, its pins, its errors, its plan files, the
+//! depth extrapolation and the cost model's sense.
+
+#[path = "../../ir/tests/common/mod.rs"]
+mod common;
+
+use common::{load_model as model, models_dir};
+use zeroplan_ir::DType;
+use zeroplan_ir::plan::{Offload, Plan};
+use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
+use zeroplan_passes::cost::Machine;
+use zeroplan_passes::cost::work::GemmShape;
+use zeroplan_passes::plan::depth::Probe;
+use zeroplan_passes::plan::evaluate::{Choice, Step};
+use zeroplan_passes::plan::explain::gpus_for_budget;
+use zeroplan_passes::plan::search::divisors;
+use zeroplan_passes::plan::{Pins, PlanError, Request, plan};
+use zeroplan_passes::recompute::Policy;
+
+const GIB: u64 = 1 << 30;
+
+fn gpu(name: &str) -> GpuProfile {
+    GpuProfile::load(&models_dir().join(format!("gpus/{name}.ron"))).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn cluster(name: &str, gpus: u64, budget: Option<u64>) -> Cluster {
+    let gpus_per_node = gpus.min(8);
+    Cluster { nodes: gpus / gpus_per_node, gpus_per_node, gpu: gpu(name), memory_budget: budget }
+}
+
+fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u64) -> Request<'a> {
+    Request {
+        model,
+        train: TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
+        cluster,
+        seq,
+        global_batch,
+        pins: Pins::default(),
+        extrapolate_depth: true,
+    }
+}
+
+fn planned(req: &Request) -> Plan {
+    plan(req).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_winner_fits_and_is_the_fastest_candidate() {
+    let m = model("bert-base.ron");
+    let req = request(&m, cluster("a100-40gb", 8, Some(4 * GIB)), 128, 256);
+    let p = planned(&req);
+    let s = &p.strategy;
+    assert!(p.memory.peak_bytes <= 4 * GIB, "{}", p.memory.peak_bytes);
+    assert_eq!(s.ranks * s.micro_batch * s.micro_batches, 256);
+    assert_eq!(p.candidates[0].strategy, *s, "the winner heads the candidates");
+    let best = p.candidates[0].tokens_per_second.unwrap();
+    for c in &p.candidates {
+        assert_eq!(c.fits, c.peak_bytes <= 4 * GIB, "{c:?}");
+        assert!(c.min_peak_bytes <= c.peak_bytes);
+        assert!(c.tokens_per_second.is_none_or(|t| t <= best), "{c:?} beats the winner");
+    }
+    // The search saw every ZeRO stage, offload and policy.
+    assert_eq!(p.candidates.len(), 4 * 3 + 3 * 3 + 3);
+    let runner = p.runner_up.as_ref().expect("others fit");
+    assert!(
+        (runner.strategy.zero_stage, runner.strategy.offload, &runner.strategy.recompute)
+            != (s.zero_stage, s.offload, &s.recompute)
+    );
+    assert!(runner.reason.contains("fewer tokens/s"), "{}", runner.reason);
+    // The program places every tensor inside the arena.
+    assert_eq!(p.program.arena_bytes, p.memory.arena_bytes);
+    for b in &p.program.buffers {
+        let size =
+            if b.place == zeroplan_ir::Place::Device { p.program.arena_bytes } else { p.program.host_arena_bytes };
+        assert!(b.offset + b.bytes <= size, "{b:?}");
+    }
+}
+
+#[test]
+fn a_smaller_budget_buys_memory_with_time() {
+    let m = model("bert-base.ron");
+    let roomy = planned(&request(&m, cluster("a100-40gb", 8, None), 128, 256));
+    let tight = planned(&request(&m, cluster("a100-40gb", 8, Some(2 * GIB)), 128, 256));
+    assert!(tight.memory.peak_bytes <= 2 * GIB);
+    assert!(tight.memory.peak_bytes < roomy.memory.peak_bytes);
+    assert!(tight.predicted.tokens_per_second <= roomy.predicted.tokens_per_second);
+}
+
+#[test]
+fn pins_are_honoured() {
+    let m = model("bert-base.ron");
+    let mut req = request(&m, cluster("h100-80gb-sxm", 8, None), 128, 256);
+    req.pins =
+        Pins { zero_stage: Some(3), offload: Some(Offload::None), recompute: Some(Policy::Full), micro_batch: Some(8) };
+    let p = planned(&req);
+    let s = &p.strategy;
+    assert_eq!(
+        (s.zero_stage, s.offload, s.recompute.as_str(), s.micro_batch, s.micro_batches),
+        (3, Offload::None, "full", 8, 4)
+    );
+    assert_eq!(p.candidates.len(), 1);
+    assert!(p.runner_up.is_none());
+
+    req.pins = Pins { micro_batch: Some(5), ..Pins::default() };
+    let e = plan(&req).unwrap_err();
+    assert!(matches!(e, PlanError::MicroBatch { .. }) && e.to_string().contains("1, 2, 4, 8, 16, 32"), "{e}");
+    req.pins = Pins { zero_stage: Some(0), offload: Some(Offload::Optimizer), ..Pins::default() };
+    assert!(matches!(plan(&req), Err(PlanError::Pins(_))));
+}
+
+#[test]
+fn bad_requests_are_clear_errors() {
+    let m = model("bert-base.ron");
+    let e = plan(&request(&m, cluster("a100-40gb", 8, None), 128, 100)).unwrap_err();
+    assert!(e.to_string().contains("--global-batch 104"), "{e}");
+    let e = plan(&request(&m, cluster("v100-32gb", 8, None), 128, 64)).unwrap_err();
+    assert!(e.to_string().contains("no tensor cores for bf16: use --precision f16"), "{e}");
+}
+
+/// Nothing fits: every choice is listed with its least memory, and where
+/// the error names a GPU count, planning on that many GPUs works.
+#[test]
+fn nothing_fits_names_what_would() {
+    let m = model("bert-large.ron");
+    let budget = 1536 << 20;
+    let mut req = request(&m, cluster("a100-40gb", 2, Some(budget)), 512, 2);
+    let Err(PlanError::NothingFits { shortfalls, .. }) = plan(&req) else { panic!("bert-large fits in 1.5 GiB") };
+    assert_eq!(shortfalls.len(), 24);
+    assert!(shortfalls.iter().all(|s| s.min_peak_bytes > budget));
+    assert!(shortfalls.iter().filter(|s| s.choice.starts_with("ZeRO-0")).all(|s| s.gpus_to_fit.is_none()));
+    let (choice, gpus) = shortfalls
+        .iter()
+        .filter_map(|s| Some((s.choice.clone(), s.gpus_to_fit?)))
+        .min_by_key(|(_, n)| *n)
+        .expect("some sharded choice fits on more GPUs");
+    let message = plan(&req).unwrap_err().to_string();
+    assert!(message.contains(&format!("≥ {gpus} GPUs")), "{message}");
+    assert!(gpus <= 64, "{choice}: {gpus} GPUs");
+    let zero_stage = choice[5..6].parse().unwrap();
+    let recompute = Policy::from_name(choice.rsplit(' ').next().unwrap()).unwrap();
+    let offload = Offload::from_name(choice.split(' ').nth(2).unwrap()).unwrap();
+    req.cluster = cluster("a100-40gb", gpus, Some(budget));
+    req.global_batch = gpus;
+    req.pins =
+        Pins { zero_stage: Some(zero_stage), offload: Some(offload), recompute: Some(recompute), micro_batch: None };
+    let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
+    assert!(p.memory.peak_bytes <= budget);
+}
+
+#[test]
+fn gpu_count_from_two_points() {
+    // peak(N) = 1 GiB + 64 GiB / N, seen at 4 and 8 GPUs.
+    let peak = |n: f64| (1.0 + 64.0 / n) * GIB as f64;
+    assert_eq!(gpus_for_budget(peak(4.0), peak(8.0), 4, 5.0 * GIB as f64, 8), Some(16));
+    assert_eq!(gpus_for_budget(peak(4.0), peak(8.0), 4, 9.0 * GIB as f64, 16), Some(8));
+    assert_eq!(gpus_for_budget(peak(4.0), peak(8.0), 4, 0.5 * GIB as f64, 8), None, "below the floor");
+    assert_eq!(gpus_for_budget(peak(4.0), peak(4.0), 4, 0.5 * GIB as f64, 8), None, "nothing sharded");
+    assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+    assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
+}
+
+#[test]
+fn plan_files_round_trip() {
+    let m = model("tiny/tiny-bert.ron");
+    let p = planned(&request(&m, cluster("a100-80gb", 2, None), 16, 8));
+    let text = p.to_ron();
+    let back = Plan::from_ron(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back.to_ron(), text);
+    assert_eq!(back.program.graph.node_count(), p.program.graph.node_count());
+    assert_eq!(back.strategy, p.strategy);
+    let newer = text.replacen("format: 1", "format: 99", 1);
+    assert!(Plan::from_ron(&newer).unwrap_err().to_string().contains("compile the plan again"));
+}
+
+/// The search's two-short-stacks line against whole planning.
+#[test]
+fn depth_extrapolation_tracks_whole_planning() {
+    let m = model("bert-base.ron");
+    let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
+    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
+    for choice in [
+        Choice { zero_stage: 0, offload: Offload::None, recompute: Policy::None },
+        Choice { zero_stage: 1, offload: Offload::None, recompute: Policy::Selective },
+        Choice { zero_stage: 3, offload: Offload::None, recompute: Policy::Full },
+        Choice { zero_stage: 2, offload: Offload::Optimizer, recompute: Policy::None },
+    ] {
+        let (b, micro_batches) = (8, 4);
+        let probe = Probe::compile(&req, choice, 8, b, micro_batches).unwrap();
+        assert!(matches!(probe, Probe::Stacks { .. }));
+        let whole = Step::compile(&req, &m, choice, 8, b, micro_batches).unwrap();
+        let (estimate, exact) = (probe.memory(&req, b).unwrap(), whole.memory(&req, b).unwrap().1);
+        let (_, predicted) = probe.predict(&req, &machine, b, micro_batches).unwrap();
+        let (_, truth) = whole.predict(&req, &machine, b, micro_batches).unwrap();
+        let memory_error = estimate.peak_bytes as f64 / exact.peak_bytes as f64 - 1.0;
+        let time_error = predicted.step_seconds / truth.step_seconds - 1.0;
+        assert!(memory_error.abs() < 0.03, "{choice}: peak {} vs {}", estimate.peak_bytes, exact.peak_bytes);
+        assert!(time_error.abs() < 0.03, "{choice}: step {} vs {}", predicted.step_seconds, truth.step_seconds);
+    }
+}
+
+#[test]
+fn gemm_efficiency_grows_with_the_shape() {
+    let machine = Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16 };
+    let eff = |m, n, k| machine.shape_efficiency(GemmShape { batch: 1, m, n, k });
+    assert!(eff(64, 64, 64) < eff(512, 512, 512));
+    assert!(eff(512, 512, 512) < eff(8192, 8192, 8192));
+    assert!(eff(8192, 8192, 8192) > 0.9);
+    // 132 tiles of 128×128 fill the H100's 132 SMs once; one row more
+    // needs a 133rd tile and a second wave.
+    assert!(eff(128 * 132 + 1, 128, 4096) < 0.6 * eff(128 * 132, 128, 4096));
+    // Across nodes the ring runs at the network's speed.
+    assert!(machine.ring_bandwidth(16) < machine.ring_bandwidth(8));
+}
+
+/// With memory to spare, sharding only costs: ZeRO-3 gathers parameters
+/// twice more per step than stage 0 moves, and the cost model sees it;
+/// communication issued in the backward mostly hides behind compute.
+#[test]
+fn sharding_costs_time_when_memory_is_ample() {
+    let m = model("bert-large.ron");
+    let mut req = request(&m, cluster("a100-80gb", 16, None), 512, 256);
+    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
+    req.pins.micro_batch = Some(16);
+    let time = |zero_stage| {
+        let choice = Choice { zero_stage, offload: Offload::None, recompute: Policy::None };
+        let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
+        probe.predict(&req, &machine, 16, 1).unwrap()
+    };
+    let ((c0, p0), (c3, p3)) = (time(0), time(3));
+    assert!(c3.bytes_per_step > 1.4 * c0.bytes_per_step);
+    assert!(p3.step_seconds > p0.step_seconds, "{} vs {}", p3.step_seconds, p0.step_seconds);
+    let comm = p0.busy_seconds["comm"];
+    assert!(p0.stalled_seconds < 0.5 * comm, "stalled {} of {comm} s of communication", p0.stalled_seconds);
+}

@@ -1,0 +1,61 @@
+//! `zeroplan compile SPEC --gpus N --gpu PROFILE --global-batch G`: the
+//! planner's search, its plan written atomically and shown.
+
+use crate::cli::CompileArgs;
+use crate::commands::inspect;
+use crate::output::emit;
+use zeroplan_ir::spec::{self, Cluster, Precision, TrainingSpec};
+use zeroplan_passes::plan::{Pins, Request, plan};
+
+pub fn run(args: &CompileArgs) -> Result<(), String> {
+    let model = spec::load(&args.spec).map_err(|e| e.to_string())?;
+    let mut train = match &args.train {
+        Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
+        None => TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
+    };
+    if let Some(precision) = args.precision {
+        train.precision = precision;
+    }
+    let gpu = crate::gpus::profile(&args.gpu)?;
+    if args.gpus == 0 || args.nodes == 0 || args.gpus % args.nodes != 0 {
+        return Err(format!(
+            "error: --gpus {} over --nodes {}: the GPUs must split evenly over at least one node",
+            args.gpus, args.nodes
+        ));
+    }
+    if let Some(memory) = args.memory.filter(|m| *m > gpu.memory_bytes()) {
+        return Err(format!(
+            "error: --memory {:.1} GiB is more than the {}'s {:.1} GiB: leave --memory out to use the whole card",
+            memory as f64 / (1u64 << 30) as f64,
+            gpu.name,
+            gpu.memory_bytes() as f64 / (1u64 << 30) as f64
+        ));
+    }
+    let cluster = Cluster { nodes: args.nodes, gpus_per_node: args.gpus / args.nodes, gpu, memory_budget: args.memory };
+    let request = Request {
+        model: &model,
+        train,
+        cluster,
+        seq: args.seq,
+        global_batch: args.global_batch,
+        pins: Pins {
+            zero_stage: args.zero,
+            offload: args.offload,
+            recompute: args.recompute,
+            micro_batch: args.micro_batch,
+        },
+        extrapolate_depth: !args.whole_depth,
+    };
+    if args.seq == 0 || args.seq > model.max_position {
+        return Err(format!(
+            "error: --seq {}: {} takes sequences of 1 to {} tokens (its max_position)",
+            args.seq, model.name, model.max_position
+        ));
+    }
+    let plan = plan(&request).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    if let Some(path) = &args.output {
+        emit(&plan.to_ron(), Some(path))?;
+    }
+    let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan) };
+    emit(&text, None)
+}

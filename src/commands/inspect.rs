@@ -1,0 +1,193 @@
+//! `zeroplan inspect PLAN`: what a plan decided and predicts, per GPU.
+
+use serde::Serialize;
+
+use crate::cli::InspectArgs;
+use crate::output::emit;
+use zeroplan_ir::DType;
+use zeroplan_ir::plan::{
+    Candidate, ClusterDescription, CommSummary, MemorySummary, Plan, Predicted, RunnerUp, Strategy, Workload,
+};
+use zeroplan_ir::spec::Cluster;
+use zeroplan_passes::cost::Machine;
+use zeroplan_passes::plan::evaluate::bindings;
+
+pub fn run(args: &InspectArgs) -> Result<(), String> {
+    let text =
+        std::fs::read_to_string(&args.plan).map_err(|e| format!("error: reading {}: {e}", args.plan.display()))?;
+    let plan = Plan::from_ron(&text).map_err(|e| format!("{}: error: {e}", args.plan.display()))?;
+    let mut out = if args.json { json(&plan) } else { self::text(&plan) };
+    if args.timeline {
+        out += &timeline(&plan)?;
+    }
+    emit(&out, None)
+}
+
+/// The plan less its program, as JSON.
+#[derive(Serialize)]
+struct Inspection<'a> {
+    model: &'a str,
+    params: u64,
+    cluster: &'a ClusterDescription,
+    workload: &'a Workload,
+    strategy: &'a Strategy,
+    memory: &'a MemorySummary,
+    comm: &'a CommSummary,
+    predicted: &'a Predicted,
+    runner_up: &'a Option<RunnerUp>,
+    candidates: &'a [Candidate],
+}
+
+pub fn json(plan: &Plan) -> String {
+    let inspection = Inspection {
+        model: &plan.model,
+        params: plan.params,
+        cluster: &plan.cluster,
+        workload: &plan.workload,
+        strategy: &plan.strategy,
+        memory: &plan.memory,
+        comm: &plan.comm,
+        predicted: &plan.predicted,
+        runner_up: &plan.runner_up,
+        candidates: &plan.candidates,
+    };
+    format!("{}\n", serde_json::to_string_pretty(&inspection).expect("serialisable"))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn gb(bytes: f64) -> String {
+    format!("{:.3} GB", bytes / 1e9)
+}
+
+fn tokens(per_second: f64) -> String {
+    if per_second >= 1e6 { format!("{:.2}M", per_second / 1e6) } else { format!("{:.1}k", per_second / 1e3) }
+}
+
+/// The plan for a reader: strategy, memory, traffic, time, alternatives.
+pub fn text(plan: &Plan) -> String {
+    let (c, w, s, m) = (&plan.cluster, &plan.workload, &plan.strategy, &plan.memory);
+    let mut t = format!(
+        "{} ({:.1}M parameters) on {} × {} ({} node{} × {}), budget {} per GPU\n",
+        plan.model,
+        plan.params as f64 / 1e6,
+        s.ranks,
+        c.gpu.name,
+        c.nodes,
+        if c.nodes == 1 { "" } else { "s" },
+        c.gpus_per_node,
+        gib(c.budget_bytes)
+    );
+    t += &format!(
+        "workload   {} sequences × {} tokens per step, {}\nstrategy   {s}\n",
+        w.global_batch, w.seq, w.precision
+    );
+    let fragmentation =
+        m.arena_bytes.saturating_sub(m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes);
+    t += "memory per GPU at the peak\n";
+    for (name, bytes) in [
+        ("parameters", m.params_bytes),
+        ("gradients", m.grads_bytes),
+        ("optimizer", m.optimizer_bytes),
+        ("activations", m.activations_bytes),
+        ("fragmentation", fragmentation),
+    ] {
+        t += &format!("  {name:<14} {:>12}\n", gib(bytes));
+    }
+    t += &format!(
+        "  {:<14} {:>12}   CUDA context {}, GEMM workspace {}, NCCL {}\n",
+        "reserve",
+        gib(m.reserve_bytes),
+        gib(m.reserve.cuda_context),
+        gib(m.reserve.gemm_workspace),
+        gib(m.reserve.nccl)
+    );
+    t += &format!(
+        "  {:<14} {:>12}   of {} ({:.0}%); lower bound of the arena {}\n",
+        "peak",
+        gib(m.peak_bytes),
+        gib(m.budget_bytes),
+        100.0 * m.peak_bytes as f64 / m.budget_bytes.max(1) as f64,
+        gib(m.lower_bound_bytes + m.reserve_bytes)
+    );
+    if m.host_bytes > 0 {
+        t += &format!("  {:<14} {:>12}   (offloaded, per GPU)\n", "host", gib(m.host_bytes));
+    }
+    t += &format!("communication per GPU per step: {}\n", gb(plan.comm.bytes_per_step));
+    for (kind, traffic) in &plan.comm.by_collective {
+        t += &format!("  {kind:<14} {:>5} × {:>12}\n", traffic.count, gb(traffic.bytes));
+    }
+    if plan.comm.host_copy_bytes > 0.0 {
+        t += &format!("  {:<14} {:>20}\n", "PCIe copies", gb(plan.comm.host_copy_bytes));
+    }
+    let p = &plan.predicted;
+    t += &format!(
+        "predicted  step {:.4} s, {} tokens/s, MFU {:.1}%\n",
+        p.step_seconds,
+        tokens(p.tokens_per_second),
+        100.0 * p.mfu
+    );
+    let busy: Vec<String> = p.busy_seconds.iter().map(|(k, v)| format!("{k} {v:.4} s")).collect();
+    t += &format!("  busy: {}; compute stalled {:.4} s\n", busy.join(", "), p.stalled_seconds);
+    match &plan.runner_up {
+        Some(r) => t += &format!("runner-up  {}: {}\n", r.strategy, r.reason),
+        None => t += "runner-up  none: no other strategy fits\n",
+    }
+    t += "candidates (best micro-batch of each; peak per GPU)\n";
+    for candidate in &plan.candidates {
+        let speed =
+            candidate.tokens_per_second.map_or("does not fit".to_string(), |x| format!("{} tokens/s", tokens(x)));
+        let strategy = if candidate.fits {
+            candidate.strategy.to_string()
+        } else {
+            format!(
+                "ZeRO-{} offload {} recompute {}",
+                candidate.strategy.zero_stage,
+                candidate.strategy.offload.name(),
+                candidate.strategy.recompute
+            )
+        };
+        t += &format!("  {strategy:<62} {:>12}  {speed}\n", gib(candidate.peak_bytes));
+    }
+    t
+}
+
+/// The first micro-batch and the optimizer, instruction by instruction,
+/// as the cost model plays them on the plan's GPU.
+fn timeline(plan: &Plan) -> Result<String, String> {
+    let c = &plan.cluster;
+    let cluster = Cluster {
+        nodes: c.nodes,
+        gpus_per_node: c.gpus_per_node,
+        gpu: c.gpu.clone(),
+        memory_budget: Some(c.budget_bytes),
+    };
+    let dtype = DType::from_name(&plan.workload.precision)
+        .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;
+    let machine = Machine { cluster, dtype };
+    let graph = &plan.program.graph;
+    let order = graph.topo_order().ok_or("error: the plan's graph has a cycle")?;
+    let bindings = bindings(plan.program.batch, plan.program.seq);
+    let events = zeroplan_passes::cost::simulate::timeline(graph, &order, &bindings, &machine)
+        .ok_or("error: the plan's graph has unbound sizes")?;
+    let mut t = format!(
+        "timeline (first micro-batch, then the optimizer), ms
+  {:>10} {:>10}  {:<8} instruction
+",
+        "start", "end", "stream"
+    );
+    for e in events.iter().filter(|e| e.stream.is_some()) {
+        let node = graph.node(e.node);
+        let stream = e.stream.map_or("", |s| s.name());
+        t += &format!(
+            "  {:>10.4} {:>10.4}  {stream:<8} {} ({})\n",
+            1e3 * e.start,
+            1e3 * e.end,
+            node.name,
+            node.op.name()
+        );
+    }
+    Ok(t)
+}
