@@ -275,3 +275,72 @@ fn data_parallel_summary_shows_traffic_and_offload_errors_are_clear() {
     let err = failure(&[&base[..], &["--offload", "disk"]].concat());
     assert!(err.contains("use none, optimizer or optimizer+params"), "{err}");
 }
+
+#[test]
+fn compile_writes_a_plan_that_inspect_reads() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-compile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.ron");
+    let plan_path = plan.to_str().unwrap();
+    let args = [
+        "compile",
+        "models/bert-base.ron",
+        "--gpus",
+        "8",
+        "--gpu",
+        "a100-40gb",
+        "--memory",
+        "3GiB",
+        "--seq",
+        "128",
+        "--global-batch",
+        "256",
+        "--json",
+        "-o",
+        plan_path,
+    ];
+    let compiled = stdout_json(&args);
+    let inspected = stdout_json(&["inspect", plan_path, "--json"]);
+    assert_eq!(compiled, inspected, "compile shows what inspect reads back");
+    for key in ["zero_stage", "recompute", "offload", "micro_batch"] {
+        assert!(!inspected["strategy"][key].is_null(), "strategy.{key}");
+    }
+    let memory = &inspected["memory"];
+    for key in ["peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes"] {
+        assert!(memory[key].is_u64(), "memory.{key}");
+    }
+    assert!(memory["peak_bytes"].as_u64().unwrap() <= 3 << 30);
+    assert!(inspected["comm"]["bytes_per_step"].as_f64().unwrap() > 0.0);
+    for key in ["step_seconds", "tokens_per_second", "mfu"] {
+        assert!(inspected["predicted"][key].as_f64().unwrap() > 0.0, "predicted.{key}");
+    }
+    assert!(inspected["runner_up"]["reason"].as_str().unwrap().contains("tokens/s"));
+    let text = zeroplan(&["inspect", plan_path, "--timeline"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("memory per GPU at the peak") && text.contains("runner-up"), "{text}");
+    assert!(text.contains(" comm ") && text.contains("all_gather"), "the timeline lists collectives");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn compile_errors_are_clear() {
+    let base = ["compile", "models/tiny/tiny-bert.ron", "--seq", "16"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> { base.iter().chain(extra).copied().collect() };
+    let e = failure(&with(&["--gpu", "tpu-v5", "--global-batch", "8"]));
+    assert!(e.contains("no such profile") && e.contains("h100-80gb-sxm"), "{e}");
+    let e = failure(&with(&["--gpu", "a100-40gb", "--memory", "41GiB", "--global-batch", "8"]));
+    assert!(e.contains("more than the A100-40GB's"), "{e}");
+    let e = failure(&with(&["--gpu", "a100-40gb", "--memory", "40 parsecs", "--global-batch", "8"]));
+    assert!(e.contains("unknown unit"), "{e}");
+    let e = failure(&with(&["--gpu", "a100-40gb", "--gpus", "3", "--global-batch", "8"]));
+    assert!(e.contains("--global-batch 9"), "{e}");
+    let e = failure(&with(&["--gpu", "v100-32gb", "--global-batch", "8"]));
+    assert!(e.contains("no tensor cores for bf16"), "{e}");
+    let e = failure(&with(&["--gpu", "a100-40gb", "--memory", "500MiB", "--global-batch", "8"]));
+    assert!(
+        e.contains("no strategy fits in 0.5 GiB per GPU on 1 GPU.") && e.contains("ZeRO-0 offload none recompute full"),
+        "{e}"
+    );
+    let e = failure(&["inspect", "Cargo.toml"]);
+    assert!(e.starts_with("Cargo.toml: error:"), "{e}");
+}

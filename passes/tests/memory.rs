@@ -59,8 +59,17 @@ fn persistent_bytes_are_the_model_state() {
             training_graph(&model("bert-base.ron"), &TrainingSpec { precision, ..TrainingSpec::default() }).unwrap();
         let p = plan(&graph, &bindings(8, 128)).unwrap();
         let (state, params) = model_state_bytes(&graph);
-        // Parameters 4 B each; moments 8 B each plus a handful of scalars.
-        assert_eq!(p.at_peak[&Category::Parameters], state.parameters);
+        // Parameters 4 B each, and at the peak (the start of the backward)
+        // their 16-bit working copies, all but the few the backward no
+        // longer reads; moments 8 B each plus a handful of scalars.
+        let parameters = p.at_peak[&Category::Parameters];
+        assert!(
+            parameters >= state.parameters + state.working_copies * 99 / 100
+                && parameters <= state.parameters + state.working_copies,
+            "{parameters} vs {} + {}",
+            state.parameters,
+            state.working_copies
+        );
         let optimizer = p.at_peak[&Category::OptimizerState];
         assert!(
             optimizer >= state.optimizer && optimizer < state.optimizer + 202 * 256 + 4096,
@@ -87,9 +96,11 @@ fn activations_grow_linearly_with_the_batch() {
 
 /// Korthikanti et al. (2022) give `s·b·h·(34 + 5·a·s/h)` bytes of 16-bit
 /// activations per transformer layer without recomputation — a cross-check,
-/// not the method. The plan's activations at the peak, less the 16-bit
-/// working copies of the weights (model state, not activations), must agree
-/// within 10% for bert-large; docs/memory.md explains the difference.
+/// not the method. That count includes 1-byte dropout masks, `a·s²·b` for
+/// attention's and `2·s·b·h` for the two hidden dropouts, which zeroplan
+/// does not store (the backward redraws them from the Philox stream). The
+/// plan's activations at the peak must agree within 10% with the formula
+/// less the masks, for bert-large; docs/memory.md explains the rest.
 #[test]
 fn activations_agree_with_korthikanti() {
     let m = model("bert-large.ron");
@@ -97,11 +108,11 @@ fn activations_agree_with_korthikanti() {
     let graph = training_graph(&m, &train).unwrap();
     let (b, s) = (8u64, 512u64);
     let p = plan(&graph, &bindings(b, s)).unwrap();
-    let (state, _) = model_state_bytes(&graph);
-    let ours = (p.at_peak[&Category::Activations] - state.working_copies) as f64;
+    let ours = p.at_peak[&Category::Activations] as f64;
     let (h, a, layers) = (m.hidden as f64, m.heads as f64, m.layers as f64);
     let (s, b) = (s as f64, b as f64);
     let korthikanti = s * b * h * (34.0 + 5.0 * a * s / h) * layers;
-    let ratio = ours / korthikanti;
-    assert!((0.9..1.1).contains(&ratio), "ours {ours}, Korthikanti {korthikanti}, ratio {ratio}");
+    let masks = (a * s * s * b + 2.0 * s * b * h) * layers;
+    let ratio = ours / (korthikanti - masks);
+    assert!((0.9..1.1).contains(&ratio), "ours {ours}, Korthikanti less masks {}, ratio {ratio}", korthikanti - masks);
 }

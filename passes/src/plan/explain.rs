@@ -69,8 +69,9 @@ pub fn gpus_for_budget(p1: f64, p2: f64, n: u64, budget: f64, gpus_per_node: u64
 pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall]) -> String {
     let gib = |b: u64| b as f64 / GIB;
     let mut text = format!(
-        "no strategy fits in {:.1} GiB per GPU on {gpus} GPUs. Each choice's least memory per GPU (micro-batch 1):",
-        gib(*budget_bytes)
+        "no strategy fits in {:.1} GiB per GPU on {gpus} GPU{}. Each choice's least memory per GPU (micro-batch 1):",
+        gib(*budget_bytes),
+        if *gpus == 1 { "" } else { "s" }
     );
     let mut sorted: Vec<&Shortfall> = shortfalls.iter().collect();
     sorted.sort_by_key(|s| s.min_peak_bytes);
