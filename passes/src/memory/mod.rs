@@ -41,13 +41,26 @@ pub struct MemoryPlan {
 /// Plans `graph` for `bindings` (e.g. `batch = 32, seq = 128`).
 pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
     let order = graph.topo_order().ok_or(LivenessError::Cycle)?;
-    let (intervals, host_intervals): (Vec<Interval>, Vec<Interval>) =
+    let (mut intervals, mut host_intervals): (Vec<Interval>, Vec<Interval>) =
         liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
+    own_buffers_across_places(&mut intervals);
+    own_buffers_across_places(&mut host_intervals);
     let arena = arena::place(&intervals);
     let host = arena::place(&host_intervals);
     let phase_at: Vec<Phase> = order.iter().map(|&n| graph.node(n).phase).collect();
     let (at_peak, phase_peaks) = peaks(&intervals, &arena, &phase_at);
     Ok(MemoryPlan { order, intervals, arena, at_peak, phase_peaks, host_intervals, host })
+}
+
+/// A view whose target lives in the other place's arena cannot share its
+/// buffer: it gets its own (the bytes it reads must be there anyway).
+fn own_buffers_across_places(intervals: &mut [Interval]) {
+    let here: std::collections::HashSet<_> = intervals.iter().map(|i| i.value).collect();
+    for interval in intervals.iter_mut() {
+        if interval.alias_of.is_some_and(|v| !here.contains(&v)) {
+            interval.alias_of = None;
+        }
+    }
 }
 
 /// The most bytes live during one phase of the step, and what they are.

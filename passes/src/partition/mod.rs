@@ -255,7 +255,7 @@ impl<'a> Builder<'a> {
             return Ok(g);
         }
         let w = self.weights(b)?;
-        if self.dp.parameter_shards() == 1 {
+        if self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device {
             self.made[b].gathered.insert(phase, w);
             return Ok(w);
         }
@@ -277,7 +277,12 @@ impl<'a> Builder<'a> {
         if self.weights_place() == Place::Host {
             shard = self.add_at(Place::Device, format!("{name}.h2d"), Op::Copy, &[w])?;
         }
-        let g = self.out.add(format!("{name}.gathered"), Op::AllGather { ranks: self.dp.ranks }, &[shard])?;
+        // One rank holds every shard: offloaded parameters only cross PCIe.
+        let g = if self.dp.parameter_shards() == 1 {
+            shard
+        } else {
+            self.out.add(format!("{name}.gathered"), Op::AllGather { ranks: self.dp.ranks }, &[shard])?
+        };
         self.made[b].gathered.insert(phase, g);
         Ok(g)
     }
@@ -285,8 +290,10 @@ impl<'a> Builder<'a> {
     /// Member `m` of bucket `b` in its parameter's shape, read in `phase`:
     /// a slice and a reshape, both views of the flat buffer.
     fn view(&mut self, b: usize, m: usize, phase: Phase) -> Result<Value, GraphError> {
-        // Parameters are whole on every rank below stage 3: one view serves all phases.
-        let phase = if self.dp.parameter_shards() == 1 { Phase::Forward } else { phase };
+        // Parameters whole on the device (below stage 3, or one rank without
+        // parameter offload): one view serves all phases.
+        let whole = self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device;
+        let phase = if whole { Phase::Forward } else { phase };
         if let Some(&v) = self.made[b].views.get(&(phase, m)) {
             return Ok(v);
         }
