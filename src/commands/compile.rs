@@ -17,7 +17,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         train.precision = precision;
     }
     let gpu = crate::gpus::profile(&args.gpu)?;
-    if args.gpus == 0 || args.nodes == 0 || args.gpus % args.nodes != 0 {
+    if args.gpus == 0 || args.nodes == 0 || !args.gpus.is_multiple_of(args.nodes) {
         return Err(format!(
             "error: --gpus {} over --nodes {}: the GPUs must split evenly over at least one node",
             args.gpus, args.nodes

@@ -156,7 +156,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
 /// The request's own errors, before any search; the machine it runs on.
 fn check(req: &Request) -> Result<Machine, PlanError> {
     let ranks = req.cluster.world_size();
-    if ranks == 0 || req.global_batch == 0 || req.global_batch % ranks != 0 {
+    if ranks == 0 || req.global_batch == 0 || !req.global_batch.is_multiple_of(ranks) {
         return Err(PlanError::Batch { global_batch: req.global_batch, ranks: ranks.max(1) });
     }
     if let Some(z) = req.pins.zero_stage.filter(|z| *z > 3) {
@@ -164,7 +164,7 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
     }
     if let Some(b) = req.pins.micro_batch {
         let per_rank = req.global_batch / ranks;
-        if b == 0 || per_rank % b != 0 {
+        if b == 0 || !per_rank.is_multiple_of(b) {
             return Err(PlanError::MicroBatch { micro_batch: b, per_rank });
         }
     }
