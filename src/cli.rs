@@ -55,7 +55,8 @@ pub struct CompileArgs {
     /// Pin the ZeRO stage (0–3).
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u8>,
-    /// Pin the recomputation policy: none, selective or full.
+    /// Pin the recomputation policy: none, selective, full or optimal:SIZE
+    /// (the least recomputation whose stored activations fit SIZE, e.g. optimal:4GiB).
     #[arg(long, value_parser = parse_recompute)]
     pub recompute: Option<zeroplan_passes::recompute::Policy>,
     /// Pin ZeRO-Offload: none, optimizer or optimizer+params.
@@ -205,7 +206,9 @@ pub struct PassArgs {
     #[arg(long, value_delimiter = ',', value_name = "PASS")]
     pub explain: Vec<String>,
     /// Activation recomputation in training steps: none, full (each layer
-    /// from its input) or selective (attention scores and softmax).
+    /// from its input), selective (attention scores and softmax) or
+    /// optimal:SIZE (per layer, the least recomputation whose stored
+    /// activations fit SIZE at --batch-size × --seq-len, e.g. optimal:4GiB).
     #[arg(long, default_value = "none", value_parser = parse_recompute)]
     pub recompute: zeroplan_passes::recompute::Policy,
     /// Data-parallel ranks of a training step: runs the `partition` pass
@@ -276,8 +279,9 @@ fn parse_head(s: &str) -> Result<zeroplan_ir::spec::Head, String> {
 }
 
 fn parse_recompute(s: &str) -> Result<zeroplan_passes::recompute::Policy, String> {
-    zeroplan_passes::recompute::Policy::from_name(s)
-        .ok_or_else(|| format!("`{s}` is not a recomputation policy: use none, full or selective"))
+    zeroplan_passes::recompute::Policy::from_name(s).ok_or_else(|| {
+        format!("`{s}` is not a recomputation policy: use none, full, selective or optimal:SIZE (e.g. optimal:4GiB)")
+    })
 }
 
 fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {

@@ -101,6 +101,12 @@ fn pins_are_honoured() {
     assert_eq!(p.candidates.len(), 1);
     assert!(p.runner_up.is_none());
 
+    // An optimal policy is searched only when pinned, and named in the plan.
+    let optimal = Policy::Optimal { budget_bytes: 200 << 20 };
+    req.pins = Pins { recompute: Some(optimal), ..req.pins };
+    let p = planned(&req);
+    assert_eq!((p.strategy.recompute.as_str(), p.candidates.len()), ("optimal:200MiB", 1));
+
     req.pins = Pins { micro_batch: Some(5), ..Pins::default() };
     let e = plan(&req).unwrap_err();
     assert!(matches!(e, PlanError::MicroBatch { .. }) && e.to_string().contains("1, 2, 4, 8, 16, 32"), "{e}");

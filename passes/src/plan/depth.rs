@@ -9,8 +9,9 @@
 //! 100-trillion-parameter spec of 312 layers then costs the search what a
 //! 3-layer one does; the winner is compiled and planned whole, so the plan
 //! file's figures are exact. Shared layers (ALBERT, template banks) are
-//! not a repetition of independent layers and are always planned whole.
-//! `tests/depth.rs` checks the line against whole planning on bert-large.
+//! not a repetition of independent layers and are always planned whole, as
+//! is a pinned `optimal` recomputation (its budget is for the whole stack).
+//! `passes/tests/plan.rs` checks the line against whole planning.
 
 use std::collections::BTreeMap;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Predicted};
@@ -20,6 +21,7 @@ use super::evaluate::{Choice, Step};
 use super::{PlanError, Request};
 use crate::cost::Machine;
 use crate::memory::{Category, MemoryPlan};
+use crate::recompute::Policy;
 
 /// The two stack depths the line goes through.
 pub const SHORT: u64 = 3;
@@ -48,7 +50,9 @@ impl Probe {
         hint_batch: u64,
         micro_batches: u64,
     ) -> Result<Probe, PlanError> {
-        if !(req.extrapolate_depth && repeats(req.model)) {
+        // An optimal policy's budget is for the whole stack: its layers' choices do not repeat.
+        let per_layer_policy = !matches!(choice.recompute, Policy::Optimal { .. });
+        if !(req.extrapolate_depth && repeats(req.model) && per_layer_policy) {
             return Ok(Probe::Whole(Step::compile(req, req.model, choice, ranks, hint_batch, micro_batches)?));
         }
         let at = |layers: u64| {

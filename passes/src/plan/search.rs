@@ -40,13 +40,14 @@ pub fn choices(req: &Request) -> Vec<Choice> {
                 Offload::Optimizer => zero_stage >= 1,
                 Offload::OptimizerAndParams => zero_stage == 3,
             };
-            for recompute in [Policy::None, Policy::Selective, Policy::Full] {
+            // The search tries the fixed policies; an `optimal` one only when pinned.
+            let policies = req.pins.recompute.map_or(vec![Policy::None, Policy::Selective, Policy::Full], |r| vec![r]);
+            for recompute in policies {
                 let choice = Choice { zero_stage, offload, recompute };
                 let pins = &req.pins;
                 if allowed
                     && pins.zero_stage.is_none_or(|z| z == zero_stage)
                     && pins.offload.is_none_or(|o| o == offload)
-                    && pins.recompute.is_none_or(|r| r == recompute)
                 {
                     out.push(choice);
                 }

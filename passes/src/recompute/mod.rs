@@ -10,22 +10,29 @@
 //! function of (seed, stream, offset, element), not stored state — so a
 //! recomputed step is bitwise the step without recomputation.
 //!
-//! Policies:
+//! Policies, as a choice per layer ([`regions`] says what each region is):
 //! - `none`: keep every activation.
-//! - `full`: keep each layer's input; recompute the whole layer (Chen et al.,
-//!   2016, per transformer layer as Megatron and DeepSpeed do).
+//! - `full`: keep each layer's input; recompute the rest of the layer (Chen
+//!   et al., 2016, per transformer layer as Megatron and DeepSpeed do).
 //! - `selective`: recompute only attention's scores → scale → (ALiBi) → mask →
 //!   softmax → dropout region, the activations that grow with seq² but cost
 //!   few FLOPs (Korthikanti et al., 2022).
+//! - `optimal:SIZE`: per layer, keep, recompute attention, the feed-forward,
+//!   both, or the layer: the least recompute FLOPs whose stored activations
+//!   fit SIZE at the shape hint ([`optimal`]).
 //!
 //! The 16-bit working copies of the weights are not recomputed: they are
 //! model state, counted once.
 
-use std::collections::HashMap;
-use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Value};
+pub mod optimal;
+pub mod regions;
+
+use std::collections::{BTreeMap, HashMap};
+use zeroplan_ir::{Graph, NodeIndex, Phase, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
 use crate::rebuild::{ValueMap, copy_node};
+use regions::{Choice, Layers, RegionId};
 
 /// Which forward values the backward recomputes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -35,17 +42,29 @@ pub enum Policy {
     None,
     Full,
     Selective,
+    /// The least recompute FLOPs whose stored activations (the forward
+    /// values the backward reads, over the whole step at the shape hint)
+    /// fit `budget_bytes`; the least-memory choice when nothing fits.
+    Optimal {
+        budget_bytes: u64,
+    },
 }
 
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
 impl Policy {
-    /// The name `from_name` reads back.
+    /// The name `from_name` reads back: `none`, `full`, `selective`,
+    /// `optimal:4GiB`, `optimal:512MiB`, `optimal:4000000000`.
     pub fn name(self) -> String {
         match self {
-            Policy::None => "none",
-            Policy::Full => "full",
-            Policy::Selective => "selective",
+            Policy::None => "none".to_string(),
+            Policy::Full => "full".to_string(),
+            Policy::Selective => "selective".to_string(),
+            Policy::Optimal { budget_bytes: b } if b > 0 && b.is_multiple_of(GIB) => format!("optimal:{}GiB", b / GIB),
+            Policy::Optimal { budget_bytes: b } if b > 0 && b.is_multiple_of(MIB) => format!("optimal:{}MiB", b / MIB),
+            Policy::Optimal { budget_bytes: b } => format!("optimal:{b}"),
         }
-        .to_string()
     }
 
     pub fn from_name(name: &str) -> Option<Policy> {
@@ -53,7 +72,35 @@ impl Policy {
             "none" => Some(Policy::None),
             "full" => Some(Policy::Full),
             "selective" => Some(Policy::Selective),
-            _ => None,
+            _ => {
+                name.strip_prefix("optimal:").and_then(parse_bytes).map(|budget_bytes| Policy::Optimal { budget_bytes })
+            }
+        }
+    }
+}
+
+/// `4GiB`, `512MiB`, `1.5GiB`, `4GB` or plain bytes.
+fn parse_bytes(s: &str) -> Option<u64> {
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => MIB,
+        "gib" => GIB,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return None,
+    };
+    match number.parse::<u64>() {
+        Ok(n) => n.checked_mul(scale),
+        Err(_) => {
+            let x: f64 = number.parse().ok()?;
+            let bytes = (x * scale as f64).round();
+            (x.is_finite() && x >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
         }
     }
 }
@@ -63,31 +110,53 @@ pub struct Recompute {
     pub policy: Policy,
 }
 
-/// The attention region `selective` recomputes, by node-name suffix.
-const ATTENTION_REGION: [&str; 6] =
-    ["attn.scores", "attn.scaled", "attn.alibi", "attn.masked", "attn.probs", "attn.probs_dropout"];
-
 impl Recompute {
-    /// The region (layer index) a forward node belongs to, if the policy recomputes it.
-    fn region(&self, graph: &Graph, n: NodeIndex) -> Option<u64> {
-        let node = graph.node(n);
-        if node.phase != Phase::Forward || node.op.is_source() {
-            return None;
-        }
-        // Working copies of weights are model state, not activations.
-        if matches!(node.op, Op::Cast { .. })
-            && graph.operands(n).iter().all(|v| matches!(graph.node(v.node).op, Op::Param { .. }))
-        {
-            return None;
-        }
-        let rest = node.name.strip_prefix("layer")?;
-        let (index, suffix) = rest.split_once('.')?;
-        let layer: u64 = index.parse().ok()?;
-        match self.policy {
-            Policy::None => None,
-            Policy::Full => Some(layer),
-            Policy::Selective => ATTENTION_REGION.contains(&suffix).then_some(layer),
-        }
+    /// Each layer's choice under the policy; records the optimal policy's decision.
+    fn choices(
+        &self,
+        graph: &Graph,
+        layers: &Layers,
+        cx: &mut PassContext,
+    ) -> Result<BTreeMap<u64, Choice>, PassError> {
+        let every = |choice| layers.indices().map(|l| (l, choice)).collect();
+        Ok(match self.policy {
+            Policy::None => BTreeMap::new(),
+            Policy::Full => every(Choice::Layer),
+            Policy::Selective => every(Choice::Attention),
+            Policy::Optimal { budget_bytes } => {
+                let bindings = crate::rewrite::hint_bindings(&cx.options.shape_hint);
+                let costs = optimal::costs(graph, layers, &bindings).ok_or_else(|| PassError::Failed {
+                    pass: "recompute",
+                    message: "a size is unknown at the shape hint: bind batch and seq".to_string(),
+                })?;
+                let decision = optimal::choose(&costs, budget_bytes);
+                record(budget_bytes, &decision, &bindings, cx);
+                decision.choices
+            }
+        })
+    }
+}
+
+/// The optimal policy's decision, in the pass's statistics (`--time-passes`)
+/// and, per layer, in its explanation (`--explain recompute`).
+fn record(budget_bytes: u64, decision: &optimal::Decision, bindings: &zeroplan_ir::Bindings, cx: &mut PassContext) {
+    cx.stat("budget bytes", budget_bytes);
+    cx.stat("stored bytes", decision.cost.bytes);
+    cx.stat("fits", if decision.fits { "yes" } else { "no: the least-memory choice" });
+    cx.stat("recompute flops", format!("{:.4e}", decision.cost.flops));
+    cx.stat("pareto points", decision.front);
+    for choice in Choice::ALL {
+        cx.stat(format!("layers {}", choice.name()), decision.choices.values().filter(|&&c| c == choice).count());
+    }
+    if cx.explains("recompute") {
+        let per_layer: Vec<String> = decision.choices.iter().map(|(l, c)| format!("layer{l} {}", c.name())).collect();
+        cx.explanations.push(format!(
+            "recompute {}: {} stored bytes at {bindings:?}, {:.4e} recompute FLOPs; {}",
+            Policy::Optimal { budget_bytes }.name(),
+            decision.cost.bytes,
+            decision.cost.flops,
+            per_layer.join(", ")
+        ));
     }
 }
 
@@ -102,19 +171,20 @@ impl Pass for Recompute {
         }
         let fail = |error| PassError::Graph { pass: "recompute", error };
         let order = graph.topo_order().expect("a verified graph is acyclic");
-        let region: HashMap<NodeIndex, u64> =
-            order.iter().filter_map(|&n| self.region(&graph, n).map(|r| (n, r))).collect();
+        let layers = Layers::of(&graph, &order);
+        let choices = self.choices(&graph, &layers, cx)?;
+        let region = layers.assign(&graph, &choices);
         let mut out = Graph::new(graph.name.clone());
         let mut map = ValueMap::new();
         // Per region, the clones' values once made.
-        let mut clones: HashMap<u64, ValueMap> = HashMap::new();
+        let mut clones: HashMap<RegionId, ValueMap> = HashMap::new();
         let mut recomputed = 0usize;
         for &n in &order {
             let node = graph.node(n);
             out.phase = node.phase;
             if node.phase == Phase::Backward {
-                let needed: Vec<u64> = {
-                    let mut r: Vec<u64> =
+                let needed: Vec<RegionId> = {
+                    let mut r: Vec<RegionId> =
                         graph.operands(n).iter().filter_map(|v| region.get(&v.node).copied()).collect();
                     r.sort_unstable();
                     r.dedup();
@@ -168,8 +238,8 @@ impl Pass for Recompute {
 fn clone_region(
     graph: &Graph,
     order: &[NodeIndex],
-    region: &HashMap<NodeIndex, u64>,
-    r: u64,
+    region: &HashMap<NodeIndex, RegionId>,
+    r: RegionId,
     map: &ValueMap,
     out: &mut Graph,
 ) -> Result<ValueMap, zeroplan_ir::GraphError> {
