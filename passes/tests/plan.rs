@@ -59,8 +59,10 @@ fn the_winner_fits_and_is_the_fastest_candidate() {
         assert!(c.min_peak_bytes <= c.peak_bytes);
         assert!(c.tokens_per_second.is_none_or(|t| t <= best), "{c:?} beats the winner");
     }
-    // The search saw every ZeRO stage, offload and policy.
-    assert_eq!(p.candidates.len(), 4 * 3 + 3 * 3 + 3);
+    // The search saw every ZeRO stage, offload and fixed policy, and an
+    // optimal one where keeping every activation did not fit.
+    let fixed = p.candidates.iter().filter(|c| !c.strategy.recompute.starts_with("optimal:")).count();
+    assert_eq!(fixed, 4 * 3 + 3 * 3 + 3);
     let runner = p.runner_up.as_ref().expect("others fit");
     assert!(
         (runner.strategy.zero_stage, runner.strategy.offload, &runner.strategy.recompute)
@@ -98,7 +100,7 @@ fn pins_are_honoured() {
         (s.zero_stage, s.offload, s.recompute.as_str(), s.micro_batch, s.micro_batches),
         (3, Offload::None, "full", 8, 4)
     );
-    assert_eq!(p.candidates.len(), 1);
+    assert_eq!(p.candidates.len(), 1, "a pinned policy is the only one tried");
     assert!(p.runner_up.is_none());
 
     // An optimal policy is searched only when pinned, and named in the plan.
@@ -237,4 +239,23 @@ fn sharding_costs_time_when_memory_is_ample() {
     assert!(p3.step_seconds > p0.step_seconds, "{} vs {}", p3.step_seconds, p0.step_seconds);
     let comm = p0.busy_seconds["comm"];
     assert!(p0.stalled_seconds < 0.5 * comm, "stalled {} of {comm} s of communication", p0.stalled_seconds);
+}
+
+/// Where keeping every activation does not fit the micro-batch that full
+/// recomputation reaches, the search sizes an `optimal` policy to the
+/// budget: it fits, and recomputes less than `full` at the same micro-batch.
+#[test]
+fn the_search_sizes_an_optimal_policy_to_the_budget() {
+    let m = model("bert-base.ron");
+    let mut req = request(&m, cluster("a100-40gb", 2, Some(3 * GIB)), 512, 32);
+    req.pins.zero_stage = Some(1);
+    req.pins.offload = Some(Offload::None);
+    let p = planned(&req);
+    let optimal =
+        p.candidates.iter().find(|c| c.strategy.recompute.starts_with("optimal:")).expect("an optimal candidate");
+    let full = p.candidates.iter().find(|c| c.strategy.recompute == "full").unwrap();
+    assert!(optimal.fits && optimal.peak_bytes <= 3 * GIB, "{optimal:?}");
+    assert_eq!(optimal.strategy.micro_batch, full.strategy.micro_batch);
+    assert!(optimal.tokens_per_second.unwrap() > full.tokens_per_second.unwrap(), "{optimal:?} vs {full:?}");
+    assert!(Policy::from_name(&optimal.strategy.recompute).is_some(), "the name reads back");
 }

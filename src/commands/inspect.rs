@@ -149,7 +149,7 @@ pub fn text(plan: &Plan) -> String {
                 candidate.strategy.recompute
             )
         };
-        t += &format!("  {strategy:<62} {:>12}  {speed}\n", gib(candidate.peak_bytes));
+        t += &format!("  {strategy:<72} {:>12}  {speed}\n", gib(candidate.peak_bytes));
     }
     t
 }

@@ -83,6 +83,24 @@ impl Step {
         Ok(Step { graph, order })
     }
 
+    /// The stored activation bytes of the whole model's step without
+    /// recomputation at `micro_batch` sequences (the step before the
+    /// `recompute` pass: the same for every ZeRO stage).
+    pub fn before_recompute(req: &Request, micro_batch: u64, micro_batches: u64) -> Result<u64, PlanError> {
+        let train = TrainingSpec { micro_batches, ..req.train.clone() };
+        let hint = bindings(micro_batch, req.seq);
+        let options = PassOptions {
+            disabled: ["recompute", "partition", "fuse"].map(String::from).into(),
+            shape_hint: hint.clone(),
+            ..PassOptions::default()
+        };
+        let graph = compile(req.model, &Target::Training(&train), options)
+            .map_err(|e| PlanError::Compile(e.to_string()))?
+            .graph;
+        crate::recompute::optimal::stored_without_recompute(&graph, &hint)
+            .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))
+    }
+
     /// Plans the memory at `micro_batch` sequences.
     pub fn memory(&self, req: &Request, micro_batch: u64) -> Result<(MemoryPlan, MemorySummary), PlanError> {
         let plan = memory::plan(&self.graph, &bindings(micro_batch, req.seq))

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, Predicted};
 
 use super::depth::Probe;
-use super::evaluate::{Choice, Evaluation};
+use super::evaluate::{Choice, Evaluation, Step};
 use super::{PlanError, Request};
 use crate::cost::Machine;
 use crate::recompute::Policy;
@@ -83,6 +83,10 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
     for &choice in choices {
         outcomes.push(search_choice(req, machine, choice, per_rank)?);
     }
+    if req.pins.recompute.is_none() {
+        let optimal = optimal_outcomes(req, machine, &outcomes, per_rank)?;
+        outcomes.extend(optimal);
+    }
     outcomes.sort_by(|a, b| match (&a.best, &b.best) {
         (Some(x), Some(y)) => y.predicted.tokens_per_second.total_cmp(&x.predicted.tokens_per_second),
         (Some(_), None) => std::cmp::Ordering::Less,
@@ -90,6 +94,63 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
         (None, None) => a.min_peak_bytes.cmp(&b.min_peak_bytes),
     });
     Ok(outcomes)
+}
+
+/// `optimal` recomputation for the choices where keeping every activation
+/// does not fit the micro-batch full recomputation reaches: its budget is
+/// the stored bytes without recomputation less what the peak overshoots,
+/// corrected by the measured overshoot until the whole plan fits (a few
+/// tries). It recomputes the least that fits, so at that micro-batch it is
+/// never slower than `full`.
+fn optimal_outcomes(
+    req: &Request,
+    machine: &Machine,
+    outcomes: &[Outcome],
+    per_rank: u64,
+) -> Result<Vec<Outcome>, PlanError> {
+    let ranks = req.cluster.world_size();
+    let budget = req.cluster.budget_bytes();
+    let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
+    let mut stored_none: HashMap<u64, u64> = HashMap::new();
+    let mut out = Vec::new();
+    for o in outcomes.iter().filter(|o| o.choice.recompute == Policy::Full) {
+        let Some(full) = &o.best else { continue };
+        let b = full.strategy.micro_batch;
+        let keep = Choice { recompute: Policy::None, ..o.choice };
+        if best_of_choice(keep).is_some_and(|e| e.strategy.micro_batch >= b) {
+            continue;
+        }
+        let micro_batches = per_rank / b;
+        let peak_none = Probe::compile(req, keep, ranks, b, micro_batches)?.memory(req, b)?.peak_bytes;
+        let stored = match stored_none.get(&b) {
+            Some(&s) => s,
+            None => {
+                let s = Step::before_recompute(req, b, micro_batches)?;
+                stored_none.insert(b, s);
+                s
+            }
+        };
+        let mut target = stored.saturating_sub(peak_none.saturating_sub(budget));
+        for _ in 0..3 {
+            // Whole MiB, so the policy's name reads `optimal:9625MiB`.
+            target = target >> 20 << 20;
+            let choice = Choice { recompute: Policy::Optimal { budget_bytes: target }, ..o.choice };
+            let step = Step::compile(req, req.model, choice, ranks, b, micro_batches)?;
+            let (_, memory) = step.memory(req, b)?;
+            if memory.peak_bytes <= budget {
+                let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;
+                let strategy = choice.strategy(ranks, b, micro_batches);
+                let min_peak_bytes = memory.peak_bytes;
+                let best = Some(Evaluation { strategy, memory, comm, predicted });
+                out.push(Outcome { choice, min_peak_bytes, best });
+                break;
+            }
+            // Tighten by the overshoot and a little more.
+            let over = memory.peak_bytes - budget;
+            target = target.saturating_sub(over + over / 8 + (1 << 20));
+        }
+    }
+    Ok(out)
 }
 
 fn search_choice(req: &Request, machine: &Machine, choice: Choice, per_rank: u64) -> Result<Outcome, PlanError> {

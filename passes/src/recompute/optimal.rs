@@ -218,6 +218,18 @@ fn pareto(mut points: Vec<Point>) -> Vec<Point> {
     thinned
 }
 
+/// Bytes the training step `graph` (before the `recompute` pass) stores
+/// for its backward when nothing is recomputed, at `bindings`: where an
+/// `optimal` budget starts from.
+pub fn stored_without_recompute(graph: &Graph, bindings: &Bindings) -> Option<u64> {
+    let order = graph.topo_order()?;
+    let layers = Layers::of(graph, &order);
+    let costs = costs(graph, &layers, bindings)?;
+    let keep =
+        |options: &[(Choice, Cost)]| options.iter().find(|(c, _)| *c == Choice::Keep).map(|(_, cost)| cost.bytes);
+    costs.layers.iter().map(|(_, options)| keep(options)).sum::<Option<u64>>().map(|layers| costs.fixed + layers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
