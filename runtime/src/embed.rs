@@ -204,7 +204,9 @@ pub fn cosine_matrix(vectors: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
     vectors
         .iter()
-        .map(|a| vectors.iter().map(|b| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(a) * norm(b))).collect())
+        .map(|a| {
+            vectors.iter().map(|b| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(a) * norm(b))).collect()
+        })
         .collect()
 }
 

@@ -32,7 +32,11 @@ fn render(texts: &[&str], r: &Embeddings) -> String {
         let _ = writeln!(out, "[{i}] [{}, …]  norm {norm:.6}  {t:?}", head.join(", "));
     }
     let _ = writeln!(out, "cosine similarity:");
-    let _ = writeln!(out, "     {}", (0..r.similarity.len()).map(|j| format!("{:>8}", format!("[{j}]"))).collect::<String>());
+    let _ = writeln!(
+        out,
+        "     {}",
+        (0..r.similarity.len()).map(|j| format!("{:>8}", format!("[{j}]"))).collect::<String>()
+    );
     for (i, row) in r.similarity.iter().enumerate() {
         let cells: String = row.iter().map(|s| format!("{s:>8.4}")).collect();
         let _ = writeln!(out, "{:>4} {cells}", format!("[{i}]"));
