@@ -20,6 +20,8 @@ pub enum Command {
     Graph(Box<GraphArgs>),
     /// Train a model for some steps and log each step.
     Train(Box<TrainArgs>),
+    /// Embed texts with a sentence-transformers model (mean-pooled, unit-norm) and print their cosine similarities.
+    Embed(EmbedArgs),
     /// List the devices plans can run on here: the host, and CUDA GPUs if a driver is found.
     Devices(DevicesArgs),
 }
@@ -72,6 +74,19 @@ pub struct CompileArgs {
     #[arg(short, long, value_name = "PLAN.ron")]
     pub output: Option<PathBuf>,
     /// Print the inspection as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct EmbedArgs {
+    /// A model directory holding config.json, model.safetensors and tokenizer.json.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// A text to embed; repeat for more.
+    #[arg(long = "text", value_name = "TEXT", required = true)]
+    pub texts: Vec<String>,
+    /// Print `{"dim", "embeddings", "similarity"}` as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         cli::Command::Inspect(args) => commands::inspect::run(args),
         cli::Command::Graph(args) => commands::graph::run(args),
         cli::Command::Train(args) => commands::train::run(args),
+        cli::Command::Embed(args) => commands::embed::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),
     };
     match result {

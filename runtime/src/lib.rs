@@ -3,10 +3,12 @@
 //! Today: discovering those devices — the host (always) and CUDA GPUs (where
 //! a driver is found) —, reading and writing weights and batches
 //! ([`checkpoint`]: Hugging Face safetensors files), and training on the
-//! reference interpreter ([`reference`]). Compiled plan execution comes with
+//! reference interpreter ([`reference`]), and sentence embeddings on it
+//! ([`embed`]). Compiled plan execution comes with
 //! the CPU-backend issue.
 
 pub mod checkpoint;
+pub mod embed;
 pub mod reference;
 
 use serde::Serialize;

@@ -2,6 +2,7 @@
 
 pub mod compile;
 pub mod devices;
+pub mod embed;
 pub mod graph;
 pub mod inspect;
 pub mod train;
