@@ -59,6 +59,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::{self, Write};
 
 mod builder;
+pub mod lower;
 pub use builder::KernelBuilder;
 
 use crate::op::GeluApproximation;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
-use super::lower::{fusible, sum_to_axes};
+use zeroplan_ir::kernel::lower::{fusible, sum_to_axes};
 
 /// Each node's consumers.
 pub(super) type Users = HashMap<NodeIndex, Vec<NodeIndex>>;

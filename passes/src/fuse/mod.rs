@@ -20,7 +20,8 @@
 //! it (by other nodes, later phases, graph outputs or updates) become the
 //! kernel's outputs, so the backward still finds the pre-activation or the
 //! residual it needs. Each group is lowered op by op to the exact `f64`
-//! expressions of the reference interpreter ([`lower`]), so the fused graph
+//! expressions of the reference interpreter ([`lower`], in `zeroplan_ir`
+//! so a runtime can lower a lone node the same way), so the fused graph
 //! computes the same values as the unfused one in `Precision::F64`.
 //!
 //! The fused node is named `ANCHOR.fused`; its kernel has the same name.
@@ -28,12 +29,12 @@
 //! kernel bodies.
 
 mod group;
-mod lower;
 mod patterns;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
+use zeroplan_ir::kernel::lower;
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
 use crate::manager::{Pass, PassContext, PassError};

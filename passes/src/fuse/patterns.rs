@@ -23,7 +23,7 @@ use super::group::Users;
 /// dropout backward of its `dx` and that dropout's bias gradient before a
 /// smaller group does; then the other forward and backward nodes, last
 /// first. The optimizer's nodes are kernels of their own
-/// ([`super::lower::optimizer_fusible`]).
+/// ([`zeroplan_ir::kernel::lower::optimizer_fusible`]).
 pub(super) fn anchors(g: &Graph, order: &[NodeIndex]) -> Vec<NodeIndex> {
     let candidates = order.iter().rev().copied().filter(|&n| g.node(n).phase != Phase::Optimizer);
     let is_ln_grad = |n: &NodeIndex| matches!(g.node(*n).op, Op::LayerNormGrad { .. });

@@ -7,6 +7,12 @@
 //! other reader of the updated tensor runs before the node that computes
 //! the new value, the new value takes the old one's buffer (AdamW writes
 //! the parameter and its moments in place, accumulators add in place).
+//! An update of the forward or backward phase takes effect before the
+//! optimizer runs, so the optimizer's readers of its target do not hold it
+//! back. Other updates are copied into their target when their phase ends,
+//! so their value lives until then; a constant update no node reads (an
+//! accumulator's zeroing) is written into its target then and takes no
+//! memory of its own.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -83,15 +89,45 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     }
     // In-place updates: the new value may take the target's buffer when no
     // reader of the target comes after the node computing the new value.
-    let mut updated_in_place: Vec<Value> = Vec::new();
+    // An update of the micro-batch phases (a gradient accumulator) takes
+    // effect before the optimizer runs, so the optimizer's readers want the
+    // new value: they do not hold the old buffer.
+    // (target, optimizer phase?) of each update made in place: a target may be
+    // updated in place once per phase group (an accumulator: added to in the
+    // backward, zeroed by the optimizer).
+    let mut updated_in_place: Vec<(Value, bool)> = Vec::new();
+    let optimizer = |n: NodeIndex| graph.node(n).phase == Phase::Optimizer;
     for (target, v) in &graph.updates {
         let old = Value { node: *target, output: 0 };
-        let readers_done = last_use.get(&old).is_none_or(|&l| l <= position[&v.node]);
+        let last_reader = graph
+            .users(*target)
+            .into_iter()
+            .filter(|&r| optimizer(v.node) || !optimizer(r))
+            // A view is read wherever its readers are (conservatively, all phases).
+            .map(|r| {
+                let view = graph.node(r).op.is_view().then(|| last_use.get(&Value { node: r, output: 0 }));
+                view.flatten().copied().unwrap_or(position[&r])
+            })
+            .max();
+        // A constant no node reads (an accumulator's zeroing) is written into
+        // its target when its phase ends, wherever the schedule put its node.
+        let constant = matches!(graph.node(v.node).op, Op::Fill { .. }) && graph.users(v.node).is_empty();
+        let readers_done = constant || last_reader.is_none_or(|l| l <= position[&v.node]);
         let same_size = graph.value_type(old).size_bytes(bindings) == graph.value_type(*v).size_bytes(bindings);
         let same_place = graph.node(old.node).place == graph.node(v.node).place;
-        if readers_done && same_size && same_place && !alias.contains_key(v) && !updated_in_place.contains(&old) {
+        if readers_done
+            && same_size
+            && same_place
+            && !alias.contains_key(v)
+            && !updated_in_place.contains(&(old, optimizer(v.node)))
+        {
             alias.insert(*v, old);
-            updated_in_place.push(old);
+            updated_in_place.push((old, optimizer(v.node)));
+        } else {
+            // Copied into the target when its phase ends: it lives until then.
+            let phase_end =
+                if optimizer(v.node) { last } else { order.iter().rposition(|&n| !optimizer(n)).unwrap_or(last) };
+            last_use.entry(*v).and_modify(|e| *e = (*e).max(phase_end)).or_insert(phase_end);
         }
     }
     let gradients = applied_gradients(graph);

@@ -9,8 +9,8 @@
 
 use std::collections::HashMap;
 
-use zeroplan_ir::kernel::{Binary, Expr, ExprId, Kernel, KernelBuilder, Unary};
-use zeroplan_ir::{Graph, NodeIndex, Op, Shape, Value};
+use super::{Binary, Expr, ExprId, Kernel, KernelBuilder, Unary};
+use crate::{Graph, NodeIndex, Op, Shape, Value};
 
 /// The kernel axes an operand of `op` (operand `i`) of type `v` runs along
 /// in a kernel over `kshape`: all of them for the kernel's shape, the
@@ -47,7 +47,7 @@ fn cross_row_value(g: &Graph, v: Value) -> bool {
 /// The kernel axes of `sum_to` node `n`'s result in a kernel over `kshape`,
 /// when it sums an operand of the kernel's shape down to a trailing suffix
 /// of it (a bias gradient `[H]`, position embeddings' `[S, H]`, or `[]`).
-pub(super) fn sum_to_axes(g: &Graph, n: NodeIndex, kshape: &Shape) -> Option<Vec<usize>> {
+pub fn sum_to_axes(g: &Graph, n: NodeIndex, kshape: &Shape) -> Option<Vec<usize>> {
     let node = g.node(n);
     let Op::SumTo { shape } = &node.op else { return None };
     let x = g.operands(n)[0];
@@ -63,7 +63,7 @@ pub(super) fn sum_to_axes(g: &Graph, n: NodeIndex, kshape: &Shape) -> Option<Vec
 
 /// Whether optimizer node `n` (`adamw`, `squared_sum`) can be a kernel of
 /// its own, over its first operand's shape (rank ≥ 1).
-pub(super) fn optimizer_fusible(g: &Graph, n: NodeIndex) -> bool {
+pub fn optimizer_fusible(g: &Graph, n: NodeIndex) -> bool {
     let node = g.node(n);
     if !matches!(node.op, Op::AdamW { .. } | Op::SquaredSum) {
         return false;
@@ -84,7 +84,7 @@ pub(super) fn optimizer_fusible(g: &Graph, n: NodeIndex) -> bool {
 }
 
 /// Whether node `n` can be part of a row kernel over `kshape`.
-pub(super) fn fusible(g: &Graph, n: NodeIndex, kshape: &Shape) -> bool {
+pub fn fusible(g: &Graph, n: NodeIndex, kshape: &Shape) -> bool {
     let node = g.node(n);
     if let Op::LayerNormGrad { .. } = node.op {
         let ops = g.operands(n);
@@ -132,7 +132,7 @@ pub(super) fn fusible(g: &Graph, n: NodeIndex, kshape: &Shape) -> bool {
 /// One kernel over `kshape` computing `nodes` (in topological order, all
 /// fusible over it) and storing `outputs`; with the graph values that feed
 /// its inputs, in order.
-pub(super) fn lower(
+pub fn lower(
     g: &Graph,
     nodes: &[NodeIndex],
     outputs: &[Value],
