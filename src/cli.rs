@@ -105,14 +105,23 @@ pub struct InspectArgs {
 
 #[derive(Args)]
 pub struct TrainArgs {
-    /// A `.ron` model spec (see models/) or a Hugging Face `config.json` (or its directory).
+    /// A `.ron` model spec (see models/), a Hugging Face `config.json` (or its directory),
+    /// or (with `--backend cpu`) a plan file from `zeroplan compile`.
     pub spec: PathBuf,
-    /// Where the step runs. `reference`: the exact interpreter on the host.
+    /// Where the step runs. `reference`: the exact interpreter; `cpu`: the compiled plan on this CPU.
     #[arg(long, value_enum, default_value_t = Backend::Reference)]
     pub backend: Backend,
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
-    /// Print one JSON object per step (`step`, `loss`, `lr`, `grad_norm`, `skipped`, `loss_scale`).
+    /// Training data (`--backend cpu`): a text file (MLM: one sequence per line, 15% of tokens
+    /// masked 80/10/10) or a GLUE-style `.tsv` (header row; sentence or sentence pair; label).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// The `tokenizer.json` for `--data` (default: beside the spec's config.json).
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// Print one JSON object per step (`step`, `loss`, `lr`, `grad_norm`, `skipped`, `loss_scale`;
+    /// with `--backend cpu` also `tokens_per_s`).
     #[arg(long)]
     pub log_json: bool,
     /// A RON training spec; the flags below override it.
@@ -167,6 +176,8 @@ pub struct TrainArgs {
 pub enum Backend {
     /// The reference interpreter: exact, slow, any machine.
     Reference,
+    /// The host runtime: the planned program, Cranelift kernels and GEMMs, on this CPU.
+    Cpu,
 }
 
 #[derive(Args)]

@@ -8,7 +8,9 @@
 //! the CPU-backend issue.
 
 pub mod checkpoint;
+pub mod data;
 pub mod embed;
+pub mod host;
 pub mod reference;
 
 use serde::Serialize;

@@ -4,7 +4,7 @@
 //! with, and it lets every plan's numerics be checked on any machine.
 
 use std::collections::BTreeMap;
-use zeroplan_ir::interp::{Feeds, InterpError, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, InterpError, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::{Graph, Op, Tensor};
 
 /// What one optimizer step reports.
@@ -119,14 +119,24 @@ impl ReferenceTrainer {
         let conformed: Vec<Feeds> = micro_batches.iter().map(|feeds| self.conform(feeds)).collect();
         let out = self.interpreter.step(&self.graph, &mut self.state, &conformed, self.steps)?;
         self.steps = step;
+        StepLog::from_outputs(step, &out)
+    }
+}
+
+impl StepLog {
+    /// The log of step `step` (1-based) from what the step's graph outputs
+    /// gave: `loss` per micro-batch, `lr`, `grad_sq` and `finite` once, and
+    /// `loss_scale` under fp16.
+    pub fn from_outputs(step: u64, out: &StepOutputs) -> Result<StepLog, TrainStepError> {
         let scalar = |map: &BTreeMap<String, Tensor>, name: &'static str| {
             map.get(name).and_then(Tensor::item).ok_or(TrainStepError::MissingOutput { step, name })
         };
+        let k = out.micro_batches.len().max(1);
         let mut loss = 0.0;
         for outputs in &out.micro_batches {
             loss += scalar(outputs, "loss")?;
         }
-        loss /= micro_batches.len() as f64;
+        loss /= k as f64;
         // The loss scale is read in the backward phase: a per-micro-batch output.
         let loss_scale = out.micro_batches.first().and_then(|m| m.get("loss_scale")).and_then(Tensor::item);
         let finite = scalar(&out.optimizer, "finite")? == 1.0;
@@ -135,7 +145,7 @@ impl ReferenceTrainer {
             step,
             loss,
             lr: scalar(&out.optimizer, "lr")?,
-            grad_norm: raw_norm / (loss_scale.unwrap_or(1.0) * self.micro_batches as f64),
+            grad_norm: raw_norm / (loss_scale.unwrap_or(1.0) * k as f64),
             loss_scale,
             skipped: !finite,
         })

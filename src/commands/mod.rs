@@ -6,3 +6,4 @@ pub mod embed;
 pub mod graph;
 pub mod inspect;
 pub mod train;
+pub mod train_host;

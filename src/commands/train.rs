@@ -11,14 +11,19 @@ use zeroplan_runtime::checkpoint;
 use zeroplan_runtime::reference::ReferenceTrainer;
 
 pub fn run(args: &TrainArgs) -> Result<(), String> {
+    if args.backend == Backend::Cpu && super::train_host::is_plan(&args.spec) {
+        return super::train_host::run_plan(args);
+    }
     let mut model = spec::load(&args.spec).map_err(|e| e.to_string())?;
     if let Some(head) = args.head {
         model.head = head;
     }
     let train = training_spec(args)?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
+    if args.backend == Backend::Cpu {
+        return super::train_host::run(args, &model, &train);
+    }
     let graph = training_graph(&model, &train).map_err(|e| context(e.to_string()))?;
-    let Backend::Reference = args.backend;
     let mut trainer =
         ReferenceTrainer::new(graph, args.seed, InterpPrecision::Native).map_err(|e| context(e.to_string()))?;
     if let Some(path) = &args.weights {
@@ -58,7 +63,7 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
 }
 
 /// The training spec file (or defaults), overridden by the flags.
-fn training_spec(args: &TrainArgs) -> Result<TrainingSpec, String> {
+pub(super) fn training_spec(args: &TrainArgs) -> Result<TrainingSpec, String> {
     let mut t = match &args.train {
         Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
         None => TrainingSpec::default(),
@@ -80,7 +85,7 @@ fn training_spec(args: &TrainArgs) -> Result<TrainingSpec, String> {
 
 /// A seeded synthetic batch: random tokens, every seventh position labelled
 /// for MLM (its original token), random class labels or targets otherwise.
-fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed: u64) -> Result<Feeds, String> {
+pub(super) fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed: u64) -> Result<Feeds, String> {
     if batch == 0 || seq == 0 || seq as u64 > model.max_position {
         return Err(format!(
             "error: a synthetic batch of {batch}×{seq} does not fit `{}` (max_position {})",

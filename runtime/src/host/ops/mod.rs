@@ -1,0 +1,7 @@
+//! Host routines for the ops that are not row kernels.
+
+pub mod broadcast;
+pub mod embedding;
+pub mod layout;
+pub mod loss;
+pub mod matmul;

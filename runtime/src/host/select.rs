@@ -1,0 +1,505 @@
+//! Instruction selection: each scheduled node of a plan's program becomes
+//! one host instruction on the buffers the plan placed.
+//!
+//! Fused kernels, and every lone node a row kernel can express (elementwise
+//! ops, LayerNorm, softmax and their gradients, AdamW, bias-gradient sums —
+//! lowered exactly as the `fuse` pass would, by
+//! [`zeroplan_ir::kernel::lower`]) run as Cranelift-compiled kernels;
+//! matmuls as GEMMs; embeddings, losses and layout ops as host routines;
+//! views as nothing at all.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use zeroplan_backend_cpu::{CompiledKernel, KernelCompiler};
+use zeroplan_ir::kernel::lower;
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Place, Shape, Value};
+
+use super::arena::Buf;
+use super::ops::broadcast::Arith;
+use super::ops::matmul::MatMulShape;
+
+/// One instruction and the buffers it reads and writes.
+pub enum Instr {
+    /// Copies the fed tensor of input `name` in.
+    Input {
+        name: String,
+        shape: Vec<usize>,
+        out: Buf,
+    },
+    Fill {
+        value: f64,
+        out: Buf,
+    },
+    Arange {
+        out: Buf,
+    },
+    /// A view whose buffer is not its operand's (another place): a copy.
+    /// Identical buffers need no instruction at all.
+    Copy {
+        from: Buf,
+        to: Buf,
+    },
+    Kernel {
+        kernel: Arc<CompiledKernel>,
+        inputs: Vec<Buf>,
+        outputs: Vec<Buf>,
+    },
+    MatMul {
+        shape: MatMulShape,
+        a: Buf,
+        b: Buf,
+        out: Buf,
+    },
+    Embedding {
+        table: Buf,
+        ids: Buf,
+        width: usize,
+        out: Buf,
+    },
+    EmbeddingGrad {
+        dy: Buf,
+        ids: Buf,
+        width: usize,
+        out: Buf,
+    },
+    CrossEntropy {
+        logits: Buf,
+        labels: Buf,
+        classes: usize,
+        ignore_index: i64,
+        out: Buf,
+    },
+    CrossEntropyGrad {
+        logits: Buf,
+        labels: Buf,
+        dloss: Buf,
+        classes: usize,
+        ignore_index: i64,
+        out: Buf,
+    },
+    Mse {
+        p: Buf,
+        t: Buf,
+        out: Buf,
+    },
+    MseGrad {
+        p: Buf,
+        t: Buf,
+        dloss: Buf,
+        out: Buf,
+    },
+    Transpose {
+        x: Buf,
+        shape: Vec<usize>,
+        perm: Vec<usize>,
+        out: Buf,
+    },
+    Slice {
+        x: Buf,
+        shape: Vec<usize>,
+        axis: usize,
+        start: usize,
+        len: usize,
+        out: Buf,
+    },
+    SliceGrad {
+        dy: Buf,
+        shape: Vec<usize>,
+        axis: usize,
+        start: usize,
+        axis_len: usize,
+        out: Buf,
+    },
+    Split {
+        x: Buf,
+        shape: Vec<usize>,
+        axis: usize,
+        sizes: Vec<usize>,
+        outs: Vec<Buf>,
+    },
+    Concat {
+        parts: Vec<Buf>,
+        shapes: Vec<Vec<usize>>,
+        axis: usize,
+        out: Buf,
+    },
+    /// Operands flattened back to back, zero padding after.
+    Flatten {
+        parts: Vec<Buf>,
+        out: Buf,
+    },
+    /// Broadcast arithmetic no row kernel takes (scalars, inner broadcasts).
+    Broadcast {
+        op: Arith,
+        a: Buf,
+        a_shape: Vec<usize>,
+        b: Buf,
+        b_shape: Vec<usize>,
+        shape: Vec<usize>,
+        out: Buf,
+    },
+    Scale {
+        x: Buf,
+        factor: f64,
+        out: Buf,
+    },
+    SumTo {
+        x: Buf,
+        x_shape: Vec<usize>,
+        shape: Vec<usize>,
+        out: Buf,
+    },
+    Cast {
+        x: Buf,
+        out: Buf,
+    },
+    LrSchedule {
+        step: Buf,
+        peak: f64,
+        warmup_steps: u64,
+        total_steps: Option<u64>,
+        out: Buf,
+    },
+    GradScale {
+        sq: Buf,
+        scale: Buf,
+        max_norm: Option<f64>,
+        micro_batches: u64,
+        multiplier: Buf,
+        finite: Buf,
+    },
+    LossScaleUpdate {
+        scale: Buf,
+        good: Buf,
+        finite: Buf,
+        interval: u64,
+        growth: f64,
+        backoff: f64,
+        outs: [Buf; 2],
+    },
+}
+
+/// A scheduled instruction.
+pub struct Step {
+    pub node: NodeIndex,
+    /// Runs once per optimizer step (else once per micro-batch).
+    pub optimizer: bool,
+    /// `None` for a view of its operand's buffer and for params and states.
+    pub instr: Option<Instr>,
+}
+
+/// Why a program cannot run on the host.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("node `{node}` ({op}): {message}")]
+    Node { node: String, op: &'static str, message: String },
+    #[error("the plan has no buffer for `{0}`: compile the plan again")]
+    NoBuffer(String),
+    #[error(
+        "the buffer of `{value}` ({offset}+{bytes} bytes) lies outside the {place} arena of {arena} bytes: \
+         the plan file is corrupt"
+    )]
+    OutOfArena { value: String, offset: u64, bytes: u64, place: &'static str, arena: u64 },
+}
+
+/// Each value's buffer, from the plan, with views placed inside what they view.
+pub fn buffers(
+    program: &Program,
+    order: &[NodeIndex],
+    bindings: &Bindings,
+) -> Result<HashMap<Value, Buf>, SelectError> {
+    let g = &program.graph;
+    let planned: HashMap<&str, &zeroplan_ir::plan::Buffer> =
+        program.buffers.iter().map(|b| (b.value.as_str(), b)).collect();
+    let mut bufs: HashMap<Value, Buf> = HashMap::new();
+    for &n in order {
+        let node = g.node(n);
+        for (i, ty) in node.outputs.iter().enumerate() {
+            let v = Value { node: n, output: i as u32 };
+            let name = g.value_ref(v);
+            let b = planned.get(name.as_str()).ok_or_else(|| SelectError::NoBuffer(name.clone()))?;
+            let len = ty
+                .shape
+                .numel()
+                .eval(bindings)
+                .ok_or_else(|| SelectError::NoBuffer(format!("{name} (its size is unbound)")))?;
+            let mut buf = Buf { place: b.place, offset: b.offset as usize, len: len as usize, dtype: ty.dtype };
+            if node.op.is_view() {
+                let of = bufs[&g.operands(n)[0]];
+                if of.place == b.place {
+                    buf.offset = of_offset(&of, &node.op, g, n, bindings);
+                }
+            }
+            let arena = match b.place {
+                Place::Device => program.arena_bytes,
+                Place::Host => program.host_arena_bytes,
+            };
+            if buf.offset as u64 + buf.bytes() as u64 > arena {
+                return Err(SelectError::OutOfArena {
+                    value: name,
+                    offset: buf.offset as u64,
+                    bytes: buf.bytes() as u64,
+                    place: if b.place == Place::Device { "device" } else { "host" },
+                    arena,
+                });
+            }
+            bufs.insert(v, buf);
+        }
+    }
+    Ok(bufs)
+}
+
+/// Where a view starts inside the buffer it views.
+fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings) -> usize {
+    match op {
+        Op::Slice { axis: 0, start, .. } => {
+            let shape = concrete(&g.value_type(g.operands(n)[0]).shape, bindings).unwrap_or_default();
+            let row: usize = shape.iter().skip(1).product();
+            of.offset + *start as usize * row * of.dtype.size_bytes() as usize
+        }
+        // Reshapes, and one rank's shard of one rank: the whole buffer.
+        _ => of.offset,
+    }
+}
+
+/// `shape` with its symbols bound.
+pub fn concrete(shape: &Shape, bindings: &Bindings) -> Option<Vec<usize>> {
+    shape.dims().iter().map(|d| d.eval(bindings).map(|v| v as usize)).collect()
+}
+
+/// Selects the instruction of every node of `order`.
+pub fn select(
+    g: &Graph,
+    order: &[NodeIndex],
+    bufs: &HashMap<Value, Buf>,
+    bindings: &Bindings,
+    compiler: &mut KernelCompiler,
+) -> Result<Vec<Step>, SelectError> {
+    let mut steps = Vec::with_capacity(order.len());
+    for &n in order {
+        let node = g.node(n);
+        let fail = |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+        let instr = instruction(g, n, bufs, bindings, compiler).map_err(fail)?;
+        steps.push(Step { node: n, optimizer: node.phase == Phase::Optimizer && node.op != Op::Input, instr });
+    }
+    Ok(steps)
+}
+
+fn instruction(
+    g: &Graph,
+    n: NodeIndex,
+    bufs: &HashMap<Value, Buf>,
+    bindings: &Bindings,
+    compiler: &mut KernelCompiler,
+) -> Result<Option<Instr>, String> {
+    let node = g.node(n);
+    let x: Vec<Buf> = g.operands(n).iter().map(|v| bufs[v]).collect();
+    let out = |i: u32| bufs[&Value { node: n, output: i }];
+    let shape = |v: Value| concrete(&g.value_type(v).shape, bindings).ok_or("a shape is unbound".to_string());
+    let operand_shape = |i: usize| shape(g.operands(n)[i]);
+    let out_shape = shape(Value { node: n, output: 0 })?;
+    let usize_of = |v: u64| usize::try_from(v).map_err(|_| format!("{v} does not fit this host"));
+    let dims_last = |i: usize| -> Result<usize, String> { Ok(*operand_shape(i)?.last().unwrap_or(&1)) };
+    Ok(Some(match &node.op {
+        Op::Param { .. } | Op::State { .. } => return Ok(None),
+        op if op.is_view() => {
+            // The viewed elements; a view on another place has a buffer of its own.
+            let to = out(0);
+            let from = Buf { offset: of_offset(&x[0], op, g, n, bindings), ..to };
+            let from = Buf { place: x[0].place, ..from };
+            return Ok((from != to).then_some(Instr::Copy { from, to }));
+        }
+        // Written into the target it updates when its phase ends (see `constant_update`).
+        Op::Fill { .. } if constant_update(g, n).is_some() => return Ok(None),
+        Op::Input => Instr::Input { name: node.name.clone(), shape: out_shape, out: out(0) },
+        Op::Fill { value } => Instr::Fill { value: *value, out: out(0) },
+        Op::Arange => Instr::Arange { out: out(0) },
+        Op::Copy | Op::AllReduce { ranks: 1 } | Op::ReduceScatter { ranks: 1 } | Op::AllGather { ranks: 1 } => {
+            Instr::Copy { from: x[0], to: out(0) }
+        }
+        op if op.is_collective() => {
+            return Err("collectives over several ranks need the multi-rank runtime (issue 7)".into());
+        }
+        Op::Fused { kernel } => {
+            let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
+            let compiled = compiler.compile(kernel, &dims).map_err(|e| e.to_string())?;
+            let outputs = (0..node.outputs.len() as u32).map(out).collect();
+            Instr::Kernel { kernel: compiled, inputs: x, outputs }
+        }
+        Op::MatMul { transpose_a, transpose_b } => {
+            let (a, b) = (operand_shape(0)?, operand_shape(1)?);
+            let shape = MatMulShape::new(&a, &b, *transpose_a, *transpose_b)
+                .ok_or_else(|| format!("{a:?} and {b:?} do not multiply"))?;
+            Instr::MatMul { shape, a: x[0], b: x[1], out: out(0) }
+        }
+        Op::Embedding => Instr::Embedding { table: x[0], ids: x[1], width: dims_last(0)?, out: out(0) },
+        Op::EmbeddingGrad { .. } => Instr::EmbeddingGrad { dy: x[0], ids: x[1], width: dims_last(0)?, out: out(0) },
+        Op::CrossEntropy { ignore_index } => Instr::CrossEntropy {
+            logits: x[0],
+            labels: x[1],
+            classes: dims_last(0)?,
+            ignore_index: *ignore_index,
+            out: out(0),
+        },
+        Op::CrossEntropyGrad { ignore_index } => Instr::CrossEntropyGrad {
+            logits: x[0],
+            labels: x[1],
+            dloss: x[2],
+            classes: dims_last(0)?,
+            ignore_index: *ignore_index,
+            out: out(0),
+        },
+        Op::Mse => Instr::Mse { p: x[0], t: x[1], out: out(0) },
+        Op::MseGrad => Instr::MseGrad { p: x[0], t: x[1], dloss: x[2], out: out(0) },
+        Op::Transpose { perm } => {
+            Instr::Transpose { x: x[0], shape: operand_shape(0)?, perm: perm.clone(), out: out(0) }
+        }
+        Op::Slice { axis, start, len } => Instr::Slice {
+            x: x[0],
+            shape: operand_shape(0)?,
+            axis: *axis,
+            start: usize_of(*start)?,
+            len: usize_of(*len)?,
+            out: out(0),
+        },
+        Op::SliceGrad { axis, start, .. } => Instr::SliceGrad {
+            dy: x[0],
+            shape: operand_shape(0)?,
+            axis: *axis,
+            start: usize_of(*start)?,
+            axis_len: out_shape[*axis],
+            out: out(0),
+        },
+        Op::Split { axis, sizes } => Instr::Split {
+            x: x[0],
+            shape: operand_shape(0)?,
+            axis: *axis,
+            sizes: sizes.iter().map(|&s| usize_of(s)).collect::<Result<_, _>>()?,
+            outs: (0..node.outputs.len() as u32).map(out).collect(),
+        },
+        Op::Concat { axis } => Instr::Concat {
+            parts: x.clone(),
+            shapes: (0..x.len()).map(operand_shape).collect::<Result<_, _>>()?,
+            axis: *axis,
+            out: out(0),
+        },
+        Op::Flatten { .. } => Instr::Flatten { parts: x, out: out(0) },
+        Op::Cast { .. } => Instr::Cast { x: x[0], out: out(0) },
+        Op::LrSchedule { peak, warmup_steps, total_steps } => Instr::LrSchedule {
+            step: x[0],
+            peak: *peak,
+            warmup_steps: *warmup_steps,
+            total_steps: *total_steps,
+            out: out(0),
+        },
+        Op::GradScale { max_norm, micro_batches } => Instr::GradScale {
+            sq: x[0],
+            scale: x[1],
+            max_norm: *max_norm,
+            micro_batches: *micro_batches,
+            multiplier: out(0),
+            finite: out(1),
+        },
+        Op::LossScaleUpdate { growth_interval, growth, backoff } => Instr::LossScaleUpdate {
+            scale: x[0],
+            good: x[1],
+            finite: x[2],
+            interval: *growth_interval,
+            growth: *growth,
+            backoff: *backoff,
+            outs: [out(0), out(1)],
+        },
+        _ => lone_kernel(g, n, bufs, bindings, compiler)?,
+    }))
+}
+
+/// A node a row kernel can express, as a kernel of its own.
+fn lone_kernel(
+    g: &Graph,
+    n: NodeIndex,
+    bufs: &HashMap<Value, Buf>,
+    bindings: &Bindings,
+    compiler: &mut KernelCompiler,
+) -> Result<Instr, String> {
+    let node = g.node(n);
+    let kshape = match &node.op {
+        Op::AdamW { .. } | Op::SquaredSum if lower::optimizer_fusible(g, n) => {
+            g.value_type(g.operands(n)[0]).shape.clone()
+        }
+        Op::SumTo { .. } => g.value_type(g.operands(n)[0]).shape.clone(),
+        _ => node.outputs[0].shape.clone(),
+    };
+    let ok = match node.op {
+        Op::AdamW { .. } | Op::SquaredSum => lower::optimizer_fusible(g, n),
+        Op::SumTo { .. } => lower::sum_to_axes(g, n, &kshape).is_some(),
+        _ => lower::fusible(g, n, &kshape),
+    };
+    if !ok {
+        return broadcast_routine(g, n, bufs, bindings);
+    }
+    let outputs: Vec<Value> = (0..node.outputs.len() as u32).map(|i| Value { node: n, output: i }).collect();
+    let (kernel, operands) = lower::lower(g, &[n], &outputs, &node.name, &kshape)?;
+    let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
+    let compiled = compiler.compile(&kernel, &dims).map_err(|e| e.to_string())?;
+    Ok(Instr::Kernel {
+        kernel: compiled,
+        inputs: operands.iter().map(|v| bufs[v]).collect(),
+        outputs: outputs.iter().map(|v| bufs[v]).collect(),
+    })
+}
+
+/// The host routine of an elementwise node no row kernel fits.
+fn broadcast_routine(
+    g: &Graph,
+    n: NodeIndex,
+    bufs: &HashMap<Value, Buf>,
+    bindings: &Bindings,
+) -> Result<Instr, String> {
+    let node = g.node(n);
+    let ops = g.operands(n);
+    let shape = |v: Value| concrete(&g.value_type(v).shape, bindings).ok_or("a shape is unbound".to_string());
+    let out = Value { node: n, output: 0 };
+    let float =
+        node.outputs.iter().all(|t| t.dtype.is_float()) && ops.iter().all(|v| g.value_type(*v).dtype.is_float());
+    if !float {
+        return Err("integer arithmetic has no host routine".into());
+    }
+    let arith = |op: Arith| -> Result<Instr, String> {
+        Ok(Instr::Broadcast {
+            op,
+            a: bufs[&ops[0]],
+            a_shape: shape(ops[0])?,
+            b: bufs[&ops[1]],
+            b_shape: shape(ops[1])?,
+            shape: shape(out)?,
+            out: bufs[&out],
+        })
+    };
+    match &node.op {
+        Op::Add => arith(Arith::Add),
+        Op::Sub => arith(Arith::Sub),
+        Op::Mul => arith(Arith::Mul),
+        Op::Scale { factor } => Ok(Instr::Scale { x: bufs[&ops[0]], factor: *factor, out: bufs[&out] }),
+        Op::SumTo { .. } => {
+            Ok(Instr::SumTo { x: bufs[&ops[0]], x_shape: shape(ops[0])?, shape: shape(out)?, out: bufs[&out] })
+        }
+        _ => Err("no host routine, and no row kernel fits its operands".into()),
+    }
+}
+
+/// The value of a `fill` node that no node reads and that updates a state:
+/// the memory plan gives it its target's buffer, and it is written there
+/// when its phase ends (an accumulator's zeroing).
+pub fn constant_update(g: &Graph, n: NodeIndex) -> Option<f64> {
+    match g.node(n).op {
+        Op::Fill { value } if g.users(n).is_empty() && g.updates.iter().any(|(_, v)| v.node == n) => Some(value),
+        _ => None,
+    }
+}
+
+/// The element size of `dtype`, in bytes.
+pub fn elem(dtype: DType) -> usize {
+    dtype.size_bytes() as usize
+}

@@ -1,0 +1,204 @@
+//! `zeroplan train SPEC|PLAN --backend cpu`: the planned program run by the
+//! host runtime (Cranelift kernels, GEMMs, the plan's arena), on a
+//! synthetic batch, a batch file, or `--data` (MLM text or a GLUE TSV).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::cli::TrainArgs;
+use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::plan::{Plan, Program};
+use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
+use zeroplan_ir::{Bindings, Graph, Op};
+use zeroplan_passes::manager::PassOptions;
+use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::checkpoint;
+use zeroplan_runtime::data::{Dataset, Tokenizer, glue, mlm};
+use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::reference::StepLog;
+
+/// Whether `path` is a plan file (as `zeroplan compile -o` writes them).
+pub fn is_plan(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.contains("program:") && t.contains("buffers:"))
+}
+
+/// Where batches come from.
+enum Batches {
+    Fixed(Feeds),
+    Data(Dataset),
+}
+
+impl Batches {
+    fn next(&mut self, batch: usize) -> Feeds {
+        match self {
+            Batches::Fixed(f) => f.clone(),
+            Batches::Data(d) => d.next_batch(batch),
+        }
+    }
+}
+
+/// Trains `model` under `train`: its program planned for this host at
+/// `--batch-size` × `--seq-len` (or the batch file's shape).
+pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<(), String> {
+    let context = |e: String| format!("{}: error: {e}", args.spec.display());
+    let fixed = match &args.batch {
+        Some(path) => Some(checkpoint::load_batch(path).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let (batch, seq) = match fixed.as_ref().and_then(|f| f.get("input_ids")) {
+        Some(ids) if ids.shape().len() == 2 => (ids.shape()[0], ids.shape()[1]),
+        Some(ids) => return Err(format!("error: `input_ids` must be [batch, seq], got {:?}", ids.shape())),
+        None => (args.batch_size, args.seq_len),
+    };
+    let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
+    let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
+    let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
+    let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
+    let mut host = HostProgram::load(program, args.seed).map_err(|e| context(e.to_string()))?;
+    if let Some(path) = &args.weights {
+        let mut weights = host.weights();
+        let report =
+            checkpoint::load_weights(path, model, &host.program().graph, &mut weights).map_err(|e| e.to_string())?;
+        if !report.initialised.is_empty() {
+            eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
+        }
+        host.set_state(&weights).map_err(|e| context(e.to_string()))?;
+    }
+    let batches = match (fixed, &args.data) {
+        (Some(f), _) => Batches::Fixed(f),
+        (None, Some(data)) => {
+            let tokenizer = tokenizer_path(args)?;
+            Batches::Data(dataset(data, &tokenizer, &model.head, model.vocab_size, seq, args.seed)?)
+        }
+        (None, None) => Batches::Fixed(super::train::synthetic_batch(model, batch, seq, args.seed)?),
+    };
+    train_loop(args, &mut host, batches, batch, seq)?;
+    if let Some(path) = &args.save {
+        checkpoint::save_weights(path, model, &host.program().graph, &host.weights()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Trains the program of a plan file, with its batch and sequence length.
+pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
+    let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    let context = |e: String| format!("{}: error: {e}", args.spec.display());
+    let plan = Plan::from_ron(&text).map_err(|e| context(e.to_string()))?;
+    if args.weights.is_some() || args.save.is_some() {
+        return Err(context(
+            "--weights and --save name tensors by the model spec's layout: train the spec itself \
+             (`zeroplan train SPEC --backend cpu`)"
+                .into(),
+        ));
+    }
+    let Program { batch, seq, .. } = plan.program;
+    let (head, vocab) = head_of(&plan.program.graph).ok_or_else(|| context("the plan has no training head".into()))?;
+    let batches = match (&args.batch, &args.data) {
+        (Some(path), _) => Batches::Fixed(checkpoint::load_batch(path).map_err(|e| e.to_string())?),
+        (None, Some(data)) => {
+            Batches::Data(dataset(data, &tokenizer_path(args)?, &head, vocab, seq as usize, args.seed)?)
+        }
+        (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
+    };
+    let mut host = HostProgram::load(plan.program, args.seed).map_err(|e| context(e.to_string()))?;
+    train_loop(args, &mut host, batches, batch as usize, seq as usize)
+}
+
+/// The head a training graph ends in, and its vocabulary size.
+fn head_of(g: &Graph) -> Option<(Head, u64)> {
+    let vocab = g.petgraph().node_weights().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0]
+        .as_constant()?;
+    let labels = g.petgraph().node_weights().find(|n| n.name == "labels" && n.op == Op::Input)?;
+    let head = match (labels.outputs[0].shape.rank(), labels.outputs[0].dtype.is_float()) {
+        (2, _) => Head::Mlm,
+        (_, true) => Head::Classification { num_labels: 1 },
+        _ => {
+            let logits = g.outputs.iter().find(|(n, _)| n == "logits")?.1;
+            Head::Classification { num_labels: g.value_type(logits).shape.dims().last()?.as_constant()? }
+        }
+    };
+    Some((head, vocab))
+}
+
+fn tokenizer_path(args: &TrainArgs) -> Result<PathBuf, String> {
+    if let Some(t) = &args.tokenizer {
+        return Ok(t.clone());
+    }
+    let dir =
+        if args.spec.is_dir() { args.spec.clone() } else { args.spec.parent().unwrap_or(Path::new(".")).to_path_buf() };
+    let beside = dir.join("tokenizer.json");
+    if beside.is_file() {
+        Ok(beside)
+    } else {
+        Err(format!("error: --data needs a tokenizer: pass --tokenizer tokenizer.json (none at {})", beside.display()))
+    }
+}
+
+fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, seed: u64) -> Result<Dataset, String> {
+    let tokenizer = Tokenizer::load(tokenizer, vocab).map_err(|e| format!("error: {e}"))?;
+    let tsv = data.extension().is_some_and(|e| e == "tsv");
+    let (examples, mlm) = match (head, tsv) {
+        (Head::Mlm, false) => (mlm::load(data, &tokenizer, seq), true),
+        (Head::Classification { num_labels }, true) => (glue::load(data, &tokenizer, seq, *num_labels), false),
+        (Head::Mlm, true) => {
+            return Err(format!(
+                "error: {}: a .tsv is fine-tuning data, but the model's head is mlm: pass --head classification:N",
+                data.display()
+            ));
+        }
+        (Head::Classification { .. }, false) => {
+            return Err(format!(
+                "error: {}: text is MLM data, but the model's head classifies: give a GLUE-style .tsv or --head mlm",
+                data.display()
+            ));
+        }
+        (Head::Pooler, _) => return Err("error: a pooler head has no loss to train: pass --head".into()),
+    };
+    Ok(Dataset::new(examples.map_err(|e| format!("error: {e}"))?, seq, &tokenizer, mlm, seed))
+}
+
+/// Steps with a progress bar (loss, tokens/s), or JSON lines with `--log-json`.
+fn train_loop(
+    args: &TrainArgs,
+    host: &mut HostProgram,
+    mut batches: Batches,
+    batch: usize,
+    seq: usize,
+) -> Result<(), String> {
+    let k = host.micro_batches() as usize;
+    let bar = (!args.log_json).then(|| {
+        let bar = indicatif::ProgressBar::new(args.steps);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]")
+                .expect("a valid template"),
+        );
+        bar
+    });
+    for _ in 0..args.steps {
+        let feeds: Vec<Feeds> = (0..k).map(|_| batches.next(batch)).collect();
+        let started = Instant::now();
+        let out = host.step(&feeds).map_err(|e| format!("error: {e}"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let log = StepLog::from_outputs(host.steps_done(), &out.outputs).map_err(|e| format!("error: {e}"))?;
+        let tokens_per_s = (batch * seq * k) as f64 / seconds;
+        match &bar {
+            None => {
+                let mut line = serde_json::to_value(&log).expect("serialisable");
+                line["tokens_per_s"] = tokens_per_s.into();
+                println!("{line}");
+            }
+            Some(bar) => {
+                bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", log.loss, log.lr, tokens_per_s));
+                bar.inc(1);
+            }
+        }
+        if !log.loss.is_finite() {
+            return Err(format!("error: step {}: the loss is {}; stopping", log.step, log.loss));
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    Ok(())
+}
