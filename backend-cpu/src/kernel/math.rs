@@ -15,8 +15,10 @@
 //! - `tanh`: the odd Taylor series to `x⁹` for `|x| < 0.25` (error below
 //!   half an ulp), else `1 − 2/(e^{2|x|} + 1)` with the sign of `x`.
 //!   Relative error ≤ 1e-6, absolute ≤ 2e-7.
-//! - `erf`: Eigen's rational approximation `x·P(x²)/Q(x²)` on `[−4, 4]`
-//!   (clamped outside, where `|erf| = 1` in `f32`). Absolute error ≤ 5e-7.
+//! - `erf`: Eigen's rational approximation `x·P(x²)/Q(x²)` for `|x| < 0.5`,
+//!   else `±(1 − erfc|x|)` with Numerical Recipes' `erfcc`
+//!   (`t·exp(−z² + P(t))`, fractional error < 1.2e-7). GELU's `Φ(x)` uses
+//!   `½·erfc(−x/√2)` for `x < 0`, so `x·Φ(x)` stays accurate in the tail.
 //!
 //! GELU, SiLU and their derivatives are composed from these with the
 //! interpreter's formulas (`zeroplan_ir::interp::elementwise`).
@@ -52,6 +54,21 @@ const ERF_P: [f32; 7] = [
     -1.609_603_3e-2,
 ];
 const ERF_Q: [f32; 5] = [-1.456_607_2e-5, -2.133_740_6e-4, -1.682_827e-3, -7.373_329e-3, -1.426_473_9e-2];
+/// Below this `|x|`, `erf` uses the rational function.
+const ERF_SMALL: f32 = 0.5;
+/// Numerical Recipes' `erfcc` exponent polynomial in `t`, highest degree first.
+const ERFC_P: [f32; 10] = [
+    0.170_872_77,
+    -0.822_152_23,
+    1.488_515_87,
+    -1.135_203_98,
+    0.278_868_07,
+    -0.186_288_06,
+    0.096_784_18,
+    0.374_091_96,
+    1.000_023_68,
+    -1.265_512_23,
+];
 
 /// `tanh`'s Taylor coefficients of `x³, x⁵, x⁷, x⁹`.
 const TANH_TAYLOR: [f32; 4] = [-1.0 / 3.0, 2.0 / 15.0, -17.0 / 315.0, 62.0 / 2835.0];
@@ -173,54 +190,90 @@ pub(crate) fn tanh(b: &mut FunctionBuilder, x: Value) -> Value {
     select(f.b, is_small, small, big)
 }
 
-/// `erf x` lane-wise.
+/// `erf x` lane-wise: Eigen's rational function for `|x| < 0.5`, where it
+/// keeps relative accuracy, else `±(1 − erfc |x|)`.
 pub(crate) fn erf(b: &mut FunctionBuilder, x: Value) -> Value {
     let mut f = F { b };
-    let (lo, hi) = (f.c(-4.0), f.c(4.0));
-    let xc = f.b.ins().fmax(x, lo);
-    let xc = f.b.ins().fmin(xc, hi);
-    let x2 = f.mul(xc, xc);
+    let x2 = f.mul(x, x);
     let p = f.poly(x2, &ERF_P);
-    let p = f.mul(p, xc);
+    let p = f.mul(p, x);
     let q = f.poly(x2, &ERF_Q);
-    f.div(p, q)
+    let small = f.div(p, q);
+    let ax = f.b.ins().fabs(x);
+    let c = erfc(f.b, ax);
+    let mut f = F { b };
+    let big = f.csub(1.0, c);
+    // `big ≥ 0`: OR in x's sign bit.
+    let minus_zero = f.c(-0.0);
+    let sign = f.b.ins().band(x, minus_zero);
+    let big = f.b.ins().bor(big, sign);
+    let half = f.c(ERF_SMALL);
+    let is_small = simd::fcmp(f.b, FloatCC::LessThan, ax, half);
+    select(f.b, is_small, small, big)
 }
 
-/// `σ(x) = 1/(1 + e^{−x})`: `e^{−x}` overflows to `+∞` for very negative
-/// `x`, giving `0`, as it should.
-fn sigmoid(b: &mut FunctionBuilder, x: Value) -> Value {
+/// `erfc z` for `z ≥ 0` (or NaN), with small *relative* error in the tail
+/// (Numerical Recipes' `erfcc`, a Chebyshev fit with fractional error below
+/// 1.2e-7): `t·exp(−z² + P(t))`, `t = 1/(1 + z/2)`. `+∞ → 0`.
+fn erfc(b: &mut FunctionBuilder, z: Value) -> Value {
+    let mut f = F { b };
+    let h = f.mulc(z, 0.5);
+    let d = f.addc(h, 1.0);
+    let one = f.c(1.0);
+    let t = f.div(one, d);
+    let p = f.poly(t, &ERFC_P);
+    let z2 = f.mul(z, z);
+    let a = f.sub(p, z2);
+    let e = exp(f.b, a);
+    f.b.ins().fmul(t, e)
+}
+
+/// `(σ(x), e^{−x})` with `σ(x) = 1/(1 + e^{−x})`: `e^{−x}` overflows to
+/// `+∞` for very negative `x`, giving `σ = 0`, as it should.
+fn sigmoid(b: &mut FunctionBuilder, x: Value) -> (Value, Value) {
     let nx = b.ins().fneg(x);
     let e = exp(b, nx);
     let mut f = F { b };
     let d = f.addc(e, 1.0);
     let one = f.c(1.0);
-    f.div(one, d)
+    (f.div(one, d), e)
 }
 
 /// `x·σ(x)`.
 pub(crate) fn silu(b: &mut FunctionBuilder, x: Value) -> Value {
-    let s = sigmoid(b, x);
+    let (s, _) = sigmoid(b, x);
     b.ins().fmul(x, s)
 }
 
-/// `σ(x)·(1 + x·(1 − σ(x)))`.
+/// `σ(x)·(1 + x·(1 − σ(x)))`, with `1 − σ(x) = e^{−x}·σ(x)` for `x > 0`,
+/// where `1 − σ` would cancel (and `x` multiplies the error).
 pub(crate) fn silu_deriv(b: &mut FunctionBuilder, x: Value) -> Value {
-    let s = sigmoid(b, x);
+    let (s, e) = sigmoid(b, x);
     let mut f = F { b };
-    let t = f.csub(1.0, s);
+    let direct = f.csub(1.0, s);
+    let tail = f.mul(e, s);
+    let zero = f.c(0.0);
+    let positive = simd::fcmp(f.b, FloatCC::GreaterThan, x, zero);
+    let t = select(f.b, positive, tail, direct);
+    let mut f = F { b };
     let t = f.mul(x, t);
     let t = f.addc(t, 1.0);
     f.mul(s, t)
 }
 
-/// `Φ(x) = 0.5·(1 + erf(x/√2))`.
+/// `Φ(x) = 0.5·(1 + erf(x/√2))`, as `½·erfc(|x|/√2)` for `x < 0` so the
+/// tail keeps its relative accuracy (GELU multiplies it by `x`).
 fn normal_cdf(b: &mut FunctionBuilder, x: Value) -> Value {
+    let ax = b.ins().fabs(x);
     let mut f = F { b };
-    let u = f.mulc(x, FRAC_1_SQRT_2 as f32);
-    let e = erf(f.b, u);
+    let z = f.mulc(ax, FRAC_1_SQRT_2 as f32);
+    let c = erfc(f.b, z);
     let mut f = F { b };
-    let t = f.addc(e, 1.0);
-    f.mulc(t, 0.5)
+    let tail = f.mulc(c, 0.5);
+    let upper = f.csub(1.0, tail);
+    let zero = f.c(0.0);
+    let negative = simd::fcmp(f.b, FloatCC::LessThan, x, zero);
+    select(f.b, negative, tail, upper)
 }
 
 /// `t = tanh(√(2/π)·(x + 0.044715·x³))`.

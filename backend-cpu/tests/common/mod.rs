@@ -75,8 +75,9 @@ impl Rng {
 /// Random operands for `kernel` at `dims`, exactly representable in each
 /// input's dtype. Integer inputs (the attention mask) are 0/1 with about a
 /// third zeros, and the whole last batch entry masked, so −∞ scores and
-/// fully masked rows are exercised. Inputs that look like AdamW's second
-/// moment (`.v`, `exp_avg_sq`) are positive, so its square root is real.
+/// fully masked rows are exercised. AdamW's second moment (`…adam_v`) is
+/// positive and its step count (`…step…`) a whole number in `[1, 20]`, so
+/// its square roots are real.
 pub fn random_inputs(kernel: &Kernel, dims: &[usize], seed: u64) -> Vec<Tensor> {
     let mut rng = Rng::new(seed);
     kernel
@@ -86,9 +87,13 @@ pub fn random_inputs(kernel: &Kernel, dims: &[usize], seed: u64) -> Vec<Tensor> 
             let shape: Vec<usize> = arg.axes.iter().map(|&a| dims[a]).collect();
             let n: usize = shape.iter().product();
             if arg.ty.dtype.is_float() {
-                let positive = arg.name.ends_with(".v") || arg.name.contains("exp_avg_sq") || arg.name.contains("adam_v");
-                let (lo, hi) = if positive { (0.0, 2.0) } else { (-2.0, 2.0) };
-                let mut t = Tensor::float(shape, arg.ty.dtype, (0..n).map(|_| rng.uniform(lo, hi)).collect()).unwrap();
+                let values = if arg.name.contains("step") {
+                    (0..n).map(|_| (1 + rng.next() % 20) as f64).collect()
+                } else {
+                    let lo = if arg.name.ends_with("adam_v") { 0.0 } else { -2.0 };
+                    (0..n).map(|_| rng.uniform(lo, 2.0)).collect()
+                };
+                let mut t = Tensor::float(shape, arg.ty.dtype, values).unwrap();
                 t.round_to_dtype();
                 t
             } else {
