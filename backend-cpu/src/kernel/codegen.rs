@@ -37,7 +37,7 @@ use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I32, I32X4, I64};
-use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, Value};
+use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
@@ -56,7 +56,7 @@ pub(crate) type Entry = unsafe extern "C" fn(*const *const u8, *const *mut u8, *
 /// Compiles `kernel` laid out as `layout` into a fresh JIT module; the
 /// module owns the code `Entry` points into.
 pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, Entry), String> {
-    let isa = crate::host_isa().map_err(|e| e.to_string())?;
+    let isa = kernel_isa()?;
     let call_conv = isa.default_call_conv();
     let mut jit = JITBuilder::with_isa(isa, default_libcall_names());
     for h in Helper::all() {
@@ -97,6 +97,8 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
             out_base: Vec::new(),
             uniform: HashMap::new(),
             key: None,
+            sweep: 0,
+            kept: HashMap::new(),
         };
         cg.function(&mut b);
         b.seal_all_blocks();
@@ -105,7 +107,13 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
     let id = module
         .declare_function(&format!("zeroplan_kernel_{}", sanitise(&kernel.name)), Linkage::Local, &ctx.func.signature)
         .map_err(|e| e.to_string())?;
+    // `ZEROPLAN_DUMP_ASM=1` prints each kernel's machine code (for tuning).
+    let dump = std::env::var_os("ZEROPLAN_DUMP_ASM").is_some();
+    ctx.set_disasm(dump);
     module.define_function(id, &mut ctx).map_err(|e| format!("{e:?}"))?;
+    if let Some(code) = ctx.compiled_code().filter(|_| dump) {
+        eprintln!("; kernel {}\n{}", kernel.name, code.vcode.as_deref().unwrap_or("(no disassembly)"));
+    }
     module.clear_context(&mut ctx);
     module.finalize_definitions().map_err(|e| e.to_string())?;
     let code = module.get_finalized_function(id);
@@ -113,6 +121,20 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
     // host's default (C) calling convention.
     let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
     Ok((module, entry))
+}
+
+/// The host ISA with Cranelift's mid-end optimiser off. The generator
+/// already places every value at its loop level (uniform values at entry,
+/// per-row values before the column loops) and shares common
+/// subexpressions; at `opt_level=speed` the e-graph pass re-places pure
+/// values at their uses, *inside* the column loops (row pointers, reduction
+/// totals, constants), which measured slower.
+fn kernel_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, String> {
+    use cranelift_codegen::settings::{self, Configurable};
+    let mut flags = settings::builder();
+    flags.set("opt_level", "none").map_err(|e| e.to_string())?;
+    let isa = cranelift_native::builder().map_err(|e| e.to_string())?;
+    isa.finish(settings::Flags::new(flags)).map_err(|e| e.to_string())
 }
 
 /// A symbol-safe form of a kernel name.
@@ -152,7 +174,16 @@ struct Gen<'a> {
     /// Uniform expressions, splat to `f32x4`.
     uniform: HashMap<ExprId, Value>,
     key: Option<PhiloxKey>,
+    /// The sweep being generated (`layout.reduction_sweeps` is the store sweep).
+    sweep: usize,
+    /// Expensive element values kept for later sweeps: the sweep that
+    /// computes them and the row-sized stack buffer they are kept in.
+    kept: HashMap<ExprId, (usize, StackSlot)>,
 }
+
+/// The most stack a kernel's kept values may take (rayon's worker threads
+/// have 2 MiB stacks).
+const KEPT_BYTES: usize = 64 << 10;
 
 /// What is fixed for one row.
 struct Row {
@@ -237,6 +268,7 @@ impl Gen<'_> {
             self.key = Some(PhiloxKey { k0, k1, offset });
         }
         self.uniforms(b);
+        self.plan_kept(b);
         for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
         b.ins().return_(&[]);
     }
@@ -363,6 +395,7 @@ impl Gen<'_> {
         let mut r = Row { inputs, outputs, values: self.uniform.clone(), first_element, alibi };
 
         for sweep in 0..layout.reduction_sweeps {
+            self.sweep = sweep;
             let reductions: Vec<(ExprId, ExprId, Reduce)> = self
                 .kernel
                 .body
@@ -423,6 +456,7 @@ impl Gen<'_> {
                 r.values.insert(id, total);
             }
         }
+        self.sweep = layout.reduction_sweeps;
         self.store_sweep(b, &mut r);
     }
 
@@ -573,6 +607,15 @@ impl Gen<'_> {
         if let Some(&v) = r.values.get(&id).or_else(|| memo.get(&id)) {
             return v;
         }
+        let kept = self.kept.get(&id).copied();
+        if let Some((first, slot)) = kept
+            && self.sweep > first
+        {
+            let at = self.kept_address(b, slot, cols);
+            let v = storage::load(b, zeroplan_ir::DType::F32, at, cols.lanes);
+            memo.insert(id, v);
+            return v;
+        }
         let v = match self.kernel.body[id as usize] {
             Expr::Load(k) => {
                 let arg = &self.layout.inputs[k as usize];
@@ -601,8 +644,88 @@ impl Gen<'_> {
                 self.op(b, e, &args)
             }
         };
+        if let Some((first, slot)) = kept
+            && self.sweep == first
+        {
+            let at = self.kept_address(b, slot, cols);
+            storage::store(b, zeroplan_ir::DType::F32, v, at, cols.lanes);
+        }
         memo.insert(id, v);
         v
+    }
+
+    fn kept_address(&self, b: &mut FunctionBuilder, slot: StackSlot, cols: Cols) -> Value {
+        let ptr = b.func.dfg.value_type(self.in_base.first().copied().unwrap_or(cols.col));
+        let base = b.ins().stack_addr(ptr, slot, 0);
+        offset(b, base, cols.col, 4)
+    }
+
+    /// Chooses the element values worth keeping in a row buffer: those that
+    /// cost a transcendental function or a Philox draw and that more than one
+    /// sweep reads (a softmax's `exp(x − max)` is summed in one sweep and
+    /// divided in the next). Later candidates (bigger expressions) first, so
+    /// a kept value hides the values inside it.
+    fn plan_kept(&mut self, b: &mut FunctionBuilder) {
+        let (body, layout) = (&self.kernel.body, self.layout);
+        let mut expensive = vec![false; body.len()];
+        for (i, e) in body.iter().enumerate() {
+            let own = match *e {
+                Expr::Keep { .. } | Expr::Binary(Binary::Pow, ..) => true,
+                Expr::Unary(u, _) => !matches!(u, Unary::Neg | Unary::Sqrt | Unary::Rsqrt | Unary::Recip | Unary::Relu),
+                _ => false,
+            };
+            expensive[i] = layout.class[i] == Class::Element
+                && (own || e.operands().iter().any(|&o| expensive[o as usize] && layout.class[o as usize] == Class::Element));
+        }
+        let sweep_roots: Vec<Vec<ExprId>> = (0..=layout.reduction_sweeps)
+            .map(|s| {
+                if s == layout.reduction_sweeps {
+                    self.kernel.stores.clone()
+                } else {
+                    body.iter()
+                        .enumerate()
+                        .filter(|&(i, _)| layout.level[i] == s + 1)
+                        .filter_map(|(_, e)| match *e {
+                            Expr::ReduceSum(a) | Expr::ReduceMax(a) => Some(a),
+                            _ => None,
+                        })
+                        .collect()
+                }
+            })
+            .collect();
+        let mut chosen: HashMap<ExprId, usize> = HashMap::new();
+        let budget = KEPT_BYTES / (4 * layout.width.max(1));
+        for candidate in (0..body.len()).rev().filter(|&i| expensive[i]) {
+            if chosen.len() >= budget {
+                break;
+            }
+            // The sweeps that evaluate `candidate`, not looking inside kept values.
+            let mut sweeps = Vec::new();
+            for (s, roots) in sweep_roots.iter().enumerate() {
+                let mut stack = roots.clone();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(id) = stack.pop() {
+                    if !seen.insert(id) || layout.class[id as usize] != Class::Element {
+                        continue;
+                    }
+                    if id as usize == candidate {
+                        sweeps.push(s);
+                        break;
+                    }
+                    if !chosen.contains_key(&id) {
+                        stack.extend(body[id as usize].operands());
+                    }
+                }
+            }
+            if sweeps.len() > 1 {
+                chosen.insert(candidate as ExprId, sweeps[0]);
+            }
+        }
+        for (id, first) in chosen {
+            let size = (4 * layout.width) as u32;
+            let slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 4));
+            self.kept.insert(id, (first, slot));
+        }
     }
 
     /// An arithmetic expression on `f32x4` operands.

@@ -26,7 +26,6 @@
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, LN_2, LOG2_E};
 
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::types::I32X4;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::FunctionBuilder;
 use zeroplan_ir::GeluApproximation;
@@ -40,6 +39,8 @@ const EXP_MAX: f32 = 88.722_84;
 /// `ln 2` split so that `n·LN2_HI` is exact for `|n| ≤ 2⁹` (Cephes).
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = (LN_2 - 0.693_359_375) as f32;
+/// `1.5·2²³`: adding it rounds an `f32` below 2²² to an integer.
+const ROUND_SHIFTER: f32 = 12_582_912.0;
 /// Cephes `expf`: `exp(r) ≈ 1 + r + r²·P(r)`, `P` highest degree first.
 const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
 
@@ -130,11 +131,19 @@ impl F<'_, '_> {
 pub(crate) fn exp(b: &mut FunctionBuilder, x: Value) -> Value {
     let mut f = F { b };
     let (lo, hi) = (f.c(EXP_MIN), f.c(EXP_MAX));
-    // `fmax`/`fmin` propagate NaN, so NaN flows through to the result.
-    let xc = f.b.ins().fmax(x, lo);
-    let xc = f.b.ins().fmin(xc, hi);
+    // Clamp with compare-and-select (two instructions each, where Cranelift's
+    // NaN-propagating `fmin`/`fmax` take eight); a NaN compares false and
+    // flows through to the result.
+    let under = simd::fcmp(f.b, FloatCC::LessThan, x, lo);
+    let over = simd::fcmp(f.b, FloatCC::GreaterThan, x, hi);
+    let xc = select(f.b, under, lo, x);
+    let xc = select(f.b, over, hi, xc);
+    // n = round(x·log2 e) by adding 1.5·2²³: the sum's low mantissa bits
+    // are n (|n| ≤ 128), as an integer and, after subtracting, as a float.
     let t = f.mulc(xc, LOG2_E as f32);
-    let n = f.b.ins().nearest(t);
+    let shifter = f.c(ROUND_SHIFTER);
+    let shifted = f.add(t, shifter);
+    let n = f.sub(shifted, shifter);
     let a = f.mulc(n, LN2_HI);
     let r = f.sub(xc, a);
     let a = f.mulc(n, LN2_LO);
@@ -144,8 +153,10 @@ pub(crate) fn exp(b: &mut FunctionBuilder, x: Value) -> Value {
     let p = f.mul(p, r2);
     let p = f.add(p, r);
     let p = f.addc(p, 1.0);
+    let shifted_bits = simd::bits(f.b, shifted);
+    let shifter_bits = simd::splat_i(f.b, ROUND_SHIFTER.to_bits() as i32);
+    let ni = f.b.ins().isub(shifted_bits, shifter_bits);
     // 2ⁿ = 2^⌊n/2⌋ · 2^(n − ⌊n/2⌋): each factor's exponent stays normal.
-    let ni = f.b.ins().fcvt_to_sint_sat(I32X4, n);
     let n1 = f.b.ins().sshr_imm_s(ni, 1);
     let n2 = f.b.ins().isub(ni, n1);
     let mut y = p;
@@ -157,10 +168,8 @@ pub(crate) fn exp(b: &mut FunctionBuilder, x: Value) -> Value {
         y = f.mul(y, scale);
     }
     let zero = f.c(0.0);
-    let under = simd::fcmp(f.b, FloatCC::LessThan, x, lo);
     let y = select(f.b, under, zero, y);
     let inf = f.c(f32::INFINITY);
-    let over = simd::fcmp(f.b, FloatCC::GreaterThan, x, hi);
     select(f.b, over, inf, y)
 }
 

@@ -6,7 +6,7 @@
 //! picks lanes by such a mask.
 
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I32, I32X4};
+use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I32X4};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
@@ -25,16 +25,21 @@ pub(crate) fn mem() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
-/// `x` in every lane.
+/// `x` in every lane: a constant-pool vector, one load (or a memory operand)
+/// rather than a scalar move and a shuffle.
 pub(crate) fn splat(b: &mut FunctionBuilder, x: f32) -> Value {
-    let s = b.ins().f32const(x);
-    b.ins().splat(F32X4, s)
+    vector(b, F32X4, x.to_bits())
 }
 
 /// The integer `x` in every lane.
 pub(crate) fn splat_i(b: &mut FunctionBuilder, x: i32) -> Value {
-    let s = b.ins().iconst(I32, i64::from(x));
-    b.ins().splat(I32X4, s)
+    vector(b, I32X4, x as u32)
+}
+
+fn vector(b: &mut FunctionBuilder, ty: Type, bits: u32) -> Value {
+    let bytes: Vec<u8> = (0..LANES).flat_map(|_| bits.to_le_bytes()).collect();
+    let handle = b.func.dfg.constants.insert(ConstantData::from(bytes));
+    b.ins().vconst(ty, handle)
 }
 
 /// The lanes `[0, 1, 2, 3]`.
