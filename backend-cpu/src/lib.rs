@@ -1,9 +1,18 @@
 //! zeroplan's host backend: kernels compiled to native code by Cranelift.
 //!
-//! Today: the host's code-generation target, which every JIT-compiled kernel
-//! will be built for. Kernel generation comes with the CPU-backend issue.
+//! - [`host_isa`] / [`host_target`]: the host's code-generation target.
+//! - [`kernel`]: fused row kernels ([`zeroplan_ir::kernel::Kernel`]) compiled
+//!   to vectorised native code ([`KernelCompiler`], [`CompiledKernel`]),
+//!   multithreaded over rows, checked against the reference interpreter.
+//!
+//! Not yet: running whole compiled plans (matmuls, attention, the pass
+//! schedule). See the crate's README for the design and measured figures.
 
 use cranelift_codegen::settings::{self, Configurable};
+
+pub mod kernel;
+
+pub use kernel::{CodegenError, CompiledKernel, KernelCompiler};
 
 /// The host's instruction set and the vector width kernels can use.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,163 @@
+//! Fused row kernels ([`zeroplan_ir::kernel::Kernel`]) JIT-compiled to native
+//! code by Cranelift.
+//!
+//! [`KernelCompiler::compile`] binds a kernel's shape to concrete `dims` and
+//! generates one function for it (see `codegen.rs` for its shape and ABI);
+//! [`CompiledKernel::launch`] runs it over every row, on rayon's threads when
+//! the kernel is big enough (`launch.rs`).
+//!
+//! - **Precision**: per-element arithmetic in `f32`, four columns per
+//!   `f32x4`; reductions accumulate `f32` lane-wise partials; cross-row
+//!   outputs accumulate in `f64`, deterministically. Launch-uniform
+//!   expressions (AdamW's `1 − β^t`) are computed once in `f64` by the
+//!   interpreter's own functions. `exp`/`tanh`/`erf` are inline polynomial
+//!   approximations (`math.rs` states their measured errors).
+//! - **Storage**: inputs f32/bf16/f16/i32/i64, outputs f32/bf16/f16, each
+//!   row-major over its own axes; bf16/f16 round to nearest even on store.
+//! - **Dropout** is bit-exact with the interpreter (`dropout.rs`).
+//!
+//! Files: `layout.rs` (shape binding, expression classes, sweeps),
+//! `codegen.rs` (IR → Cranelift), `math.rs` (approximations), `storage.rs`
+//! (dtype conversions), `dropout.rs` (Philox), `simd.rs` (vector helpers),
+//! `helpers.rs` (Rust functions the code calls), `launch.rs` (threads and
+//! partial sums).
+
+mod codegen;
+mod dropout;
+mod helpers;
+mod launch;
+mod layout;
+mod math;
+mod simd;
+mod storage;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cranelift_jit::JITModule;
+use zeroplan_ir::kernel::Kernel;
+
+/// Why a kernel cannot be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// The kernel fails [`Kernel::check`].
+    #[error("kernel `{kernel}` is malformed: {message}")]
+    Invalid { kernel: String, message: String },
+    /// `dims` do not fit the kernel's shape.
+    #[error("kernel `{kernel}`: {message}")]
+    Dims { kernel: String, message: String },
+    /// Cranelift could not target the host or compile the function.
+    #[error("kernel `{kernel}`: Cranelift failed: {message}")]
+    Cranelift { kernel: String, message: String },
+}
+
+/// Compiles kernels once and keeps them (in memory) for the plan's life.
+///
+/// Each kernel gets its own JIT module, owned by its [`CompiledKernel`], so
+/// a kernel's code lives exactly as long as someone holds it.
+#[derive(Default)]
+pub struct KernelCompiler {
+    /// `(kernel text, dims)` → the compiled kernel.
+    cache: HashMap<(String, Vec<usize>), Arc<CompiledKernel>>,
+}
+
+/// A kernel compiled for one set of dims.
+pub struct CompiledKernel {
+    name: String,
+    layout: layout::Layout,
+    chunk_rows: usize,
+    entry: codegen::Entry,
+    /// Owns the code `entry` points into; freed on drop. Behind a mutex only
+    /// so the kernel is `Sync` (a `JITModule` is `Send`); nothing locks it
+    /// before drop.
+    module: Mutex<Option<JITModule>>,
+}
+
+impl KernelCompiler {
+    pub fn new() -> Result<KernelCompiler, CodegenError> {
+        crate::host_isa().map_err(|e| CodegenError::Cranelift { kernel: String::new(), message: e.to_string() })?;
+        Ok(KernelCompiler::default())
+    }
+
+    /// Native code for `kernel` with its symbols bound: `dims` is the
+    /// kernel's concrete shape (`kernel.shape` with batch/seq bound).
+    /// Compiling the same (kernel, dims) twice returns the cached one (keyed
+    /// by `kernel.to_text()` and `dims`).
+    pub fn compile(&mut self, kernel: &Kernel, dims: &[usize]) -> Result<Arc<CompiledKernel>, CodegenError> {
+        let key = (kernel.to_text(), dims.to_vec());
+        if let Some(k) = self.cache.get(&key) {
+            return Ok(Arc::clone(k));
+        }
+        let name = kernel.name.clone();
+        kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
+        let layout = layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+        let (module, entry) =
+            codegen::generate(kernel, &layout).map_err(|message| CodegenError::Cranelift { kernel: name.clone(), message })?;
+        let chunk_rows = launch::chunk_rows(&layout);
+        let compiled = Arc::new(CompiledKernel { name, layout, chunk_rows, entry, module: Mutex::new(Some(module)) });
+        self.cache.insert(key, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
+    /// How many distinct (kernel, dims) are compiled.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+}
+
+impl CompiledKernel {
+    /// Runs the kernel over all rows. `inputs[i]` points at input `i`'s data
+    /// (the dtype of `kernel.inputs[i].ty`: f32, bf16, f16, i32 or i64;
+    /// row-major over its own axes' dims); `outputs[k]` at output `k`'s (f32,
+    /// bf16 or f16). Cross-row outputs are overwritten (not accumulated into)
+    /// with the sum over the omitted axes. `seed`, `offset`: dropout's key and
+    /// counter word (`zeroplan_ir::interp::random`). No alignment is needed.
+    ///
+    /// Panics if the pointer counts differ from the kernel's operand counts.
+    ///
+    /// # Safety
+    /// Every pointer is valid for its operand's size. An output may alias an
+    /// input of the same shape and dtype (in-place); outputs never alias
+    /// each other or other inputs.
+    pub unsafe fn launch(&self, inputs: &[*const u8], outputs: &[*mut u8], seed: u64, offset: u64) {
+        assert_eq!(inputs.len(), self.layout.inputs.len(), "kernel `{}`: input count", self.name);
+        assert_eq!(outputs.len(), self.layout.outputs.len(), "kernel `{}`: output count", self.name);
+        // SAFETY: forwarded from the caller.
+        unsafe { launch::run(self.entry, &self.layout, self.chunk_rows, inputs, outputs, seed, offset) }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The element count of each input, in its own shape.
+    pub fn input_lens(&self) -> Vec<usize> {
+        self.layout.inputs.iter().map(|a| a.len).collect()
+    }
+
+    /// The element count of each output.
+    pub fn output_lens(&self) -> Vec<usize> {
+        self.layout.outputs.iter().map(|a| a.len).collect()
+    }
+}
+
+impl std::fmt::Debug for CompiledKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledKernel").field("name", &self.name).field("dims", &self.layout.shape).finish_non_exhaustive()
+    }
+}
+
+impl Drop for CompiledKernel {
+    fn drop(&mut self) {
+        let module = self.module.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(module) = module {
+            // SAFETY: `entry` points into this module and dies with `self`;
+            // no launch can be running, as it would hold `&self`.
+            unsafe { module.free_memory() };
+        }
+    }
+}
