@@ -1,0 +1,90 @@
+//! The host runtime at all-MiniLM-L6-v2's size (models/minilm-l6.ron):
+//! the encoder's forward at batch 32 × seq 128, and one MLM training step
+//! (forward, backward, AdamW) at the same shape, f32, every pass on.
+//! Prints one JSON line per measurement (median of the timed runs after a
+//! warm-up), which `bench/cpu/run.sh` puts beside JAX's figures.
+//!
+//! `cargo bench -p zeroplan-runtime --bench host [-- RUNS]`
+
+use std::path::Path;
+use std::time::Instant;
+
+use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::spec::{self, Head, TrainingSpec};
+use zeroplan_ir::{Bindings, DType, Graph, Tensor};
+use zeroplan_passes::manager::PassOptions;
+use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::host::HostProgram;
+
+const BATCH: usize = 32;
+const SEQ: usize = 128;
+
+fn program(graph: Graph, bindings: &Bindings) -> Program {
+    let memory = zeroplan_passes::memory::plan(&graph, bindings).expect("planned");
+    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+}
+
+fn feeds(vocab: u64) -> Feeds {
+    let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).expect("sizes agree");
+    let ids: Vec<i64> = (0..(BATCH * SEQ) as i64).map(|i| (i * 7919 + 101) % vocab as i64).collect();
+    let labels = ids.iter().enumerate().map(|(i, &t)| if i % 7 == 3 { t } else { -100 }).collect();
+    Feeds::from([
+        ("input_ids".to_string(), ints(ids, vec![BATCH, SEQ])),
+        ("token_type_ids".to_string(), ints(vec![0; BATCH * SEQ], vec![BATCH, SEQ])),
+        ("attention_mask".to_string(), ints(vec![1; BATCH * SEQ], vec![BATCH, SEQ])),
+        ("labels".to_string(), ints(labels, vec![BATCH, SEQ])),
+    ])
+}
+
+/// The median of `runs` timings of `f`, after one warm-up run.
+fn median(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn main() {
+    let runs: usize = std::env::args().filter_map(|a| a.parse().ok()).next().unwrap_or(5);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/minilm-l6.ron");
+    let mut model = spec::load(&path).expect("the bundled spec");
+    model.hidden_dropout = 0.0;
+    model.attention_dropout = 0.0;
+    let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
+    let options = || PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let threads = rayon::current_num_threads();
+    let tokens = (BATCH * SEQ) as f64;
+
+    let mut encoder = model.clone();
+    encoder.head = Head::Pooler;
+    let graph = compile(&encoder, &Target::Forward(DType::F32), options()).expect("compiles").graph;
+    let mut forward = HostProgram::load(program(graph, &bindings), 0).expect("loads");
+    let input = feeds(model.vocab_size);
+    let seconds = median(runs, || {
+        forward.step(std::slice::from_ref(&input)).expect("runs");
+    });
+    println!(
+        "{{\"what\":\"forward\",\"model\":\"minilm-l6\",\"batch\":{BATCH},\"seq\":{SEQ},\"threads\":{threads},\
+         \"seconds\":{seconds},\"tokens_per_s\":{}}}",
+        tokens / seconds
+    );
+
+    let train = TrainingSpec::default();
+    let graph = compile(&model, &Target::Training(&train), options()).expect("compiles").graph;
+    let mut step = HostProgram::load(program(graph, &bindings), 0).expect("loads");
+    let seconds = median(runs, || {
+        step.step(std::slice::from_ref(&input)).expect("runs");
+    });
+    println!(
+        "{{\"what\":\"train_step\",\"model\":\"minilm-l6\",\"batch\":{BATCH},\"seq\":{SEQ},\"threads\":{threads},\
+         \"seconds\":{seconds},\"tokens_per_s\":{}}}",
+        tokens / seconds
+    );
+}
