@@ -144,7 +144,13 @@ fn sanitise(name: &str) -> String {
 
 /// `for i in (begin..end).step_by(step) { body(i) }` with `i64` bounds,
 /// leaving the builder after the loop.
-fn for_range(b: &mut FunctionBuilder, begin: Value, end: Value, step: i64, mut body: impl FnMut(&mut FunctionBuilder, Value)) {
+fn for_range(
+    b: &mut FunctionBuilder,
+    begin: Value,
+    end: Value,
+    step: i64,
+    mut body: impl FnMut(&mut FunctionBuilder, Value),
+) {
     let var = b.declare_var(I64);
     b.def_var(var, begin);
     let (header, block, exit) = (b.create_block(), b.create_block(), b.create_block());
@@ -252,7 +258,8 @@ impl Gen<'_> {
         let (ins, outs, partials, row_begin, row_end, seed, offset) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
         let ptr_ty = b.func.dfg.value_type(ins);
         let word = ptr_ty.bytes() as i32;
-        self.in_base = (0..self.layout.inputs.len()).map(|k| b.ins().load(ptr_ty, mem(), ins, word * k as i32)).collect();
+        self.in_base =
+            (0..self.layout.inputs.len()).map(|k| b.ins().load(ptr_ty, mem(), ins, word * k as i32)).collect();
         self.out_base = self
             .layout
             .outputs
@@ -603,7 +610,14 @@ impl Gen<'_> {
     }
 
     /// The value of `id` at columns `cols` (per-row values come from `r`).
-    fn element(&mut self, b: &mut FunctionBuilder, r: &Row, cols: Cols, memo: &mut HashMap<ExprId, Value>, id: ExprId) -> Value {
+    fn element(
+        &mut self,
+        b: &mut FunctionBuilder,
+        r: &Row,
+        cols: Cols,
+        memo: &mut HashMap<ExprId, Value>,
+        id: ExprId,
+    ) -> Value {
         if let Some(&v) = r.values.get(&id).or_else(|| memo.get(&id)) {
             return v;
         }
@@ -675,7 +689,10 @@ impl Gen<'_> {
                 _ => false,
             };
             expensive[i] = layout.class[i] == Class::Element
-                && (own || e.operands().iter().any(|&o| expensive[o as usize] && layout.class[o as usize] == Class::Element));
+                && (own
+                    || e.operands()
+                        .iter()
+                        .any(|&o| expensive[o as usize] && layout.class[o as usize] == Class::Element));
         }
         let sweep_roots: Vec<Vec<ExprId>> = (0..=layout.reduction_sweeps)
             .map(|s| {
