@@ -675,7 +675,7 @@ impl Gen<'_> {
     }
 
     /// Chooses the element values worth keeping in a row buffer: those that
-    /// cost a transcendental function or a Philox draw and that more than one
+    /// cost a transcendental function, a Philox draw or an i64 load, and that more than one
     /// sweep reads (a softmax's `exp(x − max)` is summed in one sweep and
     /// divided in the next). Later candidates (bigger expressions) first, so
     /// a kept value hides the values inside it.
@@ -685,6 +685,8 @@ impl Gen<'_> {
         for (i, e) in body.iter().enumerate() {
             let own = match *e {
                 Expr::Keep { .. } | Expr::Binary(Binary::Pow, ..) => true,
+                // i64 operands (the attention mask) load and convert lane by lane.
+                Expr::Load(k) => layout.inputs[k as usize].dtype == zeroplan_ir::DType::I64,
                 Expr::Unary(u, _) => !matches!(u, Unary::Neg | Unary::Sqrt | Unary::Rsqrt | Unary::Recip | Unary::Relu),
                 _ => false,
             };
