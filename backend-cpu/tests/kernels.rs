@@ -34,8 +34,13 @@ fn check_models(precision: Precision, batch: u64, seq: u64, tolerance: f64) -> u
             let got = run(kernel, &compiled, &inputs, seed, offset);
             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                 let e = error(g, w.floats().unwrap());
-                if !(e <= tolerance) {
-                    failures.push(format!("{}: {} out{k}: error {e:e}\n{}", model.display(), kernel.name, kernel.to_text()));
+                if e > tolerance {
+                    failures.push(format!(
+                        "{}: {} out{k}: error {e:e}\n{}",
+                        model.display(),
+                        kernel.name,
+                        kernel.to_text()
+                    ));
                 }
             }
             count += 1;
@@ -58,7 +63,6 @@ fn every_tiny_model_kernel_matches_the_interpreter() {
 fn bf16_training_kernels_match_the_interpreter() {
     check_models(Precision::Bf16, 2, 6, BF16_TOLERANCE);
 }
-
 
 /// The kernels of tiny-bert's fused training graph.
 fn tiny_bert() -> Vec<Kernel> {
@@ -175,8 +179,11 @@ fn outputs_may_overwrite_their_inputs() {
             let mut in_bytes: Vec<Vec<u8>> = inputs.iter().map(common::to_bytes).collect();
             let mut outs = common::output_buffers(&kernel, &compiled);
             let shared = in_bytes[i].as_mut_ptr();
-            let in_ptrs: Vec<*const u8> =
-                in_bytes.iter().enumerate().map(|(j, b)| if j == i { shared.cast_const() } else { b.as_ptr() }).collect();
+            let in_ptrs: Vec<*const u8> = in_bytes
+                .iter()
+                .enumerate()
+                .map(|(j, b)| if j == i { shared.cast_const() } else { b.as_ptr() })
+                .collect();
             let out_ptrs: Vec<*mut u8> =
                 outs.iter_mut().enumerate().map(|(j, b)| if j == k { shared } else { b.as_mut_ptr() }).collect();
             // SAFETY: output k aliases input i, of the same shape and dtype.
@@ -221,7 +228,10 @@ fn math_approximations_are_accurate() {
             .fold(0.0, f64::max)
     };
     let abs = |got: &[f64], reference: fn(f64) -> f64| {
-        got.iter().zip(&xs).map(|(&g, &x)| (g - reference(x as f64)).abs() / reference(x as f64).abs().max(1.0)).fold(0.0, f64::max)
+        got.iter()
+            .zip(&xs)
+            .map(|(&g, &x)| (g - reference(x as f64)).abs() / reference(x as f64).abs().max(1.0))
+            .fold(0.0, f64::max)
     };
     let exp = rel(&sweep(Unary::Exp, &xs), f64::exp, 0.0);
     let tanh_rel = rel(&sweep(Unary::Tanh, &xs), f64::tanh, 1e-30);
@@ -305,9 +315,28 @@ fn half_precision_storage_round_trips_like_the_half_crate() {
     // f32 → f16/bf16 rounds to nearest even, like `half`: ties, overflow,
     // subnormals, NaN, and a sweep of bit patterns.
     let mut values: Vec<f32> = vec![
-        0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e6, -1e6, 6.1e-5, 5.96e-8, 2.98e-8, 1e-9, f32::INFINITY,
-        f32::NEG_INFINITY, f32::NAN, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 1.0 + 1.0 / 256.0, 3.0e38,
-        f32::MAX, f32::MIN_POSITIVE, 1e-40,
+        0.0,
+        -0.0,
+        1.0,
+        65504.0,
+        65519.99,
+        65520.0,
+        1e6,
+        -1e6,
+        6.1e-5,
+        5.96e-8,
+        2.98e-8,
+        1e-9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        1.0 + 1.0 / 256.0,
+        3.0e38,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-40,
     ];
     let mut rng = common::Rng::new(3);
     values.extend((0..100_000).map(|_| f32::from_bits(rng.next() as u32)));

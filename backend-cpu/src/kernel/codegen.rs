@@ -144,7 +144,13 @@ fn sanitise(name: &str) -> String {
 
 /// `for i in (begin..end).step_by(step) { body(i) }` with `i64` bounds,
 /// leaving the builder after the loop.
-fn for_range(b: &mut FunctionBuilder, begin: Value, end: Value, step: i64, mut body: impl FnMut(&mut FunctionBuilder, Value)) {
+fn for_range(
+    b: &mut FunctionBuilder,
+    begin: Value,
+    end: Value,
+    step: i64,
+    mut body: impl FnMut(&mut FunctionBuilder, Value),
+) {
     let var = b.declare_var(I64);
     b.def_var(var, begin);
     let (header, block, exit) = (b.create_block(), b.create_block(), b.create_block());
@@ -252,7 +258,8 @@ impl Gen<'_> {
         let (ins, outs, partials, row_begin, row_end, seed, offset) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
         let ptr_ty = b.func.dfg.value_type(ins);
         let word = ptr_ty.bytes() as i32;
-        self.in_base = (0..self.layout.inputs.len()).map(|k| b.ins().load(ptr_ty, mem(), ins, word * k as i32)).collect();
+        self.in_base =
+            (0..self.layout.inputs.len()).map(|k| b.ins().load(ptr_ty, mem(), ins, word * k as i32)).collect();
         self.out_base = self
             .layout
             .outputs
@@ -603,7 +610,14 @@ impl Gen<'_> {
     }
 
     /// The value of `id` at columns `cols` (per-row values come from `r`).
-    fn element(&mut self, b: &mut FunctionBuilder, r: &Row, cols: Cols, memo: &mut HashMap<ExprId, Value>, id: ExprId) -> Value {
+    fn element(
+        &mut self,
+        b: &mut FunctionBuilder,
+        r: &Row,
+        cols: Cols,
+        memo: &mut HashMap<ExprId, Value>,
+        id: ExprId,
+    ) -> Value {
         if let Some(&v) = r.values.get(&id).or_else(|| memo.get(&id)) {
             return v;
         }
@@ -661,7 +675,7 @@ impl Gen<'_> {
     }
 
     /// Chooses the element values worth keeping in a row buffer: those that
-    /// cost a transcendental function or a Philox draw and that more than one
+    /// cost a transcendental function, a Philox draw or an i64 load, and that more than one
     /// sweep reads (a softmax's `exp(x − max)` is summed in one sweep and
     /// divided in the next). Later candidates (bigger expressions) first, so
     /// a kept value hides the values inside it.
@@ -671,11 +685,16 @@ impl Gen<'_> {
         for (i, e) in body.iter().enumerate() {
             let own = match *e {
                 Expr::Keep { .. } | Expr::Binary(Binary::Pow, ..) => true,
+                // i64 operands (the attention mask) load and convert lane by lane.
+                Expr::Load(k) => layout.inputs[k as usize].dtype == zeroplan_ir::DType::I64,
                 Expr::Unary(u, _) => !matches!(u, Unary::Neg | Unary::Sqrt | Unary::Rsqrt | Unary::Recip | Unary::Relu),
                 _ => false,
             };
             expensive[i] = layout.class[i] == Class::Element
-                && (own || e.operands().iter().any(|&o| expensive[o as usize] && layout.class[o as usize] == Class::Element));
+                && (own
+                    || e.operands()
+                        .iter()
+                        .any(|&o| expensive[o as usize] && layout.class[o as usize] == Class::Element));
         }
         let sweep_roots: Vec<Vec<ExprId>> = (0..=layout.reduction_sweeps)
             .map(|s| {

@@ -67,7 +67,11 @@ pub(crate) unsafe fn run(
             .outputs
             .iter()
             .zip(&bases)
-            .map(|(o, &base)| if o.cross_row { (base as *mut f64).wrapping_add(c * o.len) } else { std::ptr::null_mut() })
+            .map(
+                |(o, &base)| {
+                    if o.cross_row { (base as *mut f64).wrapping_add(c * o.len) } else { std::ptr::null_mut() }
+                },
+            )
             .collect();
         let a = args;
         // SAFETY: the caller's pointers are valid for the kernel's sizes; chunk

@@ -78,7 +78,11 @@ impl ArgLayout {
 pub(crate) fn layout(kernel: &Kernel, dims: &[usize]) -> Result<Layout, String> {
     let rank = kernel.shape.rank();
     if dims.len() != rank {
-        return Err(format!("dims {dims:?} have rank {} but the kernel's shape {} has rank {rank}", dims.len(), kernel.shape));
+        return Err(format!(
+            "dims {dims:?} have rank {} but the kernel's shape {} has rank {rank}",
+            dims.len(),
+            kernel.shape
+        ));
     }
     for (a, (d, &n)) in kernel.shape.dims().iter().zip(dims).enumerate() {
         if let Some(c) = d.as_constant()

@@ -42,22 +42,18 @@ const LN2_LO: f32 = (LN_2 - 0.693_359_375) as f32;
 /// `1.5·2²³`: adding it rounds an `f32` below 2²² to an integer.
 const ROUND_SHIFTER: f32 = 12_582_912.0;
 /// Cephes `expf`: `exp(r) ≈ 1 + r + r²·P(r)`, `P` highest degree first.
+#[allow(clippy::excessive_precision)] // as published
 const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
 
 /// Eigen's `erf` numerator `x·P(x²)` and denominator `Q(x²)`, highest degree first.
-const ERF_P: [f32; 7] = [
-    -2.726_142_3e-10,
-    2.770_681_4e-8,
-    -2.101_024e-6,
-    -5.692_506_4e-5,
-    -7.349_906_3e-4,
-    -2.954_600e-3,
-    -1.609_603_3e-2,
-];
+#[allow(clippy::excessive_precision)] // as published
+const ERF_P: [f32; 7] =
+    [-2.726_142_3e-10, 2.770_681_4e-8, -2.101_024e-6, -5.692_506_4e-5, -7.349_906_3e-4, -2.954_600e-3, -1.609_603_3e-2];
 const ERF_Q: [f32; 5] = [-1.456_607_2e-5, -2.133_740_6e-4, -1.682_827e-3, -7.373_329e-3, -1.426_473_9e-2];
 /// Below this `|x|`, `erf` uses the rational function.
 const ERF_SMALL: f32 = 0.5;
 /// Numerical Recipes' `erfcc` exponent polynomial in `t`, highest degree first.
+#[allow(clippy::excessive_precision)] // as published
 const ERFC_P: [f32; 10] = [
     0.170_872_77,
     -0.822_152_23,

@@ -90,9 +90,10 @@ impl KernelCompiler {
         }
         let name = kernel.name.clone();
         kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
-        let layout = layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
-        let (module, entry) =
-            codegen::generate(kernel, &layout).map_err(|message| CodegenError::Cranelift { kernel: name.clone(), message })?;
+        let layout =
+            layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+        let (module, entry) = codegen::generate(kernel, &layout)
+            .map_err(|message| CodegenError::Cranelift { kernel: name.clone(), message })?;
         let chunk_rows = launch::chunk_rows(&layout);
         let compiled = Arc::new(CompiledKernel { name, layout, chunk_rows, entry, module: Mutex::new(Some(module)) });
         self.cache.insert(key, Arc::clone(&compiled));
@@ -147,7 +148,10 @@ impl CompiledKernel {
 
 impl std::fmt::Debug for CompiledKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompiledKernel").field("name", &self.name).field("dims", &self.layout.shape).finish_non_exhaustive()
+        f.debug_struct("CompiledKernel")
+            .field("name", &self.name)
+            .field("dims", &self.layout.shape)
+            .finish_non_exhaustive()
     }
 }
 

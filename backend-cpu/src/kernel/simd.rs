@@ -108,7 +108,11 @@ pub(crate) fn high_half(b: &mut FunctionBuilder, x: Value) -> Value {
 }
 
 /// `((x0 ⊕ x1) ⊕ (x2 ⊕ x3))` of an `f32x4`'s lanes.
-pub(crate) fn horizontal(b: &mut FunctionBuilder, x: Value, op: impl Fn(&mut FunctionBuilder, Value, Value) -> Value) -> Value {
+pub(crate) fn horizontal(
+    b: &mut FunctionBuilder,
+    x: Value,
+    op: impl Fn(&mut FunctionBuilder, Value, Value) -> Value,
+) -> Value {
     let l: Vec<Value> = (0..LANES).map(|i| lane(b, x, i)).collect();
     let lo = op(b, l[0], l[1]);
     let hi = op(b, l[2], l[3]);

@@ -99,7 +99,9 @@ pub fn random_inputs(kernel: &Kernel, dims: &[usize], seed: u64) -> Vec<Tensor> 
             } else {
                 let last = shape.last().copied().unwrap_or(1).max(1);
                 let masked_from = n.saturating_sub(last);
-                let v = (0..n).map(|i| if i >= masked_from && n > last || rng.next() % 3 == 0 { 0 } else { 1 }).collect();
+                let v = (0..n)
+                    .map(|i| if (i >= masked_from && n > last) || rng.next().is_multiple_of(3) { 0 } else { 1 })
+                    .collect();
                 Tensor::int(shape, arg.ty.dtype, v).unwrap()
             }
         })
@@ -137,7 +139,9 @@ pub fn to_bytes(t: &Tensor) -> Vec<u8> {
 pub fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f64> {
     match dtype {
         DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-        DType::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
+        DType::BF16 => {
+            bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect()
+        }
         DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
         DType::I32 | DType::I64 => panic!("outputs are floats"),
     }
