@@ -102,14 +102,19 @@ impl Memory {
         unsafe { self.arena(b.place).base().add(b.offset) }
     }
 
-    /// `b`'s elements as f32. Safety: `b` is f32 and nothing writes it meanwhile.
+    /// `b`'s elements as f32.
+    ///
+    /// # Safety
+    /// `b` is f32 and nothing writes it while the slice lives.
     pub unsafe fn f32s(&self, b: Buf) -> &[f32] {
         debug_assert_eq!(b.dtype, DType::F32);
         unsafe { std::slice::from_raw_parts(self.ptr(b).cast::<f32>(), b.len) }
     }
 
-    /// `b`'s elements as f32, to write. Safety: `b` is f32 and nothing else
-    /// reads or writes it meanwhile.
+    /// `b`'s elements as f32, to write.
+    ///
+    /// # Safety
+    /// `b` is f32 and nothing else reads or writes it while the slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn f32s_mut(&self, b: Buf) -> &mut [f32] {
         debug_assert_eq!(b.dtype, DType::F32);

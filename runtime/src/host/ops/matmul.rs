@@ -78,8 +78,10 @@ struct Ptr<T>(*mut T);
 unsafe impl<T> Send for Ptr<T> {}
 unsafe impl<T> Sync for Ptr<T> {}
 
-/// `c = a·b` for every batch. Safety: `a`, `b`, `c` hold the elements the
-/// shape says; `c` overlaps neither.
+/// `c = a·b` for every batch.
+///
+/// # Safety
+/// `a`, `b` and `c` hold the elements the shape says; `c` overlaps neither.
 pub unsafe fn matmul_f32(s: &MatMulShape, a: *const f32, b: *const f32, c: *mut f32) {
     let (m, n, k) = (s.m, s.n, s.k);
     // Row-major strides of the stored operands, then the flags swap them.
