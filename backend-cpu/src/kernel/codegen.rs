@@ -639,8 +639,7 @@ impl Gen<'_> {
             Expr::Keep { p, stream } => {
                 let key = self.key.expect("set up for kernels with dropout");
                 let e0 = b.ins().iadd(r.first_element, cols.col);
-                let lanes = if cols.lanes == Lanes::Four { LANES } else { 1 };
-                dropout::keep_lanes(b, key, stream, dropout::threshold(p), e0, lanes)
+                dropout::keep_lanes(b, key, stream, dropout::threshold(p), e0)
             }
             Expr::AlibiPenalty => {
                 let (slope, query) = r.alibi.expect("set up for ALiBi kernels");
