@@ -437,3 +437,22 @@ fn alibi_and_reduce_max_match_the_interpreter_on_wide_rows() {
         }
     }
 }
+
+#[test]
+fn empty_kernels_write_zero_sums() {
+    let mut compiler = KernelCompiler::new().unwrap();
+    for dims in [[0u64, 5], [3, 0]] {
+        let mut k = KernelBuilder::new("sum_sq", Shape::new(dims.iter().map(|&d| d.into())));
+        let x = k.load("x", f32_type(&dims), vec![0, 1]);
+        let sq = k.binary(zeroplan_ir::kernel::Binary::Mul, x, x);
+        k.store_sum("sum", f32_type(&[]), vec![], sq);
+        k.store("sq", f32_type(&dims), sq);
+        let kernel = k.finish().unwrap();
+        let d: Vec<usize> = dims.iter().map(|&n| n as usize).collect();
+        let compiled = compiler.compile(&kernel, &d).unwrap();
+        let x = Tensor::float(d.clone(), DType::F32, Vec::new()).unwrap();
+        let got = run(&kernel, &compiled, &[x], 0, 0);
+        assert_eq!(got[0], vec![0.0], "{dims:?}");
+        assert!(got[1].is_empty());
+    }
+}

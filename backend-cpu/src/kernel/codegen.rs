@@ -276,7 +276,10 @@ impl Gen<'_> {
         }
         self.uniforms(b);
         self.plan_kept(b);
-        for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
+        // No rows (a zero dimension): nothing to run, and no division by a zero size.
+        if self.layout.rows > 0 {
+            for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
+        }
         b.ins().return_(&[]);
     }
 
