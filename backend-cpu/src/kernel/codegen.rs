@@ -99,6 +99,7 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
             key: None,
             sweep: 0,
             kept: HashMap::new(),
+            coords: Vec::new(),
         };
         cg.function(&mut b);
         b.seal_all_blocks();
@@ -185,6 +186,8 @@ struct Gen<'a> {
     /// Expensive element values kept for later sweeps: the sweep that
     /// computes them and the row-sized stack buffer they are kept in.
     kept: HashMap<ExprId, (usize, StackSlot)>,
+    /// The current row's coordinates along the outer axes (`i64` variables).
+    coords: Vec<Variable>,
 }
 
 /// The most stack a kernel's kept values may take (rayon's worker threads
@@ -278,6 +281,20 @@ impl Gen<'_> {
         self.plan_kept(b);
         // No rows (a zero dimension): nothing to run, and no division by a zero size.
         if self.layout.rows > 0 {
+            // The first row's coordinates, by division (once per call).
+            let shape = &self.layout.shape;
+            let mut inner = 1usize;
+            let mut coords = Vec::new();
+            for a in (0..shape.len() - 1).rev() {
+                let q = if inner == 1 { row_begin } else { b.ins().udiv_imm_s(row_begin, inner as i64) };
+                let c = b.ins().urem_imm_s(q, shape[a] as i64);
+                let var = b.declare_var(I64);
+                b.def_var(var, c);
+                coords.push(var);
+                inner *= shape[a];
+            }
+            coords.reverse();
+            self.coords = coords;
             for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
         }
         b.ins().return_(&[]);
@@ -356,14 +373,10 @@ impl Gen<'_> {
     fn row(&mut self, b: &mut FunctionBuilder, row: Value) {
         let layout = self.layout;
         let rank = layout.shape.len();
-        // The row's coordinates along the outer axes.
-        let mut coords = vec![row; rank - 1];
-        let mut inner = 1usize;
-        for a in (0..rank - 1).rev() {
-            let q = if inner == 1 { row } else { b.ins().udiv_imm_s(row, inner as i64) };
-            coords[a] = b.ins().urem_imm_s(q, layout.shape[a].max(1) as i64);
-            inner *= layout.shape[a];
-        }
+        // The row's coordinates along the outer axes (kept in variables and
+        // stepped once per row: a division per axis per row costs more than
+        // the row's arithmetic on short rows).
+        let coords: Vec<Value> = self.coords.iter().map(|&v| b.use_var(v)).collect();
         let row_ptr = |b: &mut FunctionBuilder, base: Value, strides: &[usize], bytes: usize| {
             let mut p = base;
             for (a, &c) in coords.iter().enumerate() {
@@ -468,6 +481,16 @@ impl Gen<'_> {
         }
         self.sweep = layout.reduction_sweeps;
         self.store_sweep(b, &mut r);
+        // The next row's coordinates: the last outer axis steps, carrying.
+        let mut carry = b.ins().iconst(I64, 1);
+        for a in (0..rank - 1).rev() {
+            let next = b.ins().iadd(coords[a], carry);
+            let wraps = b.ins().icmp_imm_s(IntCC::Equal, next, layout.shape[a] as i64);
+            let zero = b.ins().iconst(I64, 0);
+            let next = b.ins().select(wraps, zero, next);
+            b.def_var(self.coords[a], next);
+            carry = b.ins().uextend(I64, wraps);
+        }
     }
 
     /// The last sweep: every stored value, then the stores and cross-row sums.
