@@ -416,6 +416,7 @@ fn compiled_kernels_are_cached_by_text_and_dims() {
     assert_eq!(a.name(), kernel.name);
     fn send_sync<T: Send + Sync>() {}
     send_sync::<zeroplan_backend_cpu::CompiledKernel>();
+    send_sync::<KernelCompiler>();
 }
 
 #[test]
