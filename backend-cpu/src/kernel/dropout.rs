@@ -46,8 +46,8 @@ pub(crate) fn threshold(p: f64) -> u32 {
     }
 }
 
-/// An `f32x4` of `1.0`/`0.0`: whether elements `e0 + l`, `l = 0..4`, are
-/// kept (`e0` an `i64`). All four lanes are computed; a row's tail uses
+/// The `i32x4` lane mask (all ones where kept) of elements `e0 + l`,
+/// `l = 0..4` (`e0` an `i64`). All four lanes are computed; a row's tail uses
 /// lane 0.
 ///
 /// Philox on four counters at once: each 32×32→64-bit product is an
@@ -84,8 +84,7 @@ pub(crate) fn keep_lanes(b: &mut FunctionBuilder, key: PhiloxKey, stream: u32, t
     // `w < 2²⁴`: a threshold above that never keeps; clamped so the signed
     // lane compare is exact.
     let t = simd::splat_i(b, threshold.min(1 << 24) as i32);
-    let keep = b.ins().icmp(IntCC::SignedGreaterThanOrEqual, w, t);
-    simd::flag(b, keep)
+    b.ins().icmp(IntCC::SignedGreaterThanOrEqual, w, t)
 }
 
 /// `k + w` lane-wise (`w = 0` adds nothing).

@@ -98,8 +98,7 @@ pub(crate) fn lane0(b: &mut FunctionBuilder, x: Value) -> Value {
 /// The upper two lanes of an `f32x4` moved to the lower two (for widening
 /// them to `f64x2`).
 pub(crate) fn high_half(b: &mut FunctionBuilder, x: Value) -> Value {
-    let bytes = b.func.dfg.value_type(x) == F32X4;
-    debug_assert!(bytes);
+    debug_assert_eq!(b.func.dfg.value_type(x), F32X4);
     let v = cast(b, I8X16, x);
     let mask: Vec<u8> = (8..16).chain(8..16).collect();
     let imm = b.func.dfg.immediates.push(ConstantData::from(mask));
