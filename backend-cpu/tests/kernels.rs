@@ -416,6 +416,7 @@ fn compiled_kernels_are_cached_by_text_and_dims() {
     assert_eq!(a.name(), kernel.name);
     fn send_sync<T: Send + Sync>() {}
     send_sync::<zeroplan_backend_cpu::CompiledKernel>();
+    send_sync::<KernelCompiler>();
 }
 
 #[test]
@@ -436,4 +437,52 @@ fn alibi_and_reduce_max_match_the_interpreter_on_wide_rows() {
             assert!(e <= F32_TOLERANCE, "{} out{k}: {e:e}", kernel.name);
         }
     }
+}
+
+#[test]
+fn empty_kernels_write_zero_sums() {
+    let mut compiler = KernelCompiler::new().unwrap();
+    for dims in [[0u64, 5], [3, 0]] {
+        let mut k = KernelBuilder::new("sum_sq", Shape::new(dims.iter().map(|&d| d.into())));
+        let x = k.load("x", f32_type(&dims), vec![0, 1]);
+        let sq = k.binary(zeroplan_ir::kernel::Binary::Mul, x, x);
+        k.store_sum("sum", f32_type(&[]), vec![], sq);
+        k.store("sq", f32_type(&dims), sq);
+        let kernel = k.finish().unwrap();
+        let d: Vec<usize> = dims.iter().map(|&n| n as usize).collect();
+        let compiled = compiler.compile(&kernel, &d).unwrap();
+        let x = Tensor::float(d.clone(), DType::F32, Vec::new()).unwrap();
+        let got = run(&kernel, &compiled, &[x], 0, 0);
+        assert_eq!(got[0], vec![0.0], "{dims:?}");
+        assert!(got[1].is_empty());
+    }
+}
+
+#[test]
+fn reduce_max_propagates_nan_and_reduce_sum_infinities() {
+    // Rows of 9: two vectors and a tail column. NaN in a vector lane, in the
+    // tail, nowhere; an all −∞ row; a row with +∞.
+    let (rows, width) = (5u64, 9u64);
+    let mut k = KernelBuilder::new("max_sum", Shape::new([rows.into(), width.into()]));
+    let x = k.load("x", f32_type(&[rows, width]), vec![0, 1]);
+    let max = k.push(Expr::ReduceMax(x));
+    let sum = k.push(Expr::ReduceSum(x));
+    k.store("max", f32_type(&[rows, width]), max);
+    k.store("sum", f32_type(&[rows, width]), sum);
+    let kernel = k.finish().unwrap();
+    let mut v: Vec<f64> = (0..rows * width).map(|i| (i % 7) as f64 - 3.0).collect();
+    v[5] = f64::NAN; // row 0, vector lane
+    v[9 + 8] = f64::NAN; // row 1, tail
+    for e in &mut v[27..36] {
+        *e = f64::NEG_INFINITY; // row 3
+    }
+    v[36 + 2] = f64::INFINITY; // row 4
+    let x = Tensor::float(vec![rows as usize, width as usize], DType::F32, v).unwrap();
+    let compiled = KernelCompiler::new().unwrap().compile(&kernel, &[rows as usize, width as usize]).unwrap();
+    let got = run(&kernel, &compiled, std::slice::from_ref(&x), 0, 0);
+    let want = interpret(&kernel, &[x], 0, 0);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(error(g, w.floats().unwrap()), 0.0, "out{k}: {g:?} vs {:?}", w.floats().unwrap());
+    }
+    assert!(got[0][0].is_nan() && got[0][9].is_nan() && got[0][18] == 3.0 && got[0][27] == f64::NEG_INFINITY);
 }

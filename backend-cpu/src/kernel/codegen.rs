@@ -79,6 +79,9 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
 
     let frontend = module.target_config();
     let ptr = frontend.pointer_type();
+    if ptr != I64 {
+        return Err(format!("the CPU backend needs a 64-bit host, not {ptr}-pointers"));
+    }
     let mut ctx = module.make_context();
     ctx.func.signature.call_conv = call_conv;
     for ty in [ptr, ptr, ptr, I64, I64, I64, I64] {
@@ -99,6 +102,8 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
             key: None,
             sweep: 0,
             kept: HashMap::new(),
+            coords: Vec::new(),
+            masks: HashMap::new(),
         };
         cg.function(&mut b);
         b.seal_all_blocks();
@@ -185,6 +190,11 @@ struct Gen<'a> {
     /// Expensive element values kept for later sweeps: the sweep that
     /// computes them and the row-sized stack buffer they are kept in.
     kept: HashMap<ExprId, (usize, StackSlot)>,
+    /// The current row's coordinates along the outer axes (`i64` variables).
+    coords: Vec<Variable>,
+    /// The lane mask behind each 1.0/0.0 flag a comparison or dropout made,
+    /// so a `select` on it needs no compare against zero.
+    masks: HashMap<Value, Value>,
 }
 
 /// The most stack a kernel's kept values may take (rayon's worker threads
@@ -276,7 +286,24 @@ impl Gen<'_> {
         }
         self.uniforms(b);
         self.plan_kept(b);
-        for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
+        // No rows (a zero dimension): nothing to run, and no division by a zero size.
+        if self.layout.rows > 0 {
+            // The first row's coordinates, by division (once per call).
+            let shape = &self.layout.shape;
+            let mut inner = 1usize;
+            let mut coords = Vec::new();
+            for a in (0..shape.len() - 1).rev() {
+                let q = if inner == 1 { row_begin } else { b.ins().udiv_imm_s(row_begin, inner as i64) };
+                let c = b.ins().urem_imm_s(q, shape[a] as i64);
+                let var = b.declare_var(I64);
+                b.def_var(var, c);
+                coords.push(var);
+                inner *= shape[a];
+            }
+            coords.reverse();
+            self.coords = coords;
+            for_range(b, row_begin, row_end, 1, |b, row| self.row(b, row));
+        }
         b.ins().return_(&[]);
     }
 
@@ -353,14 +380,10 @@ impl Gen<'_> {
     fn row(&mut self, b: &mut FunctionBuilder, row: Value) {
         let layout = self.layout;
         let rank = layout.shape.len();
-        // The row's coordinates along the outer axes.
-        let mut coords = vec![row; rank - 1];
-        let mut inner = 1usize;
-        for a in (0..rank - 1).rev() {
-            let q = if inner == 1 { row } else { b.ins().udiv_imm_s(row, inner as i64) };
-            coords[a] = b.ins().urem_imm_s(q, layout.shape[a].max(1) as i64);
-            inner *= layout.shape[a];
-        }
+        // The row's coordinates along the outer axes (kept in variables and
+        // stepped once per row: a division per axis per row costs more than
+        // the row's arithmetic on short rows).
+        let coords: Vec<Value> = self.coords.iter().map(|&v| b.use_var(v)).collect();
         let row_ptr = |b: &mut FunctionBuilder, base: Value, strides: &[usize], bytes: usize| {
             let mut p = base;
             for (a, &c) in coords.iter().enumerate() {
@@ -417,24 +440,40 @@ impl Gen<'_> {
                 .collect();
             let operands: Vec<ExprId> = reductions.iter().map(|&(_, a, _)| a).collect();
             self.row_values(b, &mut r, &operands);
-            let accs: Vec<(Variable, Variable)> = reductions
+            // Per reduction: the f32x4 accumulator, the tail's scalar one, and
+            // (max) the lanes that saw a NaN. The vector max is a compare and
+            // select (NaN never wins it) plus that NaN mask: four instructions
+            // where Cranelift's NaN-propagating `fmax` takes eight.
+            let accs: Vec<(Variable, Variable, Variable)> = reductions
                 .iter()
                 .map(|&(_, _, op)| {
-                    let (v, s) = (b.declare_var(F32X4), b.declare_var(F32));
+                    let (v, s, nan) = (b.declare_var(F32X4), b.declare_var(F32), b.declare_var(I32X4));
                     let init = b.ins().f32const(op.identity());
                     let init_v = b.ins().splat(F32X4, init);
+                    let no_nan = simd::splat_i(b, 0);
                     b.def_var(v, init_v);
                     b.def_var(s, init);
-                    (v, s)
+                    b.def_var(nan, no_nan);
+                    (v, s, nan)
                 })
                 .collect();
             self.columns(b, |cg, b, cols| {
                 let mut memo = HashMap::new();
-                for (&(_, a, op), &(acc_v, acc_s)) in reductions.iter().zip(&accs) {
+                for (&(_, a, op), &(acc_v, acc_s, acc_nan)) in reductions.iter().zip(&accs) {
                     let x = cg.element(b, &r, cols, &mut memo, a);
                     if cols.lanes == Lanes::Four {
                         let acc = b.use_var(acc_v);
-                        let next = op.combine(b, acc, x);
+                        let next = match op {
+                            Reduce::Sum => b.ins().fadd(acc, x),
+                            Reduce::Max => {
+                                let bigger = simd::fcmp(b, FloatCC::GreaterThan, x, acc);
+                                let is_nan = simd::fcmp(b, FloatCC::Unordered, x, x);
+                                let seen = b.use_var(acc_nan);
+                                let seen = b.ins().bor(seen, is_nan);
+                                b.def_var(acc_nan, seen);
+                                simd::select(b, bigger, x, acc)
+                            }
+                        };
                         b.def_var(acc_v, next);
                     } else {
                         let acc = b.use_var(acc_s);
@@ -445,7 +484,7 @@ impl Gen<'_> {
                 }
             });
             let (vectors, tail) = self.column_split();
-            for (&(id, _, op), &(acc_v, acc_s)) in reductions.iter().zip(&accs) {
+            for (&(id, _, op), &(acc_v, acc_s, acc_nan)) in reductions.iter().zip(&accs) {
                 let total = match (vectors > 0, tail > 0) {
                     (true, false) => {
                         let v = b.use_var(acc_v);
@@ -459,12 +498,30 @@ impl Gen<'_> {
                         op.combine(b, h, s)
                     }
                 };
+                let total = if op == Reduce::Max && vectors > 0 {
+                    let seen = b.use_var(acc_nan);
+                    let any = b.ins().vany_true(seen);
+                    let nan = b.ins().f32const(f32::NAN);
+                    b.ins().select(any, nan, total)
+                } else {
+                    total
+                };
                 let total = b.ins().splat(F32X4, total);
                 r.values.insert(id, total);
             }
         }
         self.sweep = layout.reduction_sweeps;
         self.store_sweep(b, &mut r);
+        // The next row's coordinates: the last outer axis steps, carrying.
+        let mut carry = b.ins().iconst(I64, 1);
+        for a in (0..rank - 1).rev() {
+            let next = b.ins().iadd(coords[a], carry);
+            let wraps = b.ins().icmp_imm_s(IntCC::Equal, next, layout.shape[a] as i64);
+            let zero = b.ins().iconst(I64, 0);
+            let next = b.ins().select(wraps, zero, next);
+            b.def_var(self.coords[a], next);
+            carry = b.ins().uextend(I64, wraps);
+        }
     }
 
     /// The last sweep: every stored value, then the stores and cross-row sums.
@@ -639,8 +696,8 @@ impl Gen<'_> {
             Expr::Keep { p, stream } => {
                 let key = self.key.expect("set up for kernels with dropout");
                 let e0 = b.ins().iadd(r.first_element, cols.col);
-                let lanes = if cols.lanes == Lanes::Four { LANES } else { 1 };
-                dropout::keep_lanes(b, key, stream, dropout::threshold(p), e0, lanes)
+                let mask = dropout::keep_lanes(b, key, stream, dropout::threshold(p), e0);
+                self.flag(b, mask)
             }
             Expr::AlibiPenalty => {
                 let (slope, query) = r.alibi.expect("set up for ALiBi kernels");
@@ -668,9 +725,16 @@ impl Gen<'_> {
         v
     }
 
+    /// `1.0`/`0.0` from a lane mask, remembering the mask.
+    fn flag(&mut self, b: &mut FunctionBuilder, mask: Value) -> Value {
+        let v = simd::flag(b, mask);
+        self.masks.insert(v, mask);
+        v
+    }
+
     fn kept_address(&self, b: &mut FunctionBuilder, slot: StackSlot, cols: Cols) -> Value {
-        let ptr = b.func.dfg.value_type(self.in_base.first().copied().unwrap_or(cols.col));
-        let base = b.ins().stack_addr(ptr, slot, 0);
+        // Pointers are 64-bit on every host Cranelift's JIT supports; `col` is an `i64`.
+        let base = b.ins().stack_addr(I64, slot, 0);
         offset(b, base, cols.col, 4)
     }
 
@@ -753,9 +817,14 @@ impl Gen<'_> {
             Expr::Unary(u, _) => self.unary(b, u, args[0]),
             Expr::Binary(op, _, _) => self.binary(b, op, args[0], args[1]),
             Expr::Select(..) => {
-                let zero = splat(b, 0.0);
-                // Unordered-or-not-equal: a NaN condition takes the first operand.
-                let nz = simd::fcmp(b, FloatCC::NotEqual, args[0], zero);
+                let nz = match self.masks.get(&args[0]) {
+                    Some(&mask) => mask,
+                    None => {
+                        let zero = splat(b, 0.0);
+                        // Unordered-or-not-equal: a NaN condition takes the first operand.
+                        simd::fcmp(b, FloatCC::NotEqual, args[0], zero)
+                    }
+                };
                 simd::select(b, nz, args[1], args[2])
             }
             _ => unreachable!("loads, constants, reductions, dropout and ALiBi are handled by the caller"),
@@ -807,7 +876,7 @@ impl Gen<'_> {
             }
             Binary::Lt | Binary::Gt | Binary::Eq => {
                 let mask = simd::fcmp(b, compare(op), x, y);
-                simd::flag(b, mask)
+                self.flag(b, mask)
             }
             Binary::Pow => {
                 // One call per lane; only per-element exponents get here.

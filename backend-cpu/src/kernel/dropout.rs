@@ -8,16 +8,15 @@
 //! `w0 >> 8 ≥ ⌈p·2²⁴⌉` (scaling by 2²⁴ is exact), so no float rounding can
 //! flip a decision.
 //!
-//! Philox needs 32×32→64-bit products (`imul` and `umulhi` on `i32`);
-//! Cranelift's x86 backend has no vector `umulhi`, so each lane runs the ten
-//! rounds on scalar registers (about 100 integer instructions per element).
+//! Philox needs 32×32→64-bit products; four counters run at once in `i32x4`
+//! lanes (see [`keep_lanes`]).
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::I32;
+use cranelift_codegen::ir::types::{I32, I32X4};
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::FunctionBuilder;
 
-use super::simd::splat;
+use super::simd;
 
 /// Philox's multipliers and Weyl key increments (Random123).
 const M0: u32 = 0xD251_1F53;
@@ -47,21 +46,34 @@ pub(crate) fn threshold(p: f64) -> u32 {
     }
 }
 
-/// Whether dropout keeps element `e` (`i64`): an `i8` boolean.
-pub(crate) fn keeps(b: &mut FunctionBuilder, key: PhiloxKey, stream: u32, threshold: u32, e: Value) -> Value {
-    let c0 = b.ins().ireduce(I32, e);
-    let hi = b.ins().ushr_imm_s(e, 32);
-    let c1 = b.ins().ireduce(I32, hi);
-    let c2 = b.ins().iconst(I32, i64::from(stream as i32));
-    let mut c = [c0, c1, c2, key.offset];
-    let (m0, m1) = (b.ins().iconst(I32, i64::from(M0 as i32)), b.ins().iconst(I32, i64::from(M1 as i32)));
+/// The `i32x4` lane mask (all ones where kept) of elements `e0 + l`,
+/// `l = 0..4` (`e0` an `i64`). All four lanes are computed; a row's tail uses
+/// lane 0.
+///
+/// Philox on four counters at once: each 32×32→64-bit product is an
+/// `imul` of `uwiden_low`/`uwiden_high` halves (x86 `pmuludq`), whose high
+/// and low words are then gathered back into `i32x4`s.
+pub(crate) fn keep_lanes(b: &mut FunctionBuilder, key: PhiloxKey, stream: u32, threshold: u32, e0: Value) -> Value {
+    let lo0 = b.ins().ireduce(I32, e0);
+    let hi0 = b.ins().ushr_imm_s(e0, 32);
+    let hi0 = b.ins().ireduce(I32, hi0);
+    let lo0 = b.ins().splat(I32X4, lo0);
+    let iota = simd::iota(b);
+    let c0 = b.ins().iadd(lo0, iota);
+    // A lane whose low word wrapped carries into the high word (the mask is −1 there).
+    let wrapped = b.ins().icmp(IntCC::UnsignedLessThan, c0, lo0);
+    let hi0 = b.ins().splat(I32X4, hi0);
+    let c1 = b.ins().isub(hi0, wrapped);
+    let c2 = simd::splat_i(b, stream as i32);
+    let c3 = b.ins().splat(I32X4, key.offset);
+    let mut c = [c0, c1, c2, c3];
+    let (m0, m1) = (simd::splat_i(b, M0 as i32), simd::splat_i(b, M1 as i32));
+    let (k0, k1) = (b.ins().splat(I32X4, key.k0), b.ins().splat(I32X4, key.k1));
     for round in 0..10u32 {
-        let k0 = b.ins().iadd_imm_s(key.k0, i64::from(W0.wrapping_mul(round) as i32));
-        let k1 = b.ins().iadd_imm_s(key.k1, i64::from(W1.wrapping_mul(round) as i32));
-        let hi0 = b.ins().umulhi(m0, c[0]);
-        let lo0 = b.ins().imul(m0, c[0]);
-        let hi1 = b.ins().umulhi(m1, c[2]);
-        let lo1 = b.ins().imul(m1, c[2]);
+        let k0 = bump(b, k0, W0.wrapping_mul(round));
+        let k1 = bump(b, k1, W1.wrapping_mul(round));
+        let (hi0, lo0) = mulhilo(b, m0, c[0]);
+        let (hi1, lo1) = mulhilo(b, m1, c[2]);
         let x0 = b.ins().bxor(hi1, c[1]);
         let x0 = b.ins().bxor(x0, k0);
         let x2 = b.ins().bxor(hi0, c[3]);
@@ -69,26 +81,28 @@ pub(crate) fn keeps(b: &mut FunctionBuilder, key: PhiloxKey, stream: u32, thresh
         c = [x0, lo1, x2, lo0];
     }
     let w = b.ins().ushr_imm_s(c[0], 8);
-    b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, w, i64::from(threshold as i32))
+    // `w < 2²⁴`: a threshold above that never keeps; clamped so the signed
+    // lane compare is exact.
+    let t = simd::splat_i(b, threshold.min(1 << 24) as i32);
+    b.ins().icmp(IntCC::SignedGreaterThanOrEqual, w, t)
 }
 
-/// An `f32x4` of `1.0`/`0.0`: whether elements `e0 + l` (`e0` an `i64`) are
-/// kept, for the first `lanes` lanes (the others `0.0`).
-pub(crate) fn keep_lanes(
-    b: &mut FunctionBuilder,
-    key: PhiloxKey,
-    stream: u32,
-    threshold: u32,
-    e0: Value,
-    lanes: usize,
-) -> Value {
-    let mut v = splat(b, 0.0);
-    let (one, zero) = (b.ins().f32const(1.0), b.ins().f32const(0.0));
-    for l in 0..lanes {
-        let e = b.ins().iadd_imm_s(e0, l as i64);
-        let k = keeps(b, key, stream, threshold, e);
-        let x = b.ins().select(k, one, zero);
-        v = b.ins().insertlane(v, x, l as u8);
+/// `k + w` lane-wise (`w = 0` adds nothing).
+fn bump(b: &mut FunctionBuilder, k: Value, w: u32) -> Value {
+    if w == 0 {
+        return k;
     }
-    v
+    let w = simd::splat_i(b, w as i32);
+    b.ins().iadd(k, w)
+}
+
+/// The high and low 32-bit words of `a·c` per lane (`i32x4`s).
+fn mulhilo(b: &mut FunctionBuilder, a: Value, c: Value) -> (Value, Value) {
+    let (al, cl) = (b.ins().uwiden_low(a), b.ins().uwiden_low(c));
+    let low_pair = b.ins().imul(al, cl);
+    let (ah, ch) = (b.ins().uwiden_high(a), b.ins().uwiden_high(c));
+    let high_pair = b.ins().imul(ah, ch);
+    let hi = simd::gather_words(b, low_pair, high_pair, 1);
+    let lo = simd::gather_words(b, low_pair, high_pair, 0);
+    (hi, lo)
 }

@@ -46,15 +46,18 @@ pub enum CodegenError {
     /// `dims` do not fit the kernel's shape.
     #[error("kernel `{kernel}`: {message}")]
     Dims { kernel: String, message: String },
-    /// Cranelift could not target the host or compile the function.
+    /// Cranelift could not compile the function.
     #[error("kernel `{kernel}`: Cranelift failed: {message}")]
     Cranelift { kernel: String, message: String },
+    /// Cranelift cannot generate code for this machine.
+    #[error("Cranelift cannot target this host: {0}")]
+    Host(String),
 }
 
 /// Compiles kernels once and keeps them (in memory) for the plan's life.
 ///
 /// Each kernel gets its own JIT module, owned by its [`CompiledKernel`], so
-/// a kernel's code lives exactly as long as someone holds it.
+/// a kernel's code lives exactly as long as someone holds it. `Send + Sync`.
 #[derive(Default)]
 pub struct KernelCompiler {
     /// `(kernel text, dims)` → the compiled kernel.
@@ -75,7 +78,7 @@ pub struct CompiledKernel {
 
 impl KernelCompiler {
     pub fn new() -> Result<KernelCompiler, CodegenError> {
-        crate::host_isa().map_err(|e| CodegenError::Cranelift { kernel: String::new(), message: e.to_string() })?;
+        crate::host_isa().map_err(|e| CodegenError::Host(e.to_string()))?;
         Ok(KernelCompiler::default())
     }
 

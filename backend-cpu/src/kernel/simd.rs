@@ -98,13 +98,22 @@ pub(crate) fn lane0(b: &mut FunctionBuilder, x: Value) -> Value {
 /// The upper two lanes of an `f32x4` moved to the lower two (for widening
 /// them to `f64x2`).
 pub(crate) fn high_half(b: &mut FunctionBuilder, x: Value) -> Value {
-    let bytes = b.func.dfg.value_type(x) == F32X4;
-    debug_assert!(bytes);
+    debug_assert_eq!(b.func.dfg.value_type(x), F32X4);
     let v = cast(b, I8X16, x);
     let mask: Vec<u8> = (8..16).chain(8..16).collect();
     let imm = b.func.dfg.immediates.push(ConstantData::from(mask));
     let s = b.ins().shuffle(v, v, imm);
     cast(b, F32X4, s)
+}
+
+/// Word `which` (0 low, 1 high) of each `i64` lane of two `i64x2`s, as the
+/// `i32x4` `[a₀, a₁, b₀, b₁]`.
+pub(crate) fn gather_words(b: &mut FunctionBuilder, a: Value, c: Value, which: u8) -> Value {
+    let (a, c) = (cast(b, I8X16, a), cast(b, I8X16, c));
+    let mask: Vec<u8> = [0u8, 8, 16, 24].iter().flat_map(|&q| (0..4).map(move |k| q + 4 * which + k)).collect();
+    let imm = b.func.dfg.immediates.push(ConstantData::from(mask));
+    let s = b.ins().shuffle(a, c, imm);
+    cast(b, I32X4, s)
 }
 
 /// `((x0 ⊕ x1) ⊕ (x2 ⊕ x3))` of an `f32x4`'s lanes.
