@@ -51,14 +51,7 @@ impl ReferenceTrainer {
     pub fn new(graph: Graph, seed: u64, precision: Precision) -> Result<ReferenceTrainer, InterpError> {
         let interpreter = Interpreter { precision, seed };
         let state = interpreter.init_state(&graph)?;
-        let micro_batches = graph
-            .petgraph()
-            .node_weights()
-            .find_map(|n| match n.op {
-                Op::GradScale { micro_batches, .. } => Some(micro_batches),
-                _ => None,
-            })
-            .unwrap_or(1);
+        let micro_batches = micro_batches(&graph);
         Ok(ReferenceTrainer { graph, interpreter, state, micro_batches, steps: 0 })
     }
 
@@ -121,6 +114,19 @@ impl ReferenceTrainer {
         self.steps = step;
         StepLog::from_outputs(step, &out)
     }
+}
+
+/// The micro-batches a training graph accumulates per step (its `grad_scale`
+/// says; 1 for a graph without one, such as a forward graph).
+pub fn micro_batches(graph: &Graph) -> u64 {
+    graph
+        .petgraph()
+        .node_weights()
+        .find_map(|n| match n.op {
+            Op::GradScale { micro_batches, .. } => Some(micro_batches),
+            _ => None,
+        })
+        .unwrap_or(1)
 }
 
 impl StepLog {

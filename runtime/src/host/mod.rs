@@ -108,14 +108,7 @@ impl HostProgram {
             device: Arena::new(size(program.arena_bytes)?).map_err(HostError::Memory)?,
             host: Arena::new(size(program.host_arena_bytes)?).map_err(HostError::Memory)?,
         };
-        let micro_batches = g
-            .petgraph()
-            .node_weights()
-            .find_map(|n| match n.op {
-                Op::GradScale { micro_batches, .. } => Some(micro_batches),
-                _ => None,
-            })
-            .unwrap_or(1);
+        let micro_batches = crate::reference::micro_batches(g);
         let updates = deferred_updates(g, &order, &bufs)?;
         let mut host = HostProgram {
             bindings,
