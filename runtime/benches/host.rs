@@ -19,6 +19,8 @@ use zeroplan_runtime::host::HostProgram;
 
 const BATCH: usize = 32;
 const SEQ: usize = 128;
+/// Instruction kinds shown in the profile.
+const PROFILE_ROWS: usize = 25;
 
 fn program(graph: Graph, bindings: &Bindings) -> Program {
     let memory = zeroplan_passes::memory::plan(&graph, bindings).expect("planned");
@@ -60,31 +62,42 @@ fn main() {
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
     let options = || PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
     let threads = rayon::current_num_threads();
-    let tokens = (BATCH * SEQ) as f64;
 
     let mut encoder = model.clone();
     encoder.head = Head::Pooler;
     let graph = compile(&encoder, &Target::Forward(DType::F32), options()).expect("compiles").graph;
     let mut forward = HostProgram::load(program(graph, &bindings), 0).expect("loads");
     let input = feeds(model.vocab_size);
-    let seconds = median(runs, || {
-        forward.step(std::slice::from_ref(&input)).expect("runs");
-    });
-    println!(
-        "{{\"what\":\"forward\",\"model\":\"minilm-l6\",\"batch\":{BATCH},\"seq\":{SEQ},\"threads\":{threads},\
-         \"seconds\":{seconds},\"tokens_per_s\":{}}}",
-        tokens / seconds
-    );
+    report("forward", &mut forward, &input, runs, threads);
 
     let train = TrainingSpec::default();
     let graph = compile(&model, &Target::Training(&train), options()).expect("compiles").graph;
     let mut step = HostProgram::load(program(graph, &bindings), 0).expect("loads");
+    // A trainer reads back the loss, not the [tokens, vocab] logits.
+    step.fetch(&["loss"]).expect("an output");
+    report("train_step", &mut step, &input, runs, threads);
+}
+
+/// Times `program`'s step (one JSON line on stdout), then profiles one more
+/// step and prints where its time went on stderr.
+fn report(what: &str, program: &mut HostProgram, input: &Feeds, runs: usize, threads: usize) {
     let seconds = median(runs, || {
-        step.step(std::slice::from_ref(&input)).expect("runs");
+        program.step(std::slice::from_ref(input)).expect("runs");
     });
+    let tokens = (BATCH * SEQ) as f64;
     println!(
-        "{{\"what\":\"train_step\",\"model\":\"minilm-l6\",\"batch\":{BATCH},\"seq\":{SEQ},\"threads\":{threads},\
+        "{{\"what\":\"{what}\",\"model\":\"minilm-l6\",\"batch\":{BATCH},\"seq\":{SEQ},\"threads\":{threads},\
          \"seconds\":{seconds},\"tokens_per_s\":{}}}",
         tokens / seconds
     );
+    program.set_profiling(true);
+    program.step(std::slice::from_ref(input)).expect("runs");
+    let profile = program.profile().expect("profiling is on");
+    let total = profile.total_seconds();
+    eprintln!("{what}: {:.1} ms in instructions, by kind:", total * 1e3);
+    for (kind, e) in profile.by_kind().iter().take(PROFILE_ROWS) {
+        let rate = if e.flops > 0.0 { format!("{:6.1} GFLOP/s", e.flops / e.seconds / 1e9) } else { String::new() };
+        eprintln!("  {:7.1} ms {:5.1}% {:4}× {kind} {rate}", e.seconds * 1e3, 100.0 * e.seconds / total, e.calls);
+    }
+    program.set_profiling(false);
 }

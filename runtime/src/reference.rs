@@ -130,6 +130,10 @@ pub fn micro_batches(graph: &Graph) -> u64 {
 }
 
 impl StepLog {
+    /// The outputs [`StepLog::from_outputs`] reads (`loss_scale` only
+    /// where the program scales the loss).
+    pub const OUTPUTS: [&'static str; 5] = ["loss", "loss_scale", "finite", "grad_sq", "lr"];
+
     /// The log of step `step` (1-based) from what the step's graph outputs
     /// gave: `loss` per micro-batch, `lr`, `grad_sq` and `finite` once, and
     /// `loss_scale` under fp16.

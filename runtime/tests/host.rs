@@ -196,3 +196,24 @@ fn recomputation_and_accumulation_agree() {
         agree(name, &["fuse"], Policy::None, 2);
     }
 }
+
+#[test]
+fn a_step_reads_back_only_the_fetched_outputs_and_profiles_on_request() {
+    let m = model("tiny-bert");
+    let mut host = HostProgram::load(program(&m, &TrainingSpec::default(), &[], Policy::None), 7).unwrap();
+    let err = host.fetch(&["no_such_output"]).unwrap_err().to_string();
+    assert!(err.contains("no_such_output") && err.contains("loss"), "{err}");
+    host.fetch(&["loss", "lr"]).unwrap();
+    host.set_profiling(true);
+    let out = host.step(&[batch(&m, 0)]).unwrap().outputs;
+    assert_eq!(out.micro_batches[0].keys().collect::<Vec<_>>(), ["loss"]);
+    assert_eq!(out.optimizer.keys().collect::<Vec<_>>(), ["lr"]);
+
+    let profile = host.profile().expect("profiling is on");
+    let kinds = profile.by_kind();
+    assert!(kinds.iter().any(|(k, e)| k.starts_with("matmul") && e.calls > 0 && e.flops > 0.0), "{kinds:?}");
+    assert!(kinds.iter().any(|(k, _)| k.starts_with("kernel layer*")), "layers are folded: {kinds:?}");
+    assert!(kinds.windows(2).all(|w| w[0].1.seconds >= w[1].1.seconds), "slowest first");
+    host.set_profiling(false);
+    assert!(host.profile().is_none());
+}

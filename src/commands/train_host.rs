@@ -175,6 +175,11 @@ fn train_loop(
         );
         bar
     });
+    // Only the scalars the log needs come back, not the logits.
+    let graph = &host.program().graph;
+    let logged: Vec<&str> =
+        StepLog::OUTPUTS.into_iter().filter(|name| graph.outputs.iter().any(|(o, _)| o == name)).collect();
+    host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
     for _ in 0..args.steps {
         let feeds: Vec<Feeds> = (0..k).map(|_| batches.next(batch)).collect();
         let started = Instant::now();

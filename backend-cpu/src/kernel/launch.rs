@@ -21,13 +21,22 @@ pub(crate) const PARALLEL_BYTES: usize = 64 << 10;
 /// About how many elements one chunk covers.
 const CHUNK_ELEMENTS: usize = 16 << 10;
 
+/// At most this many chunks for a kernel with cross-row outputs: each chunk
+/// keeps a full-length partial of every such output, so for a long one (a
+/// vocabulary-wide bias gradient) more chunks only add memory traffic.
+/// Enough chunks to keep 16 threads busy.
+const MAX_CROSS_ROW_CHUNKS: usize = 32;
+
 /// Rows per chunk: about [`CHUNK_ELEMENTS`] elements, and enough that the
 /// partials of the cross-row outputs (`cross_len` elements each) take at most
-/// a quarter of the elements each chunk covers.
+/// a quarter of the elements each chunk covers and number at most
+/// [`MAX_CROSS_ROW_CHUNKS`]. A function of the shape alone, never of the
+/// thread count, so the sums are the same on every machine.
 pub(crate) fn chunk_rows(layout: &Layout) -> usize {
     let cross_len: usize = layout.outputs.iter().filter(|o| o.cross_row).map(|o| o.len).sum();
     let elements = CHUNK_ELEMENTS.max(cross_len.saturating_mul(4));
-    elements.div_ceil(layout.width.max(1)).max(1)
+    let rows = elements.div_ceil(layout.width.max(1)).max(1);
+    if cross_len > 0 { rows.max(layout.rows.div_ceil(MAX_CROSS_ROW_CHUNKS)) } else { rows }
 }
 
 /// Raw pointers for the worker threads.
@@ -88,10 +97,15 @@ pub(crate) unsafe fn run(
         if !o.cross_row {
             continue;
         }
-        for i in 0..o.len {
-            let total = (0..chunks).fold(0.0, |acc, c| acc + p[c * o.len + i]);
+        // Chunk after chunk, each a sequential sweep (the same order per
+        // element as a fold over chunks, without striding across them).
+        let mut total = vec![0.0f64; o.len];
+        for partial in p.chunks_exact(o.len.max(1)) {
+            total.iter_mut().zip(partial).for_each(|(t, x)| *t += x);
+        }
+        for (i, &x) in total.iter().enumerate() {
             // SAFETY: `out` holds `o.len` elements of `o.dtype`.
-            unsafe { write(out, o.dtype, i, total) };
+            unsafe { write(out, o.dtype, i, x) };
         }
     }
 }

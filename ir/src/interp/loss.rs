@@ -9,6 +9,24 @@ use super::nd;
 use super::rows::softmax_row;
 use crate::tensor::Tensor;
 
+/// Each row's class among `c`: `None` where the label is `ignore_index`; a
+/// label outside `[0, c)` is an error naming its row. Shared with the
+/// compiled runtimes, so every backend refuses the same labels.
+pub fn label_classes(labels: &[i64], c: usize, ignore_index: i64) -> Result<Vec<Option<usize>>, String> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(row, &label)| {
+            if label == ignore_index {
+                return Ok(None);
+            }
+            usize::try_from(label).ok().filter(|&k| k < c).map(Some).ok_or_else(|| {
+                format!("label {label} of row {row} is outside [0, {c}) and is not ignore_index {ignore_index}")
+            })
+        })
+        .collect()
+}
+
 /// `(rows, classes)` of `[N, C]` logits and the labels checked against them:
 /// `Some(class)` for a counted row, `None` for an ignored one.
 fn counted_labels(logits: &Tensor, labels: &Tensor, ignore_index: i64) -> Result<(usize, Vec<Option<usize>>), String> {
@@ -20,18 +38,7 @@ fn counted_labels(logits: &Tensor, labels: &Tensor, ignore_index: i64) -> Result
     if labels.shape() != [n] {
         return Err(format!("labels must be [{n}] for logits {:?}, got {:?}", logits.shape(), labels.shape()));
     }
-    let classes = l
-        .iter()
-        .enumerate()
-        .map(|(row, &label)| {
-            if label == ignore_index {
-                return Ok(None);
-            }
-            usize::try_from(label).ok().filter(|&k| k < c).map(Some).ok_or_else(|| {
-                format!("label {label} of row {row} is outside [0, {c}) and is not ignore_index {ignore_index}")
-            })
-        })
-        .collect::<Result<_, String>>()?;
+    let classes = label_classes(&l, c, ignore_index)?;
     Ok((c, classes))
 }
 

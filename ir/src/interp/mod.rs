@@ -191,6 +191,7 @@ use pass::{Pass, Why};
 
 pub use attention::alibi_slopes;
 pub use elementwise::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, silu, silu_grad};
+pub use loss::label_classes;
 pub use optimizer::{grad_scale, loss_scale_update, lr_schedule};
 
 /// How float results are rounded.

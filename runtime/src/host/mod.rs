@@ -21,9 +21,10 @@
 mod arena;
 mod exec;
 pub mod ops;
+mod profile;
 mod select;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use zeroplan_backend_cpu::KernelCompiler;
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
@@ -31,6 +32,7 @@ use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Tensor, Value};
 
 pub use arena::{Arena, Buf, Memory};
+pub use profile::{Entry as ProfileEntry, Profile};
 pub use select::SelectError;
 use select::{Step, concrete};
 
@@ -84,6 +86,11 @@ pub struct HostProgram {
     captures: Vec<Value>,
     /// The highest device-arena byte any executed node's output reached.
     high_water: usize,
+    /// Per-instruction timings, while profiling is on.
+    profile: Option<Profile>,
+    /// The outputs a step reads back (`None`: all). A masked-LM's logits are
+    /// half a gigabyte at MiniLM's size; a trainer wants only the scalars.
+    fetches: Option<BTreeSet<String>>,
 }
 
 /// What a step returns: [`StepOutputs`] as the interpreter gives them, and
@@ -121,6 +128,8 @@ impl HostProgram {
             steps_done: 0,
             captures: Vec::new(),
             high_water: 0,
+            profile: None,
+            fetches: None,
             program,
         };
         let state = Interpreter::new(Precision::Native, seed).init_state(&host.program.graph)?;
@@ -146,6 +155,36 @@ impl HostProgram {
     /// buffers are reused later in the step), to [`HostStep::captured`].
     pub fn capture(&mut self, values: Vec<Value>) {
         self.captures = values;
+    }
+
+    /// Makes [`HostProgram::step`] read back only the outputs named (all of
+    /// them until this is called); an unknown name is an error listing the
+    /// program's outputs.
+    pub fn fetch<S: AsRef<str>>(&mut self, names: &[S]) -> Result<(), HostError> {
+        let outputs = &self.program.graph.outputs;
+        let mut fetches = BTreeSet::new();
+        for name in names.iter().map(AsRef::as_ref) {
+            if !outputs.iter().any(|(o, _)| o == name) {
+                let known: Vec<&str> = outputs.iter().map(|(o, _)| o.as_str()).collect();
+                return Err(HostError::State {
+                    name: name.to_string(),
+                    message: format!("not an output of the program; it has {}", known.join(", ")),
+                });
+            }
+            fetches.insert(name.to_string());
+        }
+        self.fetches = Some(fetches);
+        Ok(())
+    }
+
+    /// Starts timing every instruction (from an empty profile), or stops.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Profile::default);
+    }
+
+    /// The timings since profiling was turned on; `None` when it is off.
+    pub fn profile(&self) -> Option<&Profile> {
+        self.profile.as_ref()
     }
 
     /// Every param and state node's value, by name.
@@ -209,8 +248,12 @@ impl HostProgram {
                 self.high_water = self.high_water.max(self.device_end(step.node));
                 if let Some(instr) = &step.instr {
                     let cx = exec::Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
+                    let start = self.profile.is_some().then(std::time::Instant::now);
                     exec::run(instr, &self.memory, &cx)
                         .map_err(|message| HostError::Run { node: g.node(step.node).name.clone(), message })?;
+                    if let (Some(p), Some(start)) = (&mut self.profile, start) {
+                        p.record(instr, start.elapsed());
+                    }
                 }
                 for &v in self.captures.iter().filter(|v| v.node == step.node) {
                     captured.insert(g.value_ref(v), self.read(v));
@@ -223,7 +266,7 @@ impl HostProgram {
             let results = g
                 .outputs
                 .iter()
-                .filter(|(_, v)| phase(v) != Phase::Optimizer)
+                .filter(|(name, v)| phase(v) != Phase::Optimizer && self.fetched(name))
                 .map(|(name, v)| (name.clone(), self.read(*v)));
             out.outputs.micro_batches.push(results.collect());
             out.captured.push(captured);
@@ -232,11 +275,15 @@ impl HostProgram {
         out.outputs.optimizer = g
             .outputs
             .iter()
-            .filter(|(_, v)| phase(v) == Phase::Optimizer)
+            .filter(|(name, v)| phase(v) == Phase::Optimizer && self.fetched(name))
             .map(|(name, v)| (name.clone(), self.read(*v)))
             .collect();
         self.steps_done += 1;
         Ok(out)
+    }
+
+    fn fetched(&self, output: &str) -> bool {
+        self.fetches.as_ref().is_none_or(|f| f.contains(output))
     }
 
     /// The measured peak: the highest byte of the device arena that a

@@ -181,6 +181,39 @@ pub enum Instr {
     },
 }
 
+impl Instr {
+    /// The instruction's kind, as profiles and errors name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Instr::Input { .. } => "input",
+            Instr::Fill { .. } => "fill",
+            Instr::Arange { .. } => "arange",
+            Instr::Copy { .. } => "copy",
+            Instr::Kernel { .. } => "kernel",
+            Instr::MatMul { .. } => "mat_mul",
+            Instr::Embedding { .. } => "embedding",
+            Instr::EmbeddingGrad { .. } => "embedding_grad",
+            Instr::CrossEntropy { .. } => "cross_entropy",
+            Instr::CrossEntropyGrad { .. } => "cross_entropy_grad",
+            Instr::Mse { .. } => "mse",
+            Instr::MseGrad { .. } => "mse_grad",
+            Instr::Transpose { .. } => "transpose",
+            Instr::Slice { .. } => "slice",
+            Instr::SliceGrad { .. } => "slice_grad",
+            Instr::Split { .. } => "split",
+            Instr::Concat { .. } => "concat",
+            Instr::Flatten { .. } => "flatten",
+            Instr::Broadcast { .. } => "broadcast",
+            Instr::Scale { .. } => "scale",
+            Instr::SumTo { .. } => "sum_to",
+            Instr::Cast { .. } => "cast",
+            Instr::LrSchedule { .. } => "lr_schedule",
+            Instr::GradScale { .. } => "grad_scale",
+            Instr::LossScaleUpdate { .. } => "loss_scale_update",
+        }
+    }
+}
+
 /// A scheduled instruction.
 pub struct Step {
     pub node: NodeIndex,

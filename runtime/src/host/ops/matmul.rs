@@ -64,7 +64,24 @@ impl MatMulShape {
             }
             batches.push((ia, ib));
         }
-        Some(MatMulShape { m, n, k: ka, transpose_a, transpose_b, batches })
+        let shape = MatMulShape { m, n, k: ka, transpose_a, transpose_b, batches };
+        Some(shape.folded())
+    }
+
+    /// A batch of products that all read one B matrix, each from the next A
+    /// block (`x·Wᵀ` over a `[batch, seq, width]` activation), is one tall
+    /// product: the A blocks and the C blocks lie back to back as its rows.
+    /// One big GEMM keeps every thread on one well-shaped problem instead of
+    /// many small ones.
+    fn folded(self) -> MatMulShape {
+        let shared_b = self.batches.iter().all(|&(_, ib)| ib == self.batches[0].1);
+        let stacked_a = self.batches.iter().enumerate().all(|(i, &(ia, _))| ia == i);
+        if self.batches.len() > 1 && !self.transpose_a && shared_b && stacked_a {
+            let ib = self.batches[0].1;
+            MatMulShape { m: self.m * self.batches.len(), batches: vec![(0, ib)], ..self }
+        } else {
+            self
+        }
     }
 
     pub fn flops(&self) -> f64 {
@@ -184,6 +201,15 @@ mod tests {
                 assert_eq!(c.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(), want, "{a_shape:?} {b_shape:?}");
             }
         }
+    }
+
+    #[test]
+    fn products_with_one_weight_are_folded_into_one_tall_product() {
+        let s = MatMulShape::new(&[32, 128, 384], &[384, 384], false, true).unwrap();
+        assert_eq!((s.m, s.n, s.k, s.batches.as_slice()), (4096, 384, 384, &[(0, 0)][..]));
+        // Transposed A blocks are not rows of one matrix; per-batch B is not shared.
+        assert_eq!(MatMulShape::new(&[32, 384, 128], &[384, 384], true, true).unwrap().batches.len(), 32);
+        assert_eq!(MatMulShape::new(&[32, 128, 384], &[32, 384, 384], false, false).unwrap().batches.len(), 32);
     }
 
     #[test]
