@@ -91,10 +91,12 @@ fn report(what: &str, program: &mut HostProgram, input: &Feeds, runs: usize, thr
         tokens / seconds
     );
     program.set_profiling(true);
+    let start = Instant::now();
     program.step(std::slice::from_ref(input)).expect("runs");
+    let wall = start.elapsed().as_secs_f64();
     let profile = program.profile().expect("profiling is on");
     let total = profile.total_seconds();
-    eprintln!("{what}: {:.1} ms in instructions, by kind:", total * 1e3);
+    eprintln!("{what}: a step of {:.1} ms, {:.1} ms in instructions, by kind:", wall * 1e3, total * 1e3);
     for (kind, e) in profile.by_kind().iter().take(PROFILE_ROWS) {
         let rate = if e.flops > 0.0 { format!("{:6.1} GFLOP/s", e.flops / e.seconds / 1e9) } else { String::new() };
         eprintln!("  {:7.1} ms {:5.1}% {:4}× {kind} {rate}", e.seconds * 1e3, 100.0 * e.seconds / total, e.calls);
