@@ -8,6 +8,7 @@
 //! the CPU-backend issue.
 
 pub mod checkpoint;
+pub mod comm;
 pub mod data;
 pub mod embed;
 pub mod host;

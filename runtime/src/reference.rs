@@ -116,16 +116,34 @@ impl ReferenceTrainer {
     }
 }
 
-/// The micro-batches a training graph accumulates per step (its `grad_scale`
-/// says; 1 for a graph without one, such as a forward graph).
+/// The micro-batches a training graph accumulates per step on each rank
+/// (its `grad_scale` averages over micro-batches × data-parallel ranks; 1
+/// for a graph without one, such as a forward graph).
 pub fn micro_batches(graph: &Graph) -> u64 {
-    graph
+    let averaged = graph
         .petgraph()
         .node_weights()
         .find_map(|n| match n.op {
             Op::GradScale { micro_batches, .. } => Some(micro_batches),
             _ => None,
         })
+        .unwrap_or(1);
+    (averaged / data_parallel_ranks(graph)).max(1)
+}
+
+/// The data-parallel ranks a graph's collectives and shards span (1 when
+/// it has none).
+pub fn data_parallel_ranks(graph: &Graph) -> u64 {
+    graph
+        .petgraph()
+        .node_weights()
+        .filter_map(|n| match n.op {
+            Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
+                Some(ranks)
+            }
+            _ => None,
+        })
+        .max()
         .unwrap_or(1)
 }
 
@@ -138,6 +156,14 @@ impl StepLog {
     /// gave: `loss` per micro-batch, `lr`, `grad_sq` and `finite` once, and
     /// `loss_scale` under fp16.
     pub fn from_outputs(step: u64, out: &StepOutputs) -> Result<StepLog, TrainStepError> {
+        StepLog::from_rank_outputs(step, out, 1)
+    }
+
+    /// As [`StepLog::from_outputs`], for one rank of `ranks` data-parallel
+    /// ranks: the loss is this rank's; `grad_sq` is of the gradient summed
+    /// over every rank's micro-batches, so the norm of the mean divides by
+    /// micro-batches × ranks.
+    pub fn from_rank_outputs(step: u64, out: &StepOutputs, ranks: u64) -> Result<StepLog, TrainStepError> {
         let scalar = |map: &BTreeMap<String, Tensor>, name: &'static str| {
             map.get(name).and_then(Tensor::item).ok_or(TrainStepError::MissingOutput { step, name })
         };
@@ -155,7 +181,7 @@ impl StepLog {
             step,
             loss,
             lr: scalar(&out.optimizer, "lr")?,
-            grad_norm: raw_norm / (loss_scale.unwrap_or(1.0) * k as f64),
+            grad_norm: raw_norm / (loss_scale.unwrap_or(1.0) * (k as u64 * ranks.max(1)) as f64),
             loss_scale,
             skipped: !finite,
         })

@@ -292,6 +292,14 @@ impl Interpreter {
     /// Initial values of every Param and State node from its Init (see the
     /// module docs for `normal`). Shapes must be constant.
     pub fn init_state(&self, graph: &Graph) -> Result<State, InterpError> {
+        self.init_rank_state(graph, None)
+    }
+
+    /// As [`Interpreter::init_state`], for data-parallel rank `rank` of a
+    /// partitioned graph: each sharded flat buffer gets this rank's slice of
+    /// the value the whole buffer would have, so every rank count starts
+    /// from the same model.
+    pub fn init_rank_state(&self, graph: &Graph, rank: Option<u64>) -> Result<State, InterpError> {
         let mut state = State::new();
         for n in topo_order(graph)? {
             let node = graph.node(n);
@@ -303,7 +311,7 @@ impl Interpreter {
             let ty = &node.outputs[0];
             let shape = bind::concrete_shape(&ty.shape, &Bindings::new()).map_err(fail)?;
             let stream = random::name_stream(&node.name);
-            let mut t = random::init(init, shape, ty.dtype, self.seed, stream).map_err(fail)?;
+            let mut t = random::init(init, shape, ty.dtype, self.seed, stream, rank).map_err(fail)?;
             if self.precision == Precision::Native {
                 t.round_to_dtype();
             }

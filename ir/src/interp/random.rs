@@ -71,8 +71,17 @@ pub fn standard_normal(seed: u64, ordinal: u32, index: u64) -> f64 {
 }
 
 /// The initial value of a parameter or state of `shape` and `dtype`,
-/// unrounded (the interpreter rounds in `Native` mode).
-pub(super) fn init(init: &Init, shape: Vec<usize>, dtype: DType, seed: u64, ordinal: u32) -> Result<Tensor, String> {
+/// unrounded (the interpreter rounds in `Native` mode). A flat buffer
+/// sharded over ranks is rank `rank`'s slice of the whole buffer's value
+/// (`None`: a single-rank run, which cannot hold a shard).
+pub(super) fn init(
+    init: &Init,
+    shape: Vec<usize>,
+    dtype: DType,
+    seed: u64,
+    ordinal: u32,
+    rank: Option<u64>,
+) -> Result<Tensor, String> {
     let n: usize = shape.iter().product();
     match init {
         Init::Zeros => Ok(nd::full(shape, dtype, 0.0)),
@@ -82,14 +91,24 @@ pub(super) fn init(init: &Init, shape: Vec<usize>, dtype: DType, seed: u64, ordi
             Ok(nd::float(shape, dtype, (0..n as u64).map(|e| std * standard_normal(seed, ordinal, e)).collect()))
         }
         Init::Normal { .. } => Err(format!("a normal initialiser needs a float dtype, not {dtype}")),
-        Init::Flat { shards, .. } if *shards > 1 => Err(format!(
-            "a flat buffer sharded over {shards} ranks needs the multi-rank interpreter; this one runs a single rank"
-        )),
+        Init::Flat { shards, members } if *shards > 1 => {
+            let rank = rank.ok_or_else(|| {
+                format!("a flat buffer sharded over {shards} ranks needs a rank: initialise it per rank")
+            })?;
+            if rank >= *shards {
+                return Err(format!("rank {rank} of a buffer sharded over {shards} ranks"));
+            }
+            let whole = Init::Flat { members: members.clone(), shards: 1 };
+            let all = self::init(&whole, vec![n * *shards as usize], dtype, seed, ordinal, None)?;
+            let values = all.floats().ok_or("a flat buffer is float")?;
+            let at = rank as usize * n;
+            Ok(nd::float(shape, dtype, values[at..at + n].to_vec()))
+        }
         Init::Flat { members, .. } => {
             let mut flat = vec![0.0; n];
             for m in members {
                 let shape = m.shape.iter().map(|&d| d as usize).collect();
-                let part = self::init(&m.init, shape, dtype, seed, name_stream(&m.name))?;
+                let part = self::init(&m.init, shape, dtype, seed, name_stream(&m.name), None)?;
                 let values = part.floats().ok_or_else(|| format!("flat member `{}` is not a float", m.name))?;
                 let at = m.offset as usize;
                 flat.get_mut(at..at + values.len())

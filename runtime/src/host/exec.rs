@@ -6,12 +6,16 @@ use super::select::{Instr, elem};
 use zeroplan_ir::Tensor;
 use zeroplan_ir::interp::{self, Feeds};
 
+use crate::comm::Communicator;
+
 /// What an instruction may need besides its buffers.
 pub struct Ctx<'a> {
     pub feeds: &'a Feeds,
     pub seed: u64,
     /// Dropout's counter word for this pass.
     pub offset: u64,
+    /// This rank's handle on its data-parallel group.
+    pub comm: &'a dyn Communicator,
 }
 
 /// `b`'s bytes. Safety: nothing writes `b` meanwhile.
@@ -74,6 +78,22 @@ pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
         },
         Instr::Arange { out } => mem.write_i64(*out, &(0..out.len as i64).collect::<Vec<_>>()),
         Instr::Copy { from, to } => mem.copy(*from, *to),
+        // Payloads travel as f32 (16-bit buffers widened, then rounded once).
+        Instr::AllReduce { x, out } => {
+            let mut v = mem.read_f32(*x);
+            cx.comm.all_reduce(&mut v).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &v);
+        }
+        Instr::ReduceScatter { x, out } => {
+            let mut part = vec![0.0; out.len];
+            cx.comm.reduce_scatter(&mem.read_f32(*x), &mut part).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &part);
+        }
+        Instr::AllGather { x, out } => {
+            let mut all = vec![0.0; out.len];
+            cx.comm.all_gather(&mem.read_f32(*x), &mut all).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &all);
+        }
         Instr::Kernel { kernel, inputs, outputs } => {
             let ins: Vec<*const u8> = inputs.iter().map(|b| mem.ptr(*b).cast_const()).collect();
             let outs: Vec<*mut u8> = outputs.iter().map(|b| mem.ptr(*b)).collect();

@@ -25,6 +25,7 @@ mod profile;
 mod select;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use zeroplan_backend_cpu::KernelCompiler;
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
@@ -34,7 +35,9 @@ use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Tensor, Value};
 pub use arena::{Arena, Buf, Memory};
 pub use profile::{Entry as ProfileEntry, Profile};
 pub use select::SelectError;
-use select::{Step, concrete};
+use select::{Rank, Step, concrete};
+
+use crate::comm::{Communicator, InProcess};
 
 /// Why a program could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +91,8 @@ pub struct HostProgram {
     high_water: usize,
     /// Per-instruction timings, while profiling is on.
     profile: Option<Profile>,
+    /// This rank's handle on its data-parallel group.
+    comm: Arc<dyn Communicator>,
     /// The outputs a step reads back (`None`: all). A masked-LM's logits are
     /// half a gigabyte at MiniLM's size; a trainer wants only the scalars.
     fetches: Option<BTreeSet<String>>,
@@ -101,14 +106,24 @@ pub struct HostStep {
 }
 
 impl HostProgram {
-    /// Loads `program`: arenas, buffers, kernels, and the initial state from `seed`.
+    /// Loads a single-rank `program`: arenas, buffers, kernels, and the
+    /// initial state from `seed`.
     pub fn load(program: Program, seed: u64) -> Result<HostProgram, HostError> {
+        let alone = InProcess::group(1).pop().expect("a group of one");
+        HostProgram::load_rank(program, seed, Arc::new(alone))
+    }
+
+    /// Loads `program` as rank `comm.rank()` of a data-parallel group: its
+    /// shards are its slices of the flat buffers, and its collectives go
+    /// through `comm`. Every rank starts from the same `seed`.
+    pub fn load_rank(program: Program, seed: u64, comm: Arc<dyn Communicator>) -> Result<HostProgram, HostError> {
         let g = &program.graph;
+        let rank = Rank { index: comm.rank(), ranks: comm.ranks() };
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
         let order = g.topo_order().ok_or_else(|| HostError::Memory("the program's graph has a cycle".into()))?;
-        let bufs = select::buffers(&program, &order, &bindings)?;
+        let bufs = select::buffers(&program, &order, &bindings, rank)?;
         let mut compiler = KernelCompiler::new().map_err(|e| HostError::Memory(e.to_string()))?;
-        let steps = select::select(g, &order, &bufs, &bindings, &mut compiler)?;
+        let steps = select::select(g, &order, &bufs, &bindings, rank, &mut compiler)?;
         let size =
             |n: u64| usize::try_from(n).map_err(|_| HostError::Memory(format!("{n} bytes do not fit this host")));
         let memory = Memory {
@@ -130,9 +145,11 @@ impl HostProgram {
             high_water: 0,
             profile: None,
             fetches: None,
+            comm,
             program,
         };
-        let state = Interpreter::new(Precision::Native, seed).init_state(&host.program.graph)?;
+        let state =
+            Interpreter::new(Precision::Native, seed).init_rank_state(&host.program.graph, Some(rank.index as u64))?;
         host.set_state(&state)?;
         Ok(host)
     }
@@ -238,7 +255,15 @@ impl HostProgram {
         let mut out = HostStep { outputs: StepOutputs::default(), captured: Vec::new() };
         for (i, feeds) in micro_batches.iter().enumerate() {
             let last = i + 1 == k;
-            let cx = exec::Ctx { feeds, seed: self.seed, offset: self.steps_done.wrapping_mul(k as u64) + i as u64 };
+            // Dropout counts micro-batches over the whole group, so R ranks of
+            // k micro-batches draw the masks one rank of R·k would.
+            let global = self.steps_done.wrapping_mul(self.comm.ranks() as u64) + self.comm.rank() as u64;
+            let cx = exec::Ctx {
+                feeds,
+                seed: self.seed,
+                offset: global.wrapping_mul(k as u64) + i as u64,
+                comm: self.comm.as_ref(),
+            };
             let mut captured = BTreeMap::new();
             let last_micro_batch_step = self.steps.iter().rposition(|s| !s.optimizer);
             for (at, step) in self.steps.iter().enumerate() {
@@ -249,8 +274,11 @@ impl HostProgram {
                 if let Some(instr) = &step.instr {
                     let cx = exec::Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
                     let start = self.profile.is_some().then(std::time::Instant::now);
-                    exec::run(instr, &self.memory, &cx)
-                        .map_err(|message| HostError::Run { node: g.node(step.node).name.clone(), message })?;
+                    if let Err(message) = exec::run(instr, &self.memory, &cx) {
+                        // The peers must not wait for this rank's next collective.
+                        self.comm.abort();
+                        return Err(HostError::Run { node: g.node(step.node).name.clone(), message });
+                    }
                     if let (Some(p), Some(start)) = (&mut self.profile, start) {
                         p.record(instr, start.elapsed());
                     }

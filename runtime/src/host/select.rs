@@ -41,6 +41,19 @@ pub enum Instr {
         from: Buf,
         to: Buf,
     },
+    /// Collectives over the data-parallel ranks, through the communicator.
+    AllReduce {
+        x: Buf,
+        out: Buf,
+    },
+    ReduceScatter {
+        x: Buf,
+        out: Buf,
+    },
+    AllGather {
+        x: Buf,
+        out: Buf,
+    },
     Kernel {
         kernel: Arc<CompiledKernel>,
         inputs: Vec<Buf>,
@@ -189,6 +202,9 @@ impl Instr {
             Instr::Fill { .. } => "fill",
             Instr::Arange { .. } => "arange",
             Instr::Copy { .. } => "copy",
+            Instr::AllReduce { .. } => "all_reduce",
+            Instr::ReduceScatter { .. } => "reduce_scatter",
+            Instr::AllGather { .. } => "all_gather",
             Instr::Kernel { .. } => "kernel",
             Instr::MatMul { .. } => "mat_mul",
             Instr::Embedding { .. } => "embedding",
@@ -242,6 +258,7 @@ pub fn buffers(
     program: &Program,
     order: &[NodeIndex],
     bindings: &Bindings,
+    rank: Rank,
 ) -> Result<HashMap<Value, Buf>, SelectError> {
     let g = &program.graph;
     let planned: HashMap<&str, &zeroplan_ir::plan::Buffer> =
@@ -262,7 +279,7 @@ pub fn buffers(
             if node.op.is_view() {
                 let of = bufs[&g.operands(n)[0]];
                 if of.place == b.place {
-                    buf.offset = of_offset(&of, &node.op, g, n, bindings);
+                    buf.offset = of_offset(&of, &node.op, g, n, bindings, rank);
                 }
             }
             let arena = match b.place {
@@ -284,15 +301,24 @@ pub fn buffers(
     Ok(bufs)
 }
 
+/// This rank among the data-parallel ranks of a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rank {
+    pub index: usize,
+    pub ranks: usize,
+}
+
 /// Where a view starts inside the buffer it views.
-fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings) -> usize {
+fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> usize {
     match op {
         Op::Slice { axis: 0, start, .. } => {
             let shape = concrete(&g.value_type(g.operands(n)[0]).shape, bindings).unwrap_or_default();
             let row: usize = shape.iter().skip(1).product();
             of.offset + *start as usize * row * of.dtype.size_bytes() as usize
         }
-        // Reshapes, and one rank's shard of one rank: the whole buffer.
+        // Rank r's shard is the r-th of `ranks` equal slices of the flat buffer.
+        Op::Shard { ranks } => of.offset + rank.index * (of.len / (*ranks as usize).max(1)) * elem(of.dtype),
+        // Reshapes: the whole buffer.
         _ => of.offset,
     }
 }
@@ -308,13 +334,14 @@ pub fn select(
     order: &[NodeIndex],
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
+    rank: Rank,
     compiler: &mut KernelCompiler,
 ) -> Result<Vec<Step>, SelectError> {
     let mut steps = Vec::with_capacity(order.len());
     for &n in order {
         let node = g.node(n);
         let fail = |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
-        let instr = instruction(g, n, bufs, bindings, compiler).map_err(fail)?;
+        let instr = instruction(g, n, bufs, bindings, rank, compiler).map_err(fail)?;
         steps.push(Step { node: n, optimizer: node.phase == Phase::Optimizer && node.op != Op::Input, instr });
     }
     Ok(steps)
@@ -325,6 +352,7 @@ fn instruction(
     n: NodeIndex,
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
+    rank: Rank,
     compiler: &mut KernelCompiler,
 ) -> Result<Option<Instr>, String> {
     let node = g.node(n);
@@ -340,7 +368,7 @@ fn instruction(
         op if op.is_view() => {
             // The viewed elements; a view on another place has a buffer of its own.
             let to = out(0);
-            let from = Buf { offset: of_offset(&x[0], op, g, n, bindings), ..to };
+            let from = Buf { offset: of_offset(&x[0], op, g, n, bindings, rank), ..to };
             let from = Buf { place: x[0].place, ..from };
             return Ok((from != to).then_some(Instr::Copy { from, to }));
         }
@@ -352,9 +380,18 @@ fn instruction(
         Op::Copy | Op::AllReduce { ranks: 1 } | Op::ReduceScatter { ranks: 1 } | Op::AllGather { ranks: 1 } => {
             Instr::Copy { from: x[0], to: out(0) }
         }
-        op if op.is_collective() => {
-            return Err("collectives over several ranks need the multi-rank runtime (issue 7)".into());
+        Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks }
+            if *ranks as usize != rank.ranks =>
+        {
+            return Err(format!(
+                "the plan runs on {ranks} data-parallel ranks, this group has {}: load it once per rank of a \
+                 group of {ranks}",
+                rank.ranks
+            ));
         }
+        Op::AllReduce { .. } => Instr::AllReduce { x: x[0], out: out(0) },
+        Op::ReduceScatter { .. } => Instr::ReduceScatter { x: x[0], out: out(0) },
+        Op::AllGather { .. } => Instr::AllGather { x: x[0], out: out(0) },
         Op::Fused { kernel } => {
             let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
             let compiled = compiler.compile(kernel, &dims).map_err(|e| e.to_string())?;

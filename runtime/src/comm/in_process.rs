@@ -1,0 +1,199 @@
+//! Ranks as threads of one process: each collective is a rendezvous over
+//! shared memory.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::{CommError, Communicator};
+
+/// One rank of an in-process group; [`InProcess::group`] makes them all.
+pub struct InProcess {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+/// What the ranks of a group share: each rank's contribution to the
+/// current collective, and a barrier that a failed rank can break.
+struct Shared {
+    ranks: usize,
+    slots: Vec<Mutex<Vec<f32>>>,
+    barrier: Mutex<Rendezvous>,
+    arrived: Condvar,
+}
+
+struct Rendezvous {
+    waiting: usize,
+    generation: u64,
+    failed: bool,
+}
+
+impl InProcess {
+    /// A group of `ranks` (at least one), one handle per rank, in rank order.
+    pub fn group(ranks: usize) -> Vec<InProcess> {
+        let ranks = ranks.max(1);
+        let shared = Arc::new(Shared {
+            ranks,
+            slots: (0..ranks).map(|_| Mutex::new(Vec::new())).collect(),
+            barrier: Mutex::new(Rendezvous { waiting: 0, generation: 0, failed: false }),
+            arrived: Condvar::new(),
+        });
+        (0..ranks).map(|rank| InProcess { rank, shared: shared.clone() }).collect()
+    }
+
+    /// Waits until every rank has arrived (or one has failed).
+    fn barrier(&self, op: &'static str) -> Result<(), CommError> {
+        let s = &self.shared;
+        let mut r = s.barrier.lock().unwrap_or_else(|e| e.into_inner());
+        if r.failed {
+            return Err(CommError::PeerFailed { op });
+        }
+        r.waiting += 1;
+        if r.waiting == s.ranks {
+            r.waiting = 0;
+            r.generation += 1;
+            s.arrived.notify_all();
+            return Ok(());
+        }
+        let generation = r.generation;
+        while r.generation == generation && !r.failed {
+            r = s.arrived.wait(r).unwrap_or_else(|e| e.into_inner());
+        }
+        if r.generation == generation { Err(CommError::PeerFailed { op }) } else { Ok(()) }
+    }
+
+    /// Puts this rank's contribution in its slot and waits for the others'.
+    fn deposit(&self, op: &'static str, data: &[f32]) -> Result<(), CommError> {
+        {
+            let mut slot = self.shared.slots[self.rank].lock().unwrap_or_else(|e| e.into_inner());
+            slot.clear();
+            slot.extend_from_slice(data);
+        }
+        self.barrier(op)?;
+        let expected = self.slot_len(0);
+        for rank in 1..self.shared.ranks {
+            let got = self.slot_len(rank);
+            if got != expected {
+                return Err(CommError::Mismatch { op, rank, got, expected });
+            }
+        }
+        Ok(())
+    }
+
+    fn slot_len(&self, rank: usize) -> usize {
+        self.shared.slots[rank].lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// `out[i] = Σ_rank slot[rank][from + i]`, in rank order in f64.
+    fn sum_into(&self, from: usize, out: &mut [f32]) {
+        let slots: Vec<_> = self.shared.slots.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner())).collect();
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = slots.iter().map(|s| f64::from(s[from + i])).sum::<f64>() as f32;
+        }
+    }
+}
+
+impl Communicator for InProcess {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.shared.ranks
+    }
+
+    fn all_reduce(&self, data: &mut [f32]) -> Result<(), CommError> {
+        self.deposit("all_reduce", data)?;
+        self.sum_into(0, data);
+        // Nobody refills a slot before every rank has read them all.
+        self.barrier("all_reduce")
+    }
+
+    fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let (op, ranks) = ("reduce_scatter", self.shared.ranks);
+        if data.len() % ranks != 0 || out.len() != data.len() / ranks {
+            return Err(CommError::Uneven { op, len: data.len(), ranks });
+        }
+        self.deposit(op, data)?;
+        self.sum_into(self.rank * out.len(), out);
+        self.barrier(op)
+    }
+
+    fn all_gather(&self, part: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let (op, ranks) = ("all_gather", self.shared.ranks);
+        if out.len() != part.len() * ranks {
+            return Err(CommError::Uneven { op, len: out.len(), ranks });
+        }
+        self.deposit(op, part)?;
+        for (rank, chunk) in out.chunks_mut(part.len().max(1)).enumerate() {
+            chunk.copy_from_slice(&self.shared.slots[rank].lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        self.barrier(op)
+    }
+
+    fn abort(&self) {
+        let mut r = self.shared.barrier.lock().unwrap_or_else(|e| e.into_inner());
+        r.failed = true;
+        self.shared.arrived.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on every rank of a group of `ranks`, each on its own thread.
+    fn on_ranks<T: Send>(ranks: usize, f: impl Fn(&InProcess) -> T + Sync) -> Vec<T> {
+        let group = InProcess::group(ranks);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = group.iter().map(|c| s.spawn(|| f(c))).collect();
+            handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+        })
+    }
+
+    #[test]
+    fn collectives_give_every_rank_the_sum_its_slice_and_the_concatenation() {
+        let results = on_ranks(3, |c| {
+            let r = c.rank() as f32;
+            let mut summed = vec![r, 10.0 * r, 1.0];
+            c.all_reduce(&mut summed).unwrap();
+            let mut slice = vec![0.0; 2];
+            c.reduce_scatter(&[r, r, 1.0, 1.0, 2.0 * r, 0.0], &mut slice).unwrap();
+            let mut gathered = vec![0.0; 6];
+            c.all_gather(&[r, -r], &mut gathered).unwrap();
+            (summed, slice, gathered)
+        });
+        for (rank, (summed, slice, gathered)) in results.into_iter().enumerate() {
+            assert_eq!(summed, [3.0, 30.0, 3.0]);
+            assert_eq!(slice, [[3.0, 3.0], [3.0, 3.0], [6.0, 0.0]][rank]);
+            assert_eq!(gathered, [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]);
+        }
+    }
+
+    #[test]
+    fn the_sum_is_the_same_bits_on_every_rank_whatever_the_timing() {
+        let results = on_ranks(4, |c| {
+            std::thread::sleep(std::time::Duration::from_millis(3 * (4 - c.rank() as u64)));
+            let mut x = vec![0.1f32 * (c.rank() as f32 + 1.0), 1e8, -1e8];
+            c.all_reduce(&mut x).unwrap();
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        });
+        assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+    }
+
+    #[test]
+    fn mismatched_programs_and_failed_peers_are_errors_not_hangs() {
+        let results = on_ranks(2, |c| {
+            let mut x = vec![0.0; 2 + c.rank()];
+            c.all_reduce(&mut x)
+        });
+        assert!(results.iter().all(|r| matches!(r, Err(CommError::Mismatch { rank: 1, got: 3, expected: 2, .. }))));
+
+        let results = on_ranks(2, |c| {
+            if c.rank() == 1 {
+                c.abort();
+                return Err(CommError::PeerFailed { op: "test" });
+            }
+            c.all_reduce(&mut [1.0])
+        });
+        assert_eq!(results[0], Err(CommError::PeerFailed { op: "all_reduce" }));
+    }
+}

@@ -1,0 +1,47 @@
+//! Collectives between data-parallel ranks, behind one trait.
+//!
+//! The runtime executes a plan's `all_reduce`, `reduce_scatter` and
+//! `all_gather` nodes through a [`Communicator`] without knowing what is
+//! behind it: [`InProcess`] (ranks as threads of this process, for the host
+//! runtime and the tests) now, NCCL on GPUs later. Payloads are `f32` — the
+//! host runtime widens 16-bit buffers before a collective and rounds the
+//! result once, as NCCL's f32 accumulation of bf16 would.
+//!
+//! Every implementation must give each rank the **same** result bits, and
+//! a result that does not depend on timing: [`InProcess`] sums in rank
+//! order, in `f64`.
+
+mod in_process;
+
+pub use in_process::InProcess;
+
+/// Why a collective failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CommError {
+    #[error("rank {rank} gave {got} elements to {op}, rank 0 gave {expected}: the ranks run different programs")]
+    Mismatch { op: &'static str, rank: usize, got: usize, expected: usize },
+    #[error("{op}: a peer rank failed (see its error), so this rank stopped too")]
+    PeerFailed { op: &'static str },
+    #[error("{op} of {len} elements over {ranks} ranks: the length must divide evenly")]
+    Uneven { op: &'static str, len: usize, ranks: usize },
+}
+
+/// One rank's handle on a group of ranks that run the same program.
+///
+/// Every rank must call the same collectives in the same order (as a plan's
+/// schedule guarantees); each call returns once every rank has made it.
+pub trait Communicator: Send + Sync {
+    /// This rank, in `0..ranks()`.
+    fn rank(&self) -> usize;
+    fn ranks(&self) -> usize;
+    /// Every rank's `data` summed, into every rank's `data`.
+    fn all_reduce(&self, data: &mut [f32]) -> Result<(), CommError>;
+    /// Every rank's `data` summed; this rank keeps its `1/ranks` slice of the
+    /// sum (slice `rank()`, in order) in `out`.
+    fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+    /// Every rank's `part`, concatenated in rank order, into `out`.
+    fn all_gather(&self, part: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+    /// Tells the peers this rank will make no more calls (it failed), so
+    /// that they return [`CommError::PeerFailed`] instead of waiting forever.
+    fn abort(&self);
+}
