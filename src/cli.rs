@@ -143,6 +143,17 @@ pub struct TrainArgs {
     /// Save the trained weights here (Hugging Face names), atomically.
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
+    /// `--backend cpu`: data-parallel ranks, run as threads of this process that
+    /// exchange gradients through the plan's collectives; each rank trains on its
+    /// own batches (the global batch is ranks × micro-batches × --batch-size).
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<u64>,
+    /// ZeRO stage for `--ranks`: 0 (plain data parallel) to 3.
+    #[arg(long, default_value_t = 0, value_name = "STAGE")]
+    pub zero: u8,
+    /// ZeRO-Offload for `--ranks`: none, optimizer, optimizer+params.
+    #[arg(long, default_value = "none", value_parser = parse_offload)]
+    pub offload: zeroplan_ir::plan::Offload,
     /// Seed of the initialisation, the synthetic batch and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

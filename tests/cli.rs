@@ -344,3 +344,49 @@ fn compile_errors_are_clear() {
     let e = failure(&["inspect", "Cargo.toml"]);
     assert!(e.starts_with("Cargo.toml: error:"), "{e}");
 }
+
+/// The JSON lines of a `--log-json` run.
+fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = zeroplan(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+fn field(lines: &[serde_json::Value], name: &str) -> Vec<f64> {
+    lines.iter().map(|l| l[name].as_f64().expect("a number")).collect()
+}
+
+fn assert_close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs(), "{what}: {got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn training_on_the_cpu_backend_logs_the_reference_backends_steps() {
+    let args = ["train", "models/tiny/tiny-bert.ron", "--steps", "3", "--log-json", "--lr", "1e-2"];
+    let reference = json_lines(&args);
+    let cpu = json_lines(&[&args[..], &["--backend", "cpu"]].concat());
+    assert_close(&field(&cpu, "loss"), &field(&reference, "loss"), "loss");
+    assert_close(&field(&cpu, "grad_norm"), &field(&reference, "grad_norm"), "grad_norm");
+    assert!(cpu.iter().all(|l| l["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)));
+}
+
+#[test]
+fn data_parallel_ranks_train_as_one_rank_accumulating_their_batches() {
+    // The synthetic batch is the same on every rank: two ranks see what one
+    // rank accumulating it twice sees (dropout off, so the masks do not differ).
+    let common = ["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "3", "--log-json"];
+    let common = [&common[..], &["--lr", "1e-2", "--dropout", "0"]].concat();
+    let accumulated = json_lines(&[&common[..], &["--micro-batches", "2"]].concat());
+    for zero in ["0", "3"] {
+        let ranks = json_lines(&[&common[..], &["--ranks", "2", "--zero", zero]].concat());
+        assert_close(&field(&ranks, "loss"), &field(&accumulated, "loss"), &format!("ZeRO-{zero} loss"));
+        assert_close(&field(&ranks, "grad_norm"), &field(&accumulated, "grad_norm"), &format!("ZeRO-{zero} norm"));
+    }
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--ranks", "2"]);
+    assert!(err.contains("--backend cpu"), "{err}");
+    let err = failure(&[&common[..], &["--ranks", "2", "--save", "/tmp/never-written.safetensors"]].concat());
+    assert!(err.contains("sharded checkpoints"), "{err}");
+}

@@ -13,6 +13,7 @@ pub mod data;
 pub mod embed;
 pub mod host;
 pub mod reference;
+pub mod runner;
 
 use serde::Serialize;
 

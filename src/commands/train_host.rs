@@ -3,19 +3,21 @@
 //! synthetic batch, a batch file, or `--data` (MLM text or a GLUE TSV).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cli::TrainArgs;
 use zeroplan_ir::interp::Feeds;
-use zeroplan_ir::plan::{Plan, Program};
+use zeroplan_ir::plan::{DataParallel, Plan, Program};
 use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::checkpoint;
+use zeroplan_runtime::comm::{Communicator, InProcess};
 use zeroplan_runtime::data::{Dataset, Tokenizer, glue, mlm};
 use zeroplan_runtime::host::HostProgram;
-use zeroplan_runtime::reference::StepLog;
+use zeroplan_runtime::reference::{StepLog, data_parallel_ranks};
 
 /// Whether `path` is a plan file (as `zeroplan compile -o` writes them).
 pub fn is_plan(path: &Path) -> bool {
@@ -51,11 +53,20 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
         None => (args.batch_size, args.seq_len),
     };
     let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
-    let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let data_parallel = args.ranks.map(|ranks| DataParallel { ranks, zero_stage: args.zero, offload: args.offload });
+    if data_parallel.is_some_and(|dp| dp.ranks > 1) && (args.weights.is_some() || args.save.is_some()) {
+        return Err(context(
+            "--weights and --save read and write one rank's whole parameters; with --ranks the \
+             parameters live in flat, possibly sharded buffers (sharded checkpoints: issue 7)"
+                .into(),
+        ));
+    }
+    let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
-    let mut host = HostProgram::load(program, args.seed).map_err(|e| context(e.to_string()))?;
+    let mut ranks = load_ranks(program, args.seed).map_err(context)?;
+    let host = &mut ranks[0];
     if let Some(path) = &args.weights {
         let mut weights = host.weights();
         let report =
@@ -73,8 +84,9 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
         }
         (None, None) => Batches::Fixed(super::train::synthetic_batch(model, batch, seq, args.seed)?),
     };
-    train_loop(args, &mut host, batches, batch, seq)?;
+    train_loop(args, &mut ranks, batches, batch, seq)?;
     if let Some(path) = &args.save {
+        let host = &ranks[0];
         checkpoint::save_weights(path, model, &host.program().graph, &host.weights()).map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -101,8 +113,21 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
         }
         (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
     };
-    let mut host = HostProgram::load(plan.program, args.seed).map_err(|e| context(e.to_string()))?;
-    train_loop(args, &mut host, batches, batch as usize, seq as usize)
+    let mut ranks = load_ranks(plan.program, args.seed).map_err(context)?;
+    train_loop(args, &mut ranks, batches, batch as usize, seq as usize)
+}
+
+/// The program loaded once per data-parallel rank it was planned for, the
+/// ranks joined by an in-process communicator.
+fn load_ranks(program: Program, seed: u64) -> Result<Vec<HostProgram>, String> {
+    let ranks = data_parallel_ranks(&program.graph) as usize;
+    InProcess::group(ranks)
+        .into_iter()
+        .map(|comm| {
+            let comm: Arc<dyn Communicator> = Arc::new(comm);
+            HostProgram::load_rank(program.clone(), seed, comm).map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// The head a training graph ends in, and its vocabulary size.
@@ -159,14 +184,16 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 }
 
 /// Steps with a progress bar (loss, tokens/s), or JSON lines with `--log-json`.
+/// Each rank steps on its own thread with its own micro-batches; the log
+/// shows the ranks' mean loss.
 fn train_loop(
     args: &TrainArgs,
-    host: &mut HostProgram,
+    ranks: &mut [HostProgram],
     mut batches: Batches,
     batch: usize,
     seq: usize,
 ) -> Result<(), String> {
-    let k = host.micro_batches() as usize;
+    let k = ranks[0].micro_batches() as usize;
     let bar = (!args.log_json).then(|| {
         let bar = indicatif::ProgressBar::new(args.steps);
         bar.set_style(
@@ -176,17 +203,33 @@ fn train_loop(
         bar
     });
     // Only the scalars the log needs come back, not the logits.
-    let graph = &host.program().graph;
+    let graph = &ranks[0].program().graph;
     let logged: Vec<&str> =
         StepLog::OUTPUTS.into_iter().filter(|name| graph.outputs.iter().any(|(o, _)| o == name)).collect();
-    host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
+    for host in ranks.iter_mut() {
+        host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
+    }
+    let world = ranks.len();
     for _ in 0..args.steps {
-        let feeds: Vec<Feeds> = (0..k).map(|_| batches.next(batch)).collect();
+        let feeds: Vec<Vec<Feeds>> = (0..world).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
         let started = Instant::now();
-        let out = host.step(&feeds).map_err(|e| format!("error: {e}"))?;
+        let outputs: Vec<_> = std::thread::scope(|s| {
+            let running: Vec<_> =
+                ranks.iter_mut().zip(&feeds).map(|(host, feeds)| s.spawn(move || host.step(feeds))).collect();
+            running.into_iter().map(|r| r.join().expect("a rank's thread panicked")).collect()
+        });
         let seconds = started.elapsed().as_secs_f64();
-        let log = StepLog::from_outputs(host.steps_done(), &out.outputs).map_err(|e| format!("error: {e}"))?;
-        let tokens_per_s = (batch * seq * k) as f64 / seconds;
+        let mut logs = Vec::with_capacity(world);
+        for out in outputs {
+            let out = out.map_err(|e| format!("error: {e}"))?;
+            logs.push(
+                StepLog::from_rank_outputs(ranks[0].steps_done(), &out.outputs, world as u64)
+                    .map_err(|e| format!("error: {e}"))?,
+            );
+        }
+        let mut log = logs[0].clone();
+        log.loss = logs.iter().map(|l| l.loss).sum::<f64>() / world as f64;
+        let tokens_per_s = (batch * seq * k * world) as f64 / seconds;
         match &bar {
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");

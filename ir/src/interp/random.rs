@@ -176,17 +176,38 @@ mod tests {
 
     #[test]
     fn normal_init_has_the_right_moments() {
-        let t = init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0).unwrap();
+        let t = init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, None).unwrap();
         let v = t.floats().unwrap();
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.02 * 0.04, "mean {mean}");
         assert!((var.sqrt() / 0.02 - 1.0).abs() < 0.03, "std {}", var.sqrt());
         // A different stream is a different tensor; the same one is identical.
-        assert_ne!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1).unwrap());
-        assert_eq!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0).unwrap());
-        assert_eq!(init(&Init::Ones, vec![2], DType::BF16, 0, 0).unwrap().floats().unwrap(), &[1.0, 1.0]);
-        assert_eq!(init(&Init::Zeros, vec![2], DType::I64, 0, 0).unwrap().ints().unwrap(), &[0, 0]);
-        assert!(init(&Init::Normal { std: 1.0 }, vec![2], DType::I64, 0, 0).is_err());
+        assert_ne!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1, None).unwrap());
+        assert_eq!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, None).unwrap());
+        assert_eq!(init(&Init::Ones, vec![2], DType::BF16, 0, 0, None).unwrap().floats().unwrap(), &[1.0, 1.0]);
+        assert_eq!(init(&Init::Zeros, vec![2], DType::I64, 0, 0, None).unwrap().ints().unwrap(), &[0, 0]);
+        assert!(init(&Init::Normal { std: 1.0 }, vec![2], DType::I64, 0, 0, None).is_err());
+    }
+
+    #[test]
+    fn a_sharded_flat_buffer_is_each_ranks_slice_of_the_whole() {
+        let members = vec![
+            crate::op::FlatMember {
+                name: "a".into(),
+                shape: vec![3, 2],
+                offset: 0,
+                init: Box::new(Init::Normal { std: 1.0 }),
+            },
+            crate::op::FlatMember { name: "b".into(), shape: vec![4], offset: 6, init: Box::new(Init::Ones) },
+        ];
+        let flat = |shards| Init::Flat { members: members.clone(), shards };
+        let whole = init(&flat(1), vec![12], DType::F32, 5, 0, None).unwrap();
+        let shards: Vec<f64> = (0..2)
+            .flat_map(|rank| init(&flat(2), vec![6], DType::F32, 5, 0, Some(rank)).unwrap().floats().unwrap().to_vec())
+            .collect();
+        assert_eq!(shards, whole.floats().unwrap());
+        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, None).unwrap_err().contains("per rank"));
+        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, Some(2)).is_err());
     }
 }

@@ -5,6 +5,8 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 
 use zeroplan_ir::{DType, Place};
 
+use crate::runner::Buf;
+
 /// The alignment of an arena: a cache line, and every SIMD width in use.
 const ALIGN: usize = 64;
 
@@ -53,32 +55,6 @@ impl Drop for Arena {
             // SAFETY: allocated in `new` with this layout.
             unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN)) }
         }
-    }
-}
-
-/// Where one tensor lives: a byte range of a place's arena, checked against
-/// the arena's size when the program is loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Buf {
-    pub place: Place,
-    pub offset: usize,
-    /// Elements, of `dtype`.
-    pub len: usize,
-    pub dtype: DType,
-}
-
-impl Buf {
-    pub fn bytes(&self) -> usize {
-        self.len * self.dtype.size_bytes() as usize
-    }
-
-    /// Whether the two byte ranges share a byte.
-    pub fn overlaps(&self, other: &Buf) -> bool {
-        self.place == other.place
-            && self.offset < other.offset + other.bytes()
-            && other.offset < self.offset + self.bytes()
-            && self.bytes() > 0
-            && other.bytes() > 0
     }
 }
 

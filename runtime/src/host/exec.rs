@@ -1,22 +1,12 @@
 //! Running instructions on a rank's memory.
 
-use super::arena::{Buf, Memory};
+use super::arena::Memory;
 use super::ops::{broadcast, embedding, layout, loss, matmul};
 use super::select::{Instr, elem};
 use zeroplan_ir::Tensor;
-use zeroplan_ir::interp::{self, Feeds};
+use zeroplan_ir::interp;
 
-use crate::comm::Communicator;
-
-/// What an instruction may need besides its buffers.
-pub struct Ctx<'a> {
-    pub feeds: &'a Feeds,
-    pub seed: u64,
-    /// Dropout's counter word for this pass.
-    pub offset: u64,
-    /// This rank's handle on its data-parallel group.
-    pub comm: &'a dyn Communicator,
-}
+use crate::runner::{Buf, Ctx};
 
 /// `b`'s bytes. Safety: nothing writes `b` meanwhile.
 unsafe fn bytes(mem: &Memory, b: Buf) -> &[u8] {

@@ -1,388 +1,79 @@
-//! The host runtime: executes a plan's program on this machine's CPU.
+//! The host device: a rank's program on this machine's CPU.
 //!
-//! [`HostProgram::load`] allocates the rank's arenas at the plan's sizes
-//! (`arena_bytes`, `host_arena_bytes`), gives every tensor the buffer the
-//! plan placed it in, compiles the kernels (Cranelift, through
-//! `zeroplan-backend-cpu`, once per program) and initialises parameters and
-//! optimizer state as the reference interpreter does (same seed, same
-//! values). [`HostProgram::step`] then runs one training step with the
-//! reference interpreter's semantics (see `zeroplan_ir::interp`):
-//!
-//! - micro-batch `i` of `k` runs the forward and backward instructions in
-//!   schedule order with dropout offset `step·k + i`; the last micro-batch
-//!   also runs the optimizer's instructions where the schedule puts them;
-//! - updates the memory plan made in place need nothing; the others are
-//!   copied into their target when their phase ends (the plan keeps the new
-//!   value alive until then).
-//!
-//! Nothing is allocated per step besides small temporaries of host
-//! routines, so the arena's size is the device memory the plan predicted.
+//! [`Host`] is the [`Device`] the [`Runner`] drives here: one arena per
+//! place at the plan's size ([`arena`]), instructions selected per node
+//! ([`select`]: Cranelift-compiled kernels through `zeroplan-backend-cpu`,
+//! compiled once per program; GEMMs through the `gemm` crate; host routines
+//! for embeddings, losses and layout) and executed in place ([`exec`]).
+//! [`HostProgram`] is the runner on it, what the CLI, the benches and the
+//! tests load.
 
 mod arena;
 mod exec;
 pub mod ops;
-mod profile;
 mod select;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use zeroplan_backend_cpu::KernelCompiler;
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Tensor, Value};
+use zeroplan_ir::{Bindings, NodeIndex, Tensor, Value};
 
-pub use arena::{Arena, Buf, Memory};
-pub use profile::{Entry as ProfileEntry, Profile};
-pub use select::SelectError;
-use select::{Rank, Step, concrete};
+pub use arena::{Arena, Memory};
+pub use select::Instr;
 
-use crate::comm::{Communicator, InProcess};
-
-/// Why a program could not be loaded or run.
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    #[error(transparent)]
-    Select(#[from] SelectError),
-    #[error("{0}")]
-    Memory(String),
-    #[error("node `{node}`: {message}")]
-    Run { node: String, message: String },
-    #[error("initialising the parameters: {0}")]
-    Init(#[from] zeroplan_ir::interp::InterpError),
-    #[error("{count} micro-batches given, the program accumulates {expected}")]
-    MicroBatches { count: usize, expected: u64 },
-    #[error("state `{name}`: {message}")]
-    State { name: String, message: String },
-    #[error(
-        "the schedule runs optimizer node `{reader}` before `{update}`, whose micro-batch update it must see: \
-         the plan's order is not executable"
-    )]
-    Order { reader: String, update: String },
-}
-
-/// An update that takes effect when its phase ends: a copy of a value the
-/// plan did not compute in place, or a constant written into its target.
-struct DeferredUpdate {
-    what: Commit,
-    to: Buf,
-    optimizer: bool,
-}
-
-enum Commit {
-    Copy(Buf),
-    Fill(f64),
-}
+use crate::runner::{Buf, Ctx, Device, Rank, Runner, SelectError, Step};
 
 /// A plan's program loaded on the host, with its parameters and state.
-pub struct HostProgram {
-    program: Program,
-    bindings: Bindings,
+pub type HostProgram = Runner<Host>;
+
+/// This machine's CPU and one rank's memory on it.
+pub struct Host {
     memory: Memory,
-    steps: Vec<Step>,
-    bufs: HashMap<Value, Buf>,
-    updates: Vec<DeferredUpdate>,
-    micro_batches: u64,
-    seed: u64,
-    steps_done: u64,
-    /// Values copied out right after they are computed, per micro-batch.
-    captures: Vec<Value>,
-    /// The highest device-arena byte any executed node's output reached.
-    high_water: usize,
-    /// Per-instruction timings, while profiling is on.
-    profile: Option<Profile>,
-    /// This rank's handle on its data-parallel group.
-    comm: Arc<dyn Communicator>,
-    /// The outputs a step reads back (`None`: all). A masked-LM's logits are
-    /// half a gigabyte at MiniLM's size; a trainer wants only the scalars.
-    fetches: Option<BTreeSet<String>>,
 }
 
-/// What a step returns: [`StepOutputs`] as the interpreter gives them, and
-/// the captured values (per micro-batch, by value name).
-pub struct HostStep {
-    pub outputs: StepOutputs,
-    pub captured: Vec<BTreeMap<String, Tensor>>,
-}
+impl Device for Host {
+    type Instr = Instr;
 
-impl HostProgram {
-    /// Loads a single-rank `program`: arenas, buffers, kernels, and the
-    /// initial state from `seed`.
-    pub fn load(program: Program, seed: u64) -> Result<HostProgram, HostError> {
-        let alone = InProcess::group(1).pop().expect("a group of one");
-        HostProgram::load_rank(program, seed, Arc::new(alone))
-    }
-
-    /// Loads `program` as rank `comm.rank()` of a data-parallel group: its
-    /// shards are its slices of the flat buffers, and its collectives go
-    /// through `comm`. Every rank starts from the same `seed`.
-    pub fn load_rank(program: Program, seed: u64, comm: Arc<dyn Communicator>) -> Result<HostProgram, HostError> {
-        let g = &program.graph;
-        let rank = Rank { index: comm.rank(), ranks: comm.ranks() };
-        let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
-        let order = g.topo_order().ok_or_else(|| HostError::Memory("the program's graph has a cycle".into()))?;
-        let bufs = select::buffers(&program, &order, &bindings, rank)?;
-        let mut compiler = KernelCompiler::new().map_err(|e| HostError::Memory(e.to_string()))?;
-        let steps = select::select(g, &order, &bufs, &bindings, rank, &mut compiler)?;
-        let size =
-            |n: u64| usize::try_from(n).map_err(|_| HostError::Memory(format!("{n} bytes do not fit this host")));
+    fn load(
+        program: &Program,
+        order: &[NodeIndex],
+        bufs: &HashMap<Value, Buf>,
+        bindings: &Bindings,
+        rank: Rank,
+    ) -> Result<(Host, Vec<Step<Instr>>), SelectError> {
+        let fail = |message: String| SelectError::Device(message);
+        let mut compiler = KernelCompiler::new().map_err(|e| fail(e.to_string()))?;
+        let steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compiler)?;
+        let size = |n: u64| usize::try_from(n).map_err(|_| fail(format!("{n} bytes do not fit this host")));
         let memory = Memory {
-            device: Arena::new(size(program.arena_bytes)?).map_err(HostError::Memory)?,
-            host: Arena::new(size(program.host_arena_bytes)?).map_err(HostError::Memory)?,
+            device: Arena::new(size(program.arena_bytes)?).map_err(fail)?,
+            host: Arena::new(size(program.host_arena_bytes)?).map_err(fail)?,
         };
-        let micro_batches = crate::reference::micro_batches(g);
-        let updates = deferred_updates(g, &order, &bufs)?;
-        let mut host = HostProgram {
-            bindings,
-            memory,
-            steps,
-            bufs,
-            updates,
-            micro_batches,
-            seed,
-            steps_done: 0,
-            captures: Vec::new(),
-            high_water: 0,
-            profile: None,
-            fetches: None,
-            comm,
-            program,
-        };
-        let state =
-            Interpreter::new(Precision::Native, seed).init_rank_state(&host.program.graph, Some(rank.index as u64))?;
-        host.set_state(&state)?;
-        Ok(host)
+        Ok((Host { memory }, steps))
     }
 
-    pub fn program(&self) -> &Program {
-        &self.program
+    fn run(&self, instr: &Instr, cx: &Ctx) -> Result<(), String> {
+        exec::run(instr, &self.memory, cx)
     }
 
-    /// Optimizer steps run so far.
-    pub fn steps_done(&self) -> u64 {
-        self.steps_done
+    fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
+        exec::read_tensor(&self.memory, buf, shape)
     }
 
-    /// Micro-batches per step.
-    pub fn micro_batches(&self) -> u64 {
-        self.micro_batches
+    fn write(&self, buf: Buf, t: &Tensor) {
+        exec::write_tensor(&self.memory, buf, t)
     }
 
-    /// Copies `values` out of the arena as soon as each is computed (their
-    /// buffers are reused later in the step), to [`HostStep::captured`].
-    pub fn capture(&mut self, values: Vec<Value>) {
-        self.captures = values;
+    fn copy(&self, from: Buf, to: Buf) {
+        self.memory.copy(from, to)
     }
 
-    /// Makes [`HostProgram::step`] read back only the outputs named (all of
-    /// them until this is called); an unknown name is an error listing the
-    /// program's outputs.
-    pub fn fetch<S: AsRef<str>>(&mut self, names: &[S]) -> Result<(), HostError> {
-        let outputs = &self.program.graph.outputs;
-        let mut fetches = BTreeSet::new();
-        for name in names.iter().map(AsRef::as_ref) {
-            if !outputs.iter().any(|(o, _)| o == name) {
-                let known: Vec<&str> = outputs.iter().map(|(o, _)| o.as_str()).collect();
-                return Err(HostError::State {
-                    name: name.to_string(),
-                    message: format!("not an output of the program; it has {}", known.join(", ")),
-                });
-            }
-            fetches.insert(name.to_string());
-        }
-        self.fetches = Some(fetches);
-        Ok(())
-    }
-
-    /// Starts timing every instruction (from an empty profile), or stops.
-    pub fn set_profiling(&mut self, on: bool) {
-        self.profile = on.then(Profile::default);
-    }
-
-    /// The timings since profiling was turned on; `None` when it is off.
-    pub fn profile(&self) -> Option<&Profile> {
-        self.profile.as_ref()
-    }
-
-    /// Every param and state node's value, by name.
-    pub fn state(&self) -> State {
-        let g = &self.program.graph;
-        g.petgraph()
-            .node_indices()
-            .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
-            .map(|n| (g.node(n).name.clone(), self.read(Value { node: n, output: 0 })))
-            .collect()
-    }
-
-    /// The parameters alone, by name.
-    pub fn weights(&self) -> BTreeMap<String, Tensor> {
-        let g = &self.program.graph;
-        g.params().into_iter().map(|n| (g.node(n).name.clone(), self.read(Value { node: n, output: 0 }))).collect()
-    }
-
-    /// Overwrites params and states by name; each must exist and match its shape.
-    pub fn set_state(&mut self, state: &State) -> Result<(), HostError> {
-        let g = &self.program.graph;
-        for (name, t) in state {
-            let fail = |message: String| HostError::State { name: name.clone(), message };
-            let n = g.node_by_name(name).ok_or_else(|| fail("the program has no such parameter or state".into()))?;
-            if !matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }) {
-                return Err(fail("not a parameter or state".into()));
-            }
-            let v = Value { node: n, output: 0 };
-            let want = concrete(&g.value_type(v).shape, &self.bindings).unwrap_or_default();
-            if t.shape() != want.as_slice() {
-                return Err(fail(format!("shape {:?}, the program's is {want:?}", t.shape())));
-            }
-            exec::write_tensor(&self.memory, self.bufs[&v], t);
-        }
-        Ok(())
-    }
-
-    fn read(&self, v: Value) -> Tensor {
-        let shape = concrete(&self.program.graph.value_type(v).shape, &self.bindings).unwrap_or_default();
-        exec::read_tensor(&self.memory, self.bufs[&v], shape)
-    }
-
-    /// One optimizer step over `micro_batches` (as many as the program accumulates).
-    pub fn step(&mut self, micro_batches: &[Feeds]) -> Result<HostStep, HostError> {
-        let k = micro_batches.len();
-        if k as u64 != self.micro_batches {
-            return Err(HostError::MicroBatches { count: k, expected: self.micro_batches });
-        }
-        let g = &self.program.graph;
-        let phase = |v: &Value| g.node(v.node).phase;
-        let mut out = HostStep { outputs: StepOutputs::default(), captured: Vec::new() };
-        for (i, feeds) in micro_batches.iter().enumerate() {
-            let last = i + 1 == k;
-            // Dropout counts micro-batches over the whole group, so R ranks of
-            // k micro-batches draw the masks one rank of R·k would.
-            let global = self.steps_done.wrapping_mul(self.comm.ranks() as u64) + self.comm.rank() as u64;
-            let cx = exec::Ctx {
-                feeds,
-                seed: self.seed,
-                offset: global.wrapping_mul(k as u64) + i as u64,
-                comm: self.comm.as_ref(),
-            };
-            let mut captured = BTreeMap::new();
-            let last_micro_batch_step = self.steps.iter().rposition(|s| !s.optimizer);
-            for (at, step) in self.steps.iter().enumerate() {
-                if step.optimizer && !last {
-                    continue;
-                }
-                self.high_water = self.high_water.max(self.device_end(step.node));
-                if let Some(instr) = &step.instr {
-                    let cx = exec::Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
-                    let start = self.profile.is_some().then(std::time::Instant::now);
-                    if let Err(message) = exec::run(instr, &self.memory, &cx) {
-                        // The peers must not wait for this rank's next collective.
-                        self.comm.abort();
-                        return Err(HostError::Run { node: g.node(step.node).name.clone(), message });
-                    }
-                    if let (Some(p), Some(start)) = (&mut self.profile, start) {
-                        p.record(instr, start.elapsed());
-                    }
-                }
-                for &v in self.captures.iter().filter(|v| v.node == step.node) {
-                    captured.insert(g.value_ref(v), self.read(v));
-                }
-                if Some(at) == last_micro_batch_step {
-                    // The micro-batch's updates take effect.
-                    self.apply_updates(false);
-                }
-            }
-            let results = g
-                .outputs
-                .iter()
-                .filter(|(name, v)| phase(v) != Phase::Optimizer && self.fetched(name))
-                .map(|(name, v)| (name.clone(), self.read(*v)));
-            out.outputs.micro_batches.push(results.collect());
-            out.captured.push(captured);
-        }
-        self.apply_updates(true);
-        out.outputs.optimizer = g
-            .outputs
-            .iter()
-            .filter(|(name, v)| phase(v) == Phase::Optimizer && self.fetched(name))
-            .map(|(name, v)| (name.clone(), self.read(*v)))
-            .collect();
-        self.steps_done += 1;
-        Ok(out)
-    }
-
-    fn fetched(&self, output: &str) -> bool {
-        self.fetches.as_ref().is_none_or(|f| f.contains(output))
-    }
-
-    /// The measured peak: the highest byte of the device arena that a
-    /// buffer written so far reaches (parameters and state count from the
-    /// start). Equal to the plan's arena size once every tensor has been
-    /// written, which shows the plan's offsets are the ones in use.
-    pub fn high_water_bytes(&self) -> u64 {
-        let g = &self.program.graph;
-        let persistent = g
-            .petgraph()
-            .node_indices()
-            .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
-            .map(|n| self.device_end(n))
-            .max()
-            .unwrap_or(0);
-        self.high_water.max(persistent) as u64
-    }
-
-    /// The end of the highest device buffer among `n`'s outputs.
-    fn device_end(&self, n: NodeIndex) -> usize {
-        let outputs = self.program.graph.node(n).outputs.len() as u32;
-        (0..outputs)
-            .map(|output| self.bufs[&Value { node: n, output }])
-            .filter(|b| b.place == zeroplan_ir::Place::Device)
-            .map(|b| b.offset + b.bytes())
-            .max()
-            .unwrap_or(0)
-    }
-
-    fn apply_updates(&self, optimizer: bool) {
-        for u in self.updates.iter().filter(|u| u.optimizer == optimizer) {
-            match u.what {
-                Commit::Copy(from) => self.memory.copy(from, u.to),
-                Commit::Fill(value) if u.to.dtype.is_float() => {
-                    self.memory.write_f32(u.to, &vec![value as f32; u.to.len])
-                }
-                Commit::Fill(value) => self.memory.write_i64(u.to, &vec![value as i64; u.to.len]),
-            }
+    fn fill(&self, buf: Buf, value: f64) {
+        if buf.dtype.is_float() {
+            self.memory.write_f32(buf, &vec![value as f32; buf.len])
+        } else {
+            self.memory.write_i64(buf, &vec![value as i64; buf.len])
         }
     }
-}
-
-/// The updates the memory plan did not make in place, and a check that the
-/// schedule lets them take effect where the interpreter's semantics say.
-fn deferred_updates(
-    g: &zeroplan_ir::Graph,
-    order: &[NodeIndex],
-    bufs: &HashMap<Value, Buf>,
-) -> Result<Vec<DeferredUpdate>, HostError> {
-    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let micro_batch_end = order.iter().rposition(|&n| g.node(n).phase != Phase::Optimizer).unwrap_or(0);
-    let mut deferred = Vec::new();
-    for (target, v) in &g.updates {
-        let (from, to) = (bufs[v], bufs[&Value { node: *target, output: 0 }]);
-        let optimizer = g.node(v.node).phase == Phase::Optimizer;
-        if let Some(value) = select::constant_update(g, v.node) {
-            deferred.push(DeferredUpdate { what: Commit::Fill(value), to, optimizer });
-            continue;
-        }
-        if !optimizer {
-            // Optimizer readers of the target must see the micro-batch's update.
-            let done = if from == to { position[&v.node] } else { micro_batch_end };
-            let early =
-                g.users(*target).into_iter().find(|r| g.node(*r).phase == Phase::Optimizer && position[r] < done);
-            if let Some(r) = early {
-                return Err(HostError::Order { reader: g.node(r).name.clone(), update: g.node(v.node).name.clone() });
-            }
-        }
-        if from != to {
-            deferred.push(DeferredUpdate { what: Commit::Copy(from), to, optimizer });
-        }
-    }
-    Ok(deferred)
 }

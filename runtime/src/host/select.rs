@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use zeroplan_backend_cpu::{CompiledKernel, KernelCompiler};
 use zeroplan_ir::kernel::lower;
-use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Place, Shape, Value};
+use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Value};
 
-use super::arena::Buf;
 use super::ops::broadcast::Arith;
 use super::ops::matmul::MatMulShape;
+use crate::runner::buffers::{Buf, Rank, SelectError, concrete, constant_update, of_offset};
+use crate::runner::{Instruction, Step};
 
 /// One instruction and the buffers it reads and writes.
 pub enum Instr {
@@ -230,104 +230,6 @@ impl Instr {
     }
 }
 
-/// A scheduled instruction.
-pub struct Step {
-    pub node: NodeIndex,
-    /// Runs once per optimizer step (else once per micro-batch).
-    pub optimizer: bool,
-    /// `None` for a view of its operand's buffer and for params and states.
-    pub instr: Option<Instr>,
-}
-
-/// Why a program cannot run on the host.
-#[derive(Debug, thiserror::Error)]
-pub enum SelectError {
-    #[error("node `{node}` ({op}): {message}")]
-    Node { node: String, op: &'static str, message: String },
-    #[error("the plan has no buffer for `{0}`: compile the plan again")]
-    NoBuffer(String),
-    #[error(
-        "the buffer of `{value}` ({offset}+{bytes} bytes) lies outside the {place} arena of {arena} bytes: \
-         the plan file is corrupt"
-    )]
-    OutOfArena { value: String, offset: u64, bytes: u64, place: &'static str, arena: u64 },
-}
-
-/// Each value's buffer, from the plan, with views placed inside what they view.
-pub fn buffers(
-    program: &Program,
-    order: &[NodeIndex],
-    bindings: &Bindings,
-    rank: Rank,
-) -> Result<HashMap<Value, Buf>, SelectError> {
-    let g = &program.graph;
-    let planned: HashMap<&str, &zeroplan_ir::plan::Buffer> =
-        program.buffers.iter().map(|b| (b.value.as_str(), b)).collect();
-    let mut bufs: HashMap<Value, Buf> = HashMap::new();
-    for &n in order {
-        let node = g.node(n);
-        for (i, ty) in node.outputs.iter().enumerate() {
-            let v = Value { node: n, output: i as u32 };
-            let name = g.value_ref(v);
-            let b = planned.get(name.as_str()).ok_or_else(|| SelectError::NoBuffer(name.clone()))?;
-            let len = ty
-                .shape
-                .numel()
-                .eval(bindings)
-                .ok_or_else(|| SelectError::NoBuffer(format!("{name} (its size is unbound)")))?;
-            let mut buf = Buf { place: b.place, offset: b.offset as usize, len: len as usize, dtype: ty.dtype };
-            if node.op.is_view() {
-                let of = bufs[&g.operands(n)[0]];
-                if of.place == b.place {
-                    buf.offset = of_offset(&of, &node.op, g, n, bindings, rank);
-                }
-            }
-            let arena = match b.place {
-                Place::Device => program.arena_bytes,
-                Place::Host => program.host_arena_bytes,
-            };
-            if buf.offset as u64 + buf.bytes() as u64 > arena {
-                return Err(SelectError::OutOfArena {
-                    value: name,
-                    offset: buf.offset as u64,
-                    bytes: buf.bytes() as u64,
-                    place: if b.place == Place::Device { "device" } else { "host" },
-                    arena,
-                });
-            }
-            bufs.insert(v, buf);
-        }
-    }
-    Ok(bufs)
-}
-
-/// This rank among the data-parallel ranks of a program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rank {
-    pub index: usize,
-    pub ranks: usize,
-}
-
-/// Where a view starts inside the buffer it views.
-fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> usize {
-    match op {
-        Op::Slice { axis: 0, start, .. } => {
-            let shape = concrete(&g.value_type(g.operands(n)[0]).shape, bindings).unwrap_or_default();
-            let row: usize = shape.iter().skip(1).product();
-            of.offset + *start as usize * row * of.dtype.size_bytes() as usize
-        }
-        // Rank r's shard is the r-th of `ranks` equal slices of the flat buffer.
-        Op::Shard { ranks } => of.offset + rank.index * (of.len / (*ranks as usize).max(1)) * elem(of.dtype),
-        // Reshapes: the whole buffer.
-        _ => of.offset,
-    }
-}
-
-/// `shape` with its symbols bound.
-pub fn concrete(shape: &Shape, bindings: &Bindings) -> Option<Vec<usize>> {
-    shape.dims().iter().map(|d| d.eval(bindings).map(|v| v as usize)).collect()
-}
-
 /// Selects the instruction of every node of `order`.
 pub fn select(
     g: &Graph,
@@ -336,7 +238,7 @@ pub fn select(
     bindings: &Bindings,
     rank: Rank,
     compiler: &mut KernelCompiler,
-) -> Result<Vec<Step>, SelectError> {
+) -> Result<Vec<Step<Instr>>, SelectError> {
     let mut steps = Vec::with_capacity(order.len());
     for &n in order {
         let node = g.node(n);
@@ -559,17 +461,64 @@ fn broadcast_routine(
     }
 }
 
-/// The value of a `fill` node that no node reads and that updates a state:
-/// the memory plan gives it its target's buffer, and it is written there
-/// when its phase ends (an accumulator's zeroing).
-pub fn constant_update(g: &Graph, n: NodeIndex) -> Option<f64> {
-    match g.node(n).op {
-        Op::Fill { value } if g.users(n).is_empty() && g.updates.iter().any(|(_, v)| v.node == n) => Some(value),
-        _ => None,
-    }
-}
-
 /// The element size of `dtype`, in bytes.
 pub fn elem(dtype: DType) -> usize {
     dtype.size_bytes() as usize
+}
+
+/// The kind an instruction is counted under: its variant, and for a
+/// generated kernel its name less the layer number (so `layer3.attn.softmax`
+/// and `layer4.attn.softmax` add up), for a matmul its m×n×k.
+impl Instruction for Instr {
+    fn kind(&self) -> String {
+        match self {
+            Instr::Kernel { kernel, .. } => format!("kernel {}", strip_layer(kernel.name())),
+            Instr::MatMul { shape, .. } => format!(
+                "matmul {}x{}x{}{}{} ×{}",
+                shape.m,
+                shape.n,
+                shape.k,
+                if shape.transpose_a { " Aᵀ" } else { "" },
+                if shape.transpose_b { " Bᵀ" } else { "" },
+                shape.batches.len()
+            ),
+            other => other.name().to_string(),
+        }
+    }
+
+    fn flops(&self) -> f64 {
+        match self {
+            Instr::MatMul { shape, .. } => shape.flops(),
+            _ => 0.0,
+        }
+    }
+}
+
+/// `layer12_attn_softmax` → `layer*_attn_softmax`: digits after `layer` dropped.
+fn strip_layer(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(at) = rest.find("layer") {
+        out.push_str(&rest[..at + 5]);
+        rest = &rest[at + 5..];
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            out.push('*');
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_layer;
+
+    #[test]
+    fn layer_numbers_are_folded() {
+        assert_eq!(strip_layer("zeroplan_kernel_layer11_attn_softmax"), "zeroplan_kernel_layer*_attn_softmax");
+        assert_eq!(strip_layer("mlm_logits_back1"), "mlm_logits_back1");
+        assert_eq!(strip_layer("layers"), "layers");
+    }
 }

@@ -1,0 +1,138 @@
+//! The plan's buffers as a rank sees them: every value's byte range in its
+//! place's arena, views placed inside what they view (a shard inside its
+//! flat buffer at this rank's slice).
+
+use std::collections::HashMap;
+
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Place, Shape, Value};
+
+/// Where one tensor lives: a byte range of a place's arena, checked against
+/// the arena's size when the program is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buf {
+    pub place: Place,
+    pub offset: usize,
+    /// Elements, of `dtype`.
+    pub len: usize,
+    pub dtype: DType,
+}
+
+impl Buf {
+    pub fn bytes(&self) -> usize {
+        self.len * self.dtype.size_bytes() as usize
+    }
+
+    /// Whether the two byte ranges share a byte.
+    pub fn overlaps(&self, other: &Buf) -> bool {
+        self.place == other.place
+            && self.offset < other.offset + other.bytes()
+            && other.offset < self.offset + self.bytes()
+            && self.bytes() > 0
+            && other.bytes() > 0
+    }
+}
+
+/// Why a program cannot be loaded: a buffer the plan lacks or misplaces,
+/// or a node the device cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("node `{node}` ({op}): {message}")]
+    Node { node: String, op: &'static str, message: String },
+    #[error("{0}")]
+    Device(String),
+    #[error("the plan has no buffer for `{0}`: compile the plan again")]
+    NoBuffer(String),
+    #[error(
+        "the buffer of `{value}` ({offset}+{bytes} bytes) lies outside the {place} arena of {arena} bytes: \
+         the plan file is corrupt"
+    )]
+    OutOfArena { value: String, offset: u64, bytes: u64, place: &'static str, arena: u64 },
+}
+
+/// This rank among the data-parallel ranks of a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rank {
+    pub index: usize,
+    pub ranks: usize,
+}
+
+/// Each value's buffer, from the plan, with views placed inside what they view.
+pub fn buffers(
+    program: &Program,
+    order: &[NodeIndex],
+    bindings: &Bindings,
+    rank: Rank,
+) -> Result<HashMap<Value, Buf>, SelectError> {
+    let g = &program.graph;
+    let planned: HashMap<&str, &zeroplan_ir::plan::Buffer> =
+        program.buffers.iter().map(|b| (b.value.as_str(), b)).collect();
+    let mut bufs: HashMap<Value, Buf> = HashMap::new();
+    for &n in order {
+        let node = g.node(n);
+        for (i, ty) in node.outputs.iter().enumerate() {
+            let v = Value { node: n, output: i as u32 };
+            let name = g.value_ref(v);
+            let b = planned.get(name.as_str()).ok_or_else(|| SelectError::NoBuffer(name.clone()))?;
+            let len = ty
+                .shape
+                .numel()
+                .eval(bindings)
+                .ok_or_else(|| SelectError::NoBuffer(format!("{name} (its size is unbound)")))?;
+            let mut buf = Buf { place: b.place, offset: b.offset as usize, len: len as usize, dtype: ty.dtype };
+            if node.op.is_view() {
+                let of = bufs[&g.operands(n)[0]];
+                if of.place == b.place {
+                    buf.offset = of_offset(&of, &node.op, g, n, bindings, rank);
+                }
+            }
+            let arena = match b.place {
+                Place::Device => program.arena_bytes,
+                Place::Host => program.host_arena_bytes,
+            };
+            if buf.offset as u64 + buf.bytes() as u64 > arena {
+                return Err(SelectError::OutOfArena {
+                    value: name,
+                    offset: buf.offset as u64,
+                    bytes: buf.bytes() as u64,
+                    place: if b.place == Place::Device { "device" } else { "host" },
+                    arena,
+                });
+            }
+            bufs.insert(v, buf);
+        }
+    }
+    Ok(bufs)
+}
+
+/// Where a view starts inside the buffer it views.
+pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> usize {
+    match op {
+        Op::Slice { axis: 0, start, .. } => {
+            let shape = concrete(&g.value_type(g.operands(n)[0]).shape, bindings).unwrap_or_default();
+            let row: usize = shape.iter().skip(1).product();
+            of.offset + *start as usize * row * of.dtype.size_bytes() as usize
+        }
+        // Rank r's shard is the r-th of `ranks` equal slices of the flat buffer.
+        Op::Shard { ranks } => {
+            of.offset + rank.index * (of.len / (*ranks as usize).max(1)) * of.dtype.size_bytes() as usize
+        }
+        // Reshapes: the whole buffer.
+        _ => of.offset,
+    }
+}
+
+/// `shape` with its symbols bound.
+pub fn concrete(shape: &Shape, bindings: &Bindings) -> Option<Vec<usize>> {
+    shape.dims().iter().map(|d| d.eval(bindings).map(|v| v as usize)).collect()
+}
+
+/// The value of a `fill` node that no node reads and that updates a state:
+/// the memory plan gives it its target's buffer, and it is written there
+/// when its phase ends (an accumulator's zeroing).
+pub fn constant_update(g: &Graph, n: NodeIndex) -> Option<f64> {
+    match g.node(n).op {
+        Op::Fill { value } if g.users(n).is_empty() && g.updates.iter().any(|(_, v)| v.node == n) => Some(value),
+        _ => None,
+    }
+}

@@ -1,0 +1,68 @@
+//! What the runner needs from the machine that executes a rank's program.
+//!
+//! A [`Device`] owns the rank's memory (the plan's arenas) and turns each
+//! scheduled node into an instruction it can run; the [`super::Runner`]
+//! walks the schedule — micro-batches, optimizer phase, deferred updates,
+//! outputs — without knowing which device is behind it. The host CPU
+//! (`crate::host::Host`: Cranelift kernels, GEMMs, host routines) is one;
+//! a CUDA device (NVRTC kernels, cuBLASLt) is meant to be another.
+
+use std::collections::HashMap;
+
+use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, NodeIndex, Tensor, Value};
+
+use super::buffers::{Buf, Rank, SelectError};
+use crate::comm::Communicator;
+
+/// What an instruction may need besides its buffers.
+pub struct Ctx<'a> {
+    pub feeds: &'a Feeds,
+    pub seed: u64,
+    /// Dropout's counter word for this pass.
+    pub offset: u64,
+    /// This rank's handle on its data-parallel group.
+    pub comm: &'a dyn Communicator,
+}
+
+/// A scheduled node and what runs for it.
+pub struct Step<I> {
+    pub node: NodeIndex,
+    /// Runs once per optimizer step (else once per micro-batch).
+    pub optimizer: bool,
+    /// `None` for a view of its operand's buffer and for params and states.
+    pub instr: Option<I>,
+}
+
+/// An instruction as a profile counts it.
+pub trait Instruction {
+    /// The kind it is counted under (e.g. `matmul 4096x384x384 Bᵀ ×1`).
+    fn kind(&self) -> String;
+    /// Floating-point operations it does (0 where not counted).
+    fn flops(&self) -> f64;
+}
+
+/// A machine that runs one rank's program on the plan's buffers.
+pub trait Device: Sized {
+    type Instr: Instruction;
+
+    /// Allocates the program's arenas at the plan's sizes and selects the
+    /// instruction of every node of `order` (the schedule).
+    fn load(
+        program: &Program,
+        order: &[NodeIndex],
+        bufs: &HashMap<Value, Buf>,
+        bindings: &Bindings,
+        rank: Rank,
+    ) -> Result<(Self, Vec<Step<Self::Instr>>), SelectError>;
+
+    fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
+
+    /// `buf` as a tensor of `shape` (f64 or i64 values, as the interpreter's).
+    fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor;
+    /// Writes `t` into `buf`, rounded to the buffer's dtype.
+    fn write(&self, buf: Buf, t: &Tensor);
+    fn copy(&self, from: Buf, to: Buf);
+    fn fill(&self, buf: Buf, value: f64);
+}

@@ -1,0 +1,48 @@
+//! Where a step's time goes: wall time per instruction, summed by kind.
+//!
+//! Off by default (two clock reads per instruction are cheap, but a step
+//! should not pay for what nobody reads). [`super::Runner::set_profiling`]
+//! turns it on; [`Profile::by_kind`] then gives the time of every
+//! instruction kind (`matmul`, `transpose`, each generated kernel's family…)
+//! over the steps run since, which is what a speed hunt starts from.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::device::Instruction;
+
+/// Accumulated time of one kind of instruction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Entry {
+    pub calls: u64,
+    pub seconds: f64,
+    /// Floating-point operations done (GEMMs only; 0 elsewhere).
+    pub flops: f64,
+}
+
+/// Timings of the instructions run while profiling was on.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    kinds: BTreeMap<String, Entry>,
+}
+
+impl Profile {
+    pub(super) fn record(&mut self, instr: &impl Instruction, took: Duration) {
+        let e = self.kinds.entry(instr.kind()).or_default();
+        e.calls += 1;
+        e.seconds += took.as_secs_f64();
+        e.flops += instr.flops();
+    }
+
+    /// Every kind with its time, the slowest first.
+    pub fn by_kind(&self) -> Vec<(String, Entry)> {
+        let mut v: Vec<(String, Entry)> = self.kinds.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
+        v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
+        v
+    }
+
+    /// The time of all recorded instructions.
+    pub fn total_seconds(&self) -> f64 {
+        self.kinds.values().map(|e| e.seconds).sum()
+    }
+}
