@@ -38,7 +38,7 @@ fn counted_labels(logits: &Tensor, labels: &Tensor, ignore_index: i64) -> Result
     if labels.shape() != [n] {
         return Err(format!("labels must be [{n}] for logits {:?}, got {:?}", logits.shape(), labels.shape()));
     }
-    let classes = label_classes(&l, c, ignore_index)?;
+    let classes = label_classes(l, c, ignore_index)?;
     Ok((c, classes))
 }
 

@@ -109,7 +109,7 @@ impl Communicator for InProcess {
 
     fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError> {
         let (op, ranks) = ("reduce_scatter", self.shared.ranks);
-        if data.len() % ranks != 0 || out.len() != data.len() / ranks {
+        if !data.len().is_multiple_of(ranks) || out.len() != data.len() / ranks {
             return Err(CommError::Uneven { op, len: data.len(), ranks });
         }
         self.deposit(op, data)?;

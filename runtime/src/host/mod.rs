@@ -22,7 +22,7 @@ use zeroplan_ir::{Bindings, NodeIndex, Tensor, Value};
 pub use arena::{Arena, Memory};
 pub use select::Instr;
 
-use crate::runner::{Buf, Ctx, Device, Rank, Runner, SelectError, Step};
+use crate::runner::{Buf, Ctx, Device, Loaded, Rank, Runner, SelectError};
 
 /// A plan's program loaded on the host, with its parameters and state.
 pub type HostProgram = Runner<Host>;
@@ -41,7 +41,7 @@ impl Device for Host {
         bufs: &HashMap<Value, Buf>,
         bindings: &Bindings,
         rank: Rank,
-    ) -> Result<(Host, Vec<Step<Instr>>), SelectError> {
+    ) -> Result<Loaded<Host>, SelectError> {
         let fail = |message: String| SelectError::Device(message);
         let mut compiler = KernelCompiler::new().map_err(|e| fail(e.to_string()))?;
         let steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compiler)?;

@@ -43,6 +43,9 @@ pub trait Instruction {
     fn flops(&self) -> f64;
 }
 
+/// A loaded device and its schedule of instructions.
+pub type Loaded<D> = (D, Vec<Step<<D as Device>::Instr>>);
+
 /// A machine that runs one rank's program on the plan's buffers.
 pub trait Device: Sized {
     type Instr: Instruction;
@@ -55,7 +58,7 @@ pub trait Device: Sized {
         bufs: &HashMap<Value, Buf>,
         bindings: &Bindings,
         rank: Rank,
-    ) -> Result<(Self, Vec<Step<Self::Instr>>), SelectError>;
+    ) -> Result<Loaded<Self>, SelectError>;
 
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
 

@@ -34,7 +34,7 @@ use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Tensor, Value};
 
 pub use buffers::{Buf, Rank, SelectError};
 use buffers::{concrete, constant_update};
-pub use device::{Ctx, Device, Instruction, Step};
+pub use device::{Ctx, Device, Instruction, Loaded, Step};
 pub use profile::{Entry as ProfileEntry, Profile};
 
 use crate::comm::{Communicator, InProcess};
