@@ -5,17 +5,18 @@
 //! stage, with and without offload (tiny-bert), and for every family on
 //! three ranks at stage 3 (padded shards): the mean loss and the gradient
 //! norm of three steps equal the reference interpreter's within 1e-6
-//! relative; each rank's measured peak is the plan's arena; the replicas of
+//! relative, and every parameter after them within 2e-5 (see
+//! `final_weights_agree`); each rank's measured peak is the plan's arena; the replicas of
 //! stages 0–2 are the same bits on every rank; two runs are bitwise equal.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use zeroplan_ir::interp::{Feeds, Precision as Exactness};
+use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
-use zeroplan_ir::{Bindings, DType, Tensor};
+use zeroplan_ir::{Bindings, DType, Graph, Init, Op, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::comm::{Communicator, InProcess};
@@ -76,9 +77,9 @@ fn close(what: &str, got: f64, want: f64) {
 /// gradient norm against one rank accumulating the same batches, each
 /// rank's measured peak against the plan's arena, and (stages 0–2) that the
 /// replicas stayed identical. Returns every rank's final state.
-fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<zeroplan_ir::interp::State> {
+fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
     let model = model(name);
-    let train = TrainingSpec { lr: 1e-2, dropout: Some(0.1), ..TrainingSpec::default() };
+    let train = TrainingSpec { lr: 1e-3, dropout: Some(0.1), ..TrainingSpec::default() };
     let accumulated = TrainingSpec { micro_batches: ranks as u64, ..train.clone() };
     let dp = DataParallel { ranks: ranks as u64, zero_stage: stage, offload };
     let what = format!("{name} on {ranks} ranks, ZeRO-{stage}, offload {offload:?}");
@@ -121,7 +122,46 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<zeroplan_
         let first = hosts[0].weights();
         assert!(hosts.iter().all(|h| h.weights() == first), "{what}: replicated parameters differ between ranks");
     }
-    hosts.iter().map(HostProgram::state).collect()
+    let states: Vec<State> = hosts.iter().map(HostProgram::state).collect();
+    final_weights_agree(&what, &plan.graph, &states, reference.state(), train.lr);
+    states
+}
+
+/// Every parameter inside the ranks' flat buffers (a sharded buffer's
+/// shards joined in rank order) equals the reference's after the steps,
+/// within 2e-5 relative. Not 1e-6: AdamW divides each gradient element by
+/// its own RMS, so an element whose gradient is near rounding level moves
+/// by up to `lr` in a direction rounding decides. Measured at lr 1e-3: the
+/// worst is 1.07e-5 (tiny-bert, 3 ranks, `layer1.attn.out.weight`, almost
+/// all of it one element of 1024 off by 6.8e-6); the runs are bitwise
+/// reproducible, so the bound does not flake.
+/// The attention key bias, whose gradient is zero in exact arithmetic, is
+/// all such elements: up to `lr` a step on either side.
+fn final_weights_agree(what: &str, g: &Graph, states: &[State], reference: &State, lr: f64) {
+    let mut compared = 0;
+    for n in g.params() {
+        let node = g.node(n);
+        let Op::Param { init: Init::Flat { members, shards } } = &node.op else { continue };
+        let whole: Vec<f64> = if *shards > 1 {
+            states.iter().flat_map(|s| s[&node.name].floats().unwrap().to_vec()).collect()
+        } else {
+            states[0][&node.name].floats().unwrap().to_vec()
+        };
+        for m in members {
+            let got = &whole[m.offset as usize..(m.offset + m.len()) as usize];
+            let want = reference[&m.name].floats().unwrap();
+            let diff = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            let norm = want.iter().map(|b| b * b).sum::<f64>().sqrt().max(1e-4 * (want.len() as f64).sqrt());
+            if m.name.ends_with("attn.k.bias") {
+                let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                assert!(worst <= 3.0 * lr * 1.0001, "{what}: {} moved {worst:e} from the reference", m.name);
+            } else {
+                assert!(diff / norm <= 2e-5, "{what}: final {}: relative error {:e}", m.name, diff / norm);
+            }
+            compared += 1;
+        }
+    }
+    assert!(compared > 0, "{what}: no flat parameter compared");
 }
 
 #[test]
