@@ -12,10 +12,10 @@
 //!     row pointers of every operand           // from the row's coordinates
 //!     for sweep in 0..reduction_sweeps {      // the reductions this sweep can compute
 //!         per-row values they need            // per-row inputs, earlier reductions
-//!         for 4 columns at a time, then the tail one by one:
+//!         for 2×4 columns at a time, then the tail one by one:
 //!             acc ⊕= operand                   // f32x4 partials (sum) or NaN-propagating max
 //!     }
-//!     for 4 columns at a time, then the tail: // the store sweep
+//!     for 2×4 columns at a time, then the tail: // the store sweep
 //!         compute every stored value, then
 //!         full output:      out[col..] = round(value)
 //!         cross-row output: partial[..] += (f64) value
@@ -24,8 +24,8 @@
 //!
 //! Element expressions are recomputed in each sweep that needs them (cheap
 //! next to the memory traffic they would otherwise cost), and nothing is
-//! stored before the last sweep; within the last sweep a group of four
-//! columns is read completely before any of it is written. So an output may
+//! stored before the last sweep; within the last sweep a pair of four-column
+//! groups is read completely before any of it is written. So an output may
 //! alias an input of its shape and dtype (in-place).
 //!
 //! Cross-row outputs are summed in `f64` into the caller's per-chunk
@@ -457,29 +457,40 @@ impl Gen<'_> {
                     (v, s, nan)
                 })
                 .collect();
-            self.columns(b, |cg, b, cols| {
-                let mut memo = HashMap::new();
-                for (&(_, a, op), &(acc_v, acc_s, acc_nan)) in reductions.iter().zip(&accs) {
-                    let x = cg.element(b, &r, cols, &mut memo, a);
-                    if cols.lanes == Lanes::Four {
-                        let acc = b.use_var(acc_v);
-                        let next = match op {
-                            Reduce::Sum => b.ins().fadd(acc, x),
-                            Reduce::Max => {
-                                let bigger = simd::fcmp(b, FloatCC::GreaterThan, x, acc);
-                                let is_nan = simd::fcmp(b, FloatCC::Unordered, x, x);
-                                let seen = b.use_var(acc_nan);
-                                let seen = b.ins().bor(seen, is_nan);
-                                b.def_var(acc_nan, seen);
-                                simd::select(b, bigger, x, acc)
-                            }
-                        };
-                        b.def_var(acc_v, next);
-                    } else {
-                        let acc = b.use_var(acc_s);
-                        let x = simd::lane(b, x, 0);
-                        let next = op.combine(b, acc, x);
-                        b.def_var(acc_s, next);
+            let order = self.post_order(&operands);
+            self.column_groups(b, |cg, b, group| {
+                // The groups' operands interleaved (see `store_sweep`), then
+                // accumulated group after group: the same additions, in the
+                // same column order, as one group at a time.
+                let mut memos = vec![HashMap::new(); group.len()];
+                for &id in &order {
+                    for (cols, memo) in group.iter().zip(&mut memos) {
+                        cg.element(b, &r, *cols, memo, id);
+                    }
+                }
+                for (&cols, memo) in group.iter().zip(&mut memos) {
+                    for (&(_, a, op), &(acc_v, acc_s, acc_nan)) in reductions.iter().zip(&accs) {
+                        let x = cg.element(b, &r, cols, memo, a);
+                        if cols.lanes == Lanes::Four {
+                            let acc = b.use_var(acc_v);
+                            let next = match op {
+                                Reduce::Sum => b.ins().fadd(acc, x),
+                                Reduce::Max => {
+                                    let bigger = simd::fcmp(b, FloatCC::GreaterThan, x, acc);
+                                    let is_nan = simd::fcmp(b, FloatCC::Unordered, x, x);
+                                    let seen = b.use_var(acc_nan);
+                                    let seen = b.ins().bor(seen, is_nan);
+                                    b.def_var(acc_nan, seen);
+                                    simd::select(b, bigger, x, acc)
+                                }
+                            };
+                            b.def_var(acc_v, next);
+                        } else {
+                            let acc = b.use_var(acc_s);
+                            let x = simd::lane(b, x, 0);
+                            let next = op.combine(b, acc, x);
+                            b.def_var(acc_s, next);
+                        }
                     }
                 }
             });
@@ -544,49 +555,60 @@ impl Gen<'_> {
             }
         }
         let r_ref: &Row = r;
-        self.columns(b, |cg, b, cols| {
-            let mut memo = HashMap::new();
-            let values: Vec<Value> = stores.iter().map(|&s| cg.element(b, r_ref, cols, &mut memo, s)).collect();
-            for (k, (o, &v)) in layout.outputs.iter().zip(&values).enumerate() {
-                let four = cols.lanes == Lanes::Four;
-                if !o.cross_row {
-                    let at = offset(b, r_ref.outputs[k], cols.col, o.dtype.size_bytes() as i64);
-                    storage::store(b, o.dtype, v, at, cols.lanes);
-                } else if o.along_row {
-                    let at = offset(b, r_ref.outputs[k], cols.col, 8);
-                    if four {
-                        let lo = b.ins().fvpromote_low(v);
-                        let high = simd::high_half(b, v);
-                        let hi = b.ins().fvpromote_low(high);
-                        for (part, disp) in [(lo, 0), (hi, 16)] {
-                            let old = b.ins().load(F64X2, mem(), at, disp);
-                            let sum = b.ins().fadd(old, part);
-                            b.ins().store(mem(), sum, at, disp);
+        let order = self.post_order(&stores);
+        self.column_groups(b, |cg, b, group| {
+            // Every group's value of each expression before the next
+            // expression: the groups' dependency chains interleave, so one
+            // group's latency hides behind the other's work.
+            let mut memos = vec![HashMap::new(); group.len()];
+            for &id in &order {
+                for (cols, memo) in group.iter().zip(&mut memos) {
+                    cg.element(b, r_ref, *cols, memo, id);
+                }
+            }
+            for (&cols, memo) in group.iter().zip(&mut memos) {
+                let values: Vec<Value> = stores.iter().map(|&s| cg.element(b, r_ref, cols, memo, s)).collect();
+                for (k, (o, &v)) in layout.outputs.iter().zip(&values).enumerate() {
+                    let four = cols.lanes == Lanes::Four;
+                    if !o.cross_row {
+                        let at = offset(b, r_ref.outputs[k], cols.col, o.dtype.size_bytes() as i64);
+                        storage::store(b, o.dtype, v, at, cols.lanes);
+                    } else if o.along_row {
+                        let at = offset(b, r_ref.outputs[k], cols.col, 8);
+                        if four {
+                            let lo = b.ins().fvpromote_low(v);
+                            let high = simd::high_half(b, v);
+                            let hi = b.ins().fvpromote_low(high);
+                            for (part, disp) in [(lo, 0), (hi, 16)] {
+                                let old = b.ins().load(F64X2, mem(), at, disp);
+                                let sum = b.ins().fadd(old, part);
+                                b.ins().store(mem(), sum, at, disp);
+                            }
+                        } else {
+                            let x = simd::lane(b, v, 0);
+                            let x = b.ins().fpromote(F64, x);
+                            let old = b.ins().load(F64, mem(), at, 0);
+                            let sum = b.ins().fadd(old, x);
+                            b.ins().store(mem(), sum, at, 0);
                         }
                     } else {
-                        let x = simd::lane(b, v, 0);
-                        let x = b.ins().fpromote(F64, x);
-                        let old = b.ins().load(F64, mem(), at, 0);
-                        let sum = b.ins().fadd(old, x);
-                        b.ins().store(mem(), sum, at, 0);
-                    }
-                } else {
-                    let (lo, hi, t) = row_sums[&k];
-                    if four {
-                        let l = b.ins().fvpromote_low(v);
-                        let high = simd::high_half(b, v);
-                        let h = b.ins().fvpromote_low(high);
-                        for (var, part) in [(lo, l), (hi, h)] {
-                            let acc = b.use_var(var);
-                            let next = b.ins().fadd(acc, part);
-                            b.def_var(var, next);
+                        let (lo, hi, t) = row_sums[&k];
+                        if four {
+                            let l = b.ins().fvpromote_low(v);
+                            let high = simd::high_half(b, v);
+                            let h = b.ins().fvpromote_low(high);
+                            for (var, part) in [(lo, l), (hi, h)] {
+                                let acc = b.use_var(var);
+                                let next = b.ins().fadd(acc, part);
+                                b.def_var(var, next);
+                            }
+                        } else {
+                            let x = simd::lane(b, v, 0);
+                            let x = b.ins().fpromote(F64, x);
+                            let acc = b.use_var(t);
+                            let next = b.ins().fadd(acc, x);
+                            b.def_var(t, next);
                         }
-                    } else {
-                        let x = simd::lane(b, v, 0);
-                        let x = b.ins().fpromote(F64, x);
-                        let acc = b.use_var(t);
-                        let next = b.ins().fadd(acc, x);
-                        b.def_var(t, next);
                     }
                 }
             }
@@ -611,18 +633,50 @@ impl Gen<'_> {
         (self.layout.width / LANES, self.layout.width % LANES)
     }
 
-    /// Runs `body` over the row: four columns at a time, then the tail one at a time.
-    fn columns(&mut self, b: &mut FunctionBuilder, mut body: impl FnMut(&mut Self, &mut FunctionBuilder, Cols)) {
+    /// Runs `body` over the row: two groups of four columns at a time (the
+    /// groups' independent dependency chains interleaved keep the core busy
+    /// where one chain would leave it waiting on latency), one group for an
+    /// odd last vector, then the tail one column at a time.
+    fn column_groups(
+        &mut self,
+        b: &mut FunctionBuilder,
+        mut body: impl FnMut(&mut Self, &mut FunctionBuilder, &[Cols]),
+    ) {
         let (vectors, tail) = self.column_split();
-        let main_end = (vectors * LANES) as i64;
-        if vectors > 0 {
-            let (begin, end) = (b.ins().iconst(I64, 0), b.ins().iconst(I64, main_end));
-            for_range(b, begin, end, LANES as i64, |b, col| body(self, b, Cols { col, lanes: Lanes::Four }));
+        let four = LANES as i64;
+        let (pairs_end, main_end) = ((vectors / 2) as i64 * 2 * four, vectors as i64 * four);
+        if pairs_end > 0 {
+            let (begin, end) = (b.ins().iconst(I64, 0), b.ins().iconst(I64, pairs_end));
+            for_range(b, begin, end, 2 * four, |b, col| {
+                let next = b.ins().iadd_imm_s(col, four);
+                let group = [Cols { col, lanes: Lanes::Four }, Cols { col: next, lanes: Lanes::Four }];
+                body(self, b, &group)
+            });
+        }
+        if main_end > pairs_end {
+            let col = b.ins().iconst(I64, pairs_end);
+            body(self, b, &[Cols { col, lanes: Lanes::Four }]);
         }
         if tail > 0 {
             let (begin, end) = (b.ins().iconst(I64, main_end), b.ins().iconst(I64, self.layout.width as i64));
-            for_range(b, begin, end, 1, |b, col| body(self, b, Cols { col, lanes: Lanes::One }));
+            for_range(b, begin, end, 1, |b, col| body(self, b, &[Cols { col, lanes: Lanes::One }]));
         }
+    }
+
+    /// The expressions `roots` depend on, each after its operands.
+    fn post_order(&self, roots: &[ExprId]) -> Vec<ExprId> {
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<(ExprId, bool)> = roots.iter().rev().map(|&r| (r, false)).collect();
+        while let Some((id, expanded)) = stack.pop() {
+            if expanded {
+                order.push(id);
+            } else if seen.insert(id) {
+                stack.push((id, true));
+                stack.extend(self.kernel.body[id as usize].operands().into_iter().rev().map(|a| (a, false)));
+            }
+        }
+        order
     }
 
     /// Emits, in the row's block, the per-row values the expressions `roots`
