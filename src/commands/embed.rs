@@ -1,16 +1,21 @@
-//! `zeroplan embed --model DIR --text …`: sentence embeddings and their cosine similarities.
+//! `zeroplan embed --model DIR --text … [--backend cpu|reference]`: sentence embeddings and their cosine
+//! similarities.
 
 use std::fmt::Write;
 
-use crate::cli::EmbedArgs;
+use crate::cli::{Backend, EmbedArgs};
 use crate::output::emit;
-use zeroplan_runtime::embed::{Embedder, Embeddings};
+use zeroplan_runtime::embed::{self, Embedder, Embeddings};
 
 /// Embedding values shown per text in the text output.
 const SHOWN: usize = 6;
 
 pub fn run(args: &EmbedArgs) -> Result<(), String> {
-    let embedder = Embedder::load(&args.model).map_err(|e| e.to_string())?;
+    let backend = match args.backend {
+        Backend::Cpu => embed::Backend::Cpu,
+        Backend::Reference => embed::Backend::Reference,
+    };
+    let mut embedder = Embedder::load(&args.model, backend).map_err(|e| e.to_string())?;
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     let result = embedder.embed(&texts).map_err(|e| e.to_string())?;
     let text = if args.json {
