@@ -290,8 +290,7 @@ impl Embedder {
         }
         let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| fail(e.to_string()))?;
         let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
-        let mut host = HostProgram::load(program, 0).map_err(|e| fail(e.to_string()))?;
-        host.set_state(&self.state).map_err(|e| fail(e.to_string()))?;
+        let mut host = HostProgram::load_with(program, 0, &self.state).map_err(|e| fail(e.to_string()))?;
         host.fetch(&[HIDDEN]).map_err(|e| fail(e.to_string()))?;
         Ok(host)
     }

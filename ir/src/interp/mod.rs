@@ -300,11 +300,19 @@ impl Interpreter {
     /// the value the whole buffer would have, so every rank count starts
     /// from the same model.
     pub fn init_rank_state(&self, graph: &Graph, rank: Option<u64>) -> Result<State, InterpError> {
+        self.init_missing(graph, rank, &State::new())
+    }
+
+    /// As [`Interpreter::init_rank_state`], for the params and states *not*
+    /// in `given` only: a caller about to load a checkpoint does not pay for
+    /// drawing the values it overwrites (1.6 s of Box–Muller at MiniLM's
+    /// 22 M parameters).
+    pub fn init_missing(&self, graph: &Graph, rank: Option<u64>, given: &State) -> Result<State, InterpError> {
         let mut state = State::new();
         for n in topo_order(graph)? {
             let node = graph.node(n);
             let init = match &node.op {
-                Op::Param { init } | Op::State { init } => init,
+                Op::Param { init } | Op::State { init } if !given.contains_key(&node.name) => init,
                 _ => continue,
             };
             let fail = |m: String| InterpError::new(&node.name, m);

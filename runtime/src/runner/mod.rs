@@ -109,14 +109,31 @@ impl<D: Device> Runner<D> {
     /// Loads a single-rank `program`: arenas, buffers, kernels, and the
     /// initial state from `seed`.
     pub fn load(program: Program, seed: u64) -> Result<Runner<D>, RunError> {
+        Runner::load_with(program, seed, &State::new())
+    }
+
+    /// As [`Runner::load`], with the params and states in `given` (by name)
+    /// taken from there instead of drawn: loading a checkpoint this way skips
+    /// initialising what it would overwrite.
+    pub fn load_with(program: Program, seed: u64, given: &State) -> Result<Runner<D>, RunError> {
         let alone = InProcess::group(1).pop().expect("a group of one");
-        Runner::load_rank(program, seed, Arc::new(alone))
+        Runner::load_rank_with(program, seed, Arc::new(alone), given)
     }
 
     /// Loads `program` as rank `comm.rank()` of a data-parallel group: its
     /// shards are its slices of the flat buffers, and its collectives go
     /// through `comm`. Every rank starts from the same `seed`.
     pub fn load_rank(program: Program, seed: u64, comm: Arc<dyn Communicator>) -> Result<Runner<D>, RunError> {
+        Runner::load_rank_with(program, seed, comm, &State::new())
+    }
+
+    /// As [`Runner::load_rank`], with the params and states in `given`.
+    pub fn load_rank_with(
+        program: Program,
+        seed: u64,
+        comm: Arc<dyn Communicator>,
+        given: &State,
+    ) -> Result<Runner<D>, RunError> {
         let g = &program.graph;
         let rank = Rank { index: comm.rank(), ranks: comm.ranks() };
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
@@ -141,9 +158,13 @@ impl<D: Device> Runner<D> {
             comm,
             program,
         };
-        let state = Interpreter::new(Precision::Native, seed)
-            .init_rank_state(&runner.program.graph, Some(rank.index as u64))?;
+        let state = Interpreter::new(Precision::Native, seed).init_missing(
+            &runner.program.graph,
+            Some(rank.index as u64),
+            given,
+        )?;
         runner.set_state(&state)?;
+        runner.set_state(given)?;
         Ok(runner)
     }
 
