@@ -147,17 +147,11 @@ pub struct TrainArgs {
     /// Save the trained weights here (Hugging Face names), atomically.
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
-    /// `--backend cpu`: data-parallel ranks, run as threads of this process that
-    /// exchange gradients through the plan's collectives; each rank trains on its
-    /// own batches (the global batch is ranks × micro-batches × --batch-size).
-    #[arg(long, value_name = "N")]
-    pub ranks: Option<u64>,
-    /// ZeRO stage for `--ranks`: 0 (plain data parallel) to 3.
-    #[arg(long, default_value_t = 0, value_name = "STAGE")]
-    pub zero: u8,
-    /// ZeRO-Offload for `--ranks`: none, optimizer, optimizer+params.
-    #[arg(long, default_value = "none", value_parser = parse_offload)]
-    pub offload: zeroplan_ir::plan::Offload,
+    /// `--backend cpu`: `--ranks` run as threads of this process that exchange
+    /// gradients through the plan's collectives, each rank on its own batches
+    /// (the global batch is ranks × micro-batches × --batch-size).
+    #[command(flatten)]
+    pub data_parallel: DataParallelArgs,
     /// Seed of the initialisation, the synthetic batch and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -252,8 +246,21 @@ pub struct PassArgs {
     /// activations fit SIZE at --batch-size × --seq-len, e.g. optimal:4GiB).
     #[arg(long, default_value = "none", value_parser = parse_recompute)]
     pub recompute: zeroplan_passes::recompute::Policy,
-    /// Data-parallel ranks of a training step: runs the `partition` pass
-    /// (ZeRO flat buffers and collectives) when given.
+    #[command(flatten)]
+    pub data_parallel: DataParallelArgs,
+    /// The per-GPU micro-batch cost models assume.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: u64,
+    /// The sequence length cost models assume.
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: u64,
+}
+
+/// Data parallelism of a training step: `--ranks` runs the `partition` pass
+/// (ZeRO flat buffers and collectives).
+#[derive(Args)]
+pub struct DataParallelArgs {
+    /// Data-parallel ranks of a training step.
     #[arg(long, value_name = "N")]
     pub ranks: Option<u64>,
     /// ZeRO stage for `--ranks`: 0 (plain data parallel) to 3.
@@ -262,12 +269,13 @@ pub struct PassArgs {
     /// ZeRO-Offload for `--ranks`: none, optimizer, optimizer+params.
     #[arg(long, default_value = "none", value_parser = parse_offload)]
     pub offload: zeroplan_ir::plan::Offload,
-    /// The per-GPU micro-batch cost models assume.
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: u64,
-    /// The sequence length cost models assume.
-    #[arg(long, default_value_t = 128)]
-    pub seq_len: u64,
+}
+
+impl DataParallelArgs {
+    /// The strategy, when `--ranks` is given.
+    pub fn strategy(&self) -> Option<zeroplan_ir::plan::DataParallel> {
+        self.ranks.map(|ranks| zeroplan_ir::plan::DataParallel { ranks, zero_stage: self.zero, offload: self.offload })
+    }
 }
 
 impl PassArgs {
@@ -280,11 +288,7 @@ impl PassArgs {
             explain: self.explain.iter().cloned().collect(),
             shape_hint: [("batch".to_string(), self.batch_size), ("seq".to_string(), self.seq_len)].into(),
             recompute: self.recompute,
-            data_parallel: self.ranks.map(|ranks| zeroplan_ir::plan::DataParallel {
-                ranks,
-                zero_stage: self.zero,
-                offload: self.offload,
-            }),
+            data_parallel: self.data_parallel.strategy(),
         }
     }
 }

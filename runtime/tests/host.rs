@@ -5,12 +5,9 @@
 //! every family, with each pass on and off; and the arena's measured peak
 //! is the plan's.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
+use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Tensor, Value};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
@@ -20,39 +17,9 @@ use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 const FAMILIES: [&str; 6] =
     ["tiny-bert", "tiny-albert", "tiny-megatron-bert", "tiny-mosaicbert", "tiny-bert-sts", "tiny-ssn-bert"];
-const BATCH: usize = 2;
-const SEQ: usize = 6;
+mod common;
 
-fn model(name: &str) -> ModelSpec {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{name}.ron"));
-    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A batch of `BATCH` × `SEQ` with a masked key, labels for `model`'s head.
-fn batch(model: &ModelSpec, salt: i64) -> Feeds {
-    let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).unwrap();
-    let ids: Vec<i64> = (0..(BATCH * SEQ) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
-    let labels = match model.head {
-        Head::Mlm => {
-            ints(ids.iter().enumerate().map(|(i, &t)| if i % 3 == 1 { t } else { -100 }).collect(), vec![BATCH, SEQ])
-        }
-        Head::Classification { num_labels: 1 } => {
-            Tensor::float(vec![BATCH], DType::F32, (0..BATCH).map(|i| i as f64 * 0.7 - 0.3).collect()).unwrap()
-        }
-        Head::Classification { num_labels } => {
-            ints((0..BATCH as i64).map(|i| (i + salt) % num_labels as i64).collect(), vec![BATCH])
-        }
-        Head::Pooler => ints(Vec::new(), vec![0]),
-    };
-    let mut mask = vec![1; BATCH * SEQ];
-    mask[SEQ - 1] = 0;
-    BTreeMap::from([
-        ("input_ids".to_string(), ints(ids, vec![BATCH, SEQ])),
-        ("token_type_ids".to_string(), ints((0..(BATCH * SEQ) as i64).map(|i| i % 2).collect(), vec![BATCH, SEQ])),
-        ("attention_mask".to_string(), ints(mask, vec![BATCH, SEQ])),
-        ("labels".to_string(), labels),
-    ])
-}
+use common::{BATCH, SEQ, batch, model};
 
 /// The program of `model`'s training step with `disabled` passes off.
 fn program(model: &ModelSpec, train: &TrainingSpec, disabled: &[&str], recompute: Policy) -> Program {

@@ -9,55 +9,21 @@
 //! `final_weights_agree`); each rank's measured peak is the plan's arena; the replicas of
 //! stages 0–2 are the same bits on every rank; two runs are bitwise equal.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
-use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
-use zeroplan_ir::{Bindings, DType, Graph, Init, Op, Tensor};
+use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
+use zeroplan_ir::{Bindings, Graph, Init, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::comm::{Communicator, InProcess};
 use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
-const BATCH: usize = 2;
-const SEQ: usize = 6;
+mod common;
 
-fn model(name: &str) -> ModelSpec {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{name}.ron"));
-    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A batch with labels for `model`'s head; `salt` varies the tokens.
-fn batch(model: &ModelSpec, salt: i64) -> Feeds {
-    let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).unwrap();
-    let ids: Vec<i64> = (0..(BATCH * SEQ) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
-    let labels = match model.head {
-        Head::Mlm => ints(
-            ids.iter().enumerate().map(|(i, &t)| if (i + salt as usize) % 3 == 1 { t } else { -100 }).collect(),
-            vec![BATCH, SEQ],
-        ),
-        Head::Classification { num_labels: 1 } => {
-            Tensor::float(vec![BATCH], DType::F32, (0..BATCH).map(|i| (i as f64 + salt as f64) * 0.7 - 0.3).collect())
-                .unwrap()
-        }
-        Head::Classification { num_labels } => {
-            ints((0..BATCH as i64).map(|i| (i + salt) % num_labels as i64).collect(), vec![BATCH])
-        }
-        Head::Pooler => ints(Vec::new(), vec![0]),
-    };
-    let mut mask = vec![1; BATCH * SEQ];
-    mask[SEQ - 1] = 0;
-    BTreeMap::from([
-        ("input_ids".to_string(), ints(ids, vec![BATCH, SEQ])),
-        ("token_type_ids".to_string(), ints((0..(BATCH * SEQ) as i64).map(|i| i % 2).collect(), vec![BATCH, SEQ])),
-        ("attention_mask".to_string(), ints(mask, vec![BATCH, SEQ])),
-        ("labels".to_string(), labels),
-    ])
-}
+use common::{BATCH, SEQ, batch, model};
 
 fn program(model: &ModelSpec, train: &TrainingSpec, data_parallel: Option<DataParallel>) -> Program {
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();

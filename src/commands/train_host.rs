@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::cli::TrainArgs;
 use zeroplan_ir::interp::Feeds;
-use zeroplan_ir::plan::{DataParallel, Plan, Program};
+use zeroplan_ir::plan::{Plan, Program};
 use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Op};
 use zeroplan_passes::manager::PassOptions;
@@ -53,7 +53,7 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
         None => (args.batch_size, args.seq_len),
     };
     let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
-    let data_parallel = args.ranks.map(|ranks| DataParallel { ranks, zero_stage: args.zero, offload: args.offload });
+    let data_parallel = args.data_parallel.strategy();
     if data_parallel.is_some_and(|dp| dp.ranks > 1) && (args.weights.is_some() || args.save.is_some()) {
         return Err(context(
             "--weights and --save read and write one rank's whole parameters; with --ranks the \

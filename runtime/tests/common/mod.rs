@@ -1,0 +1,48 @@
+//! What the runtime's integration tests share: the tiny models and a
+//! seeded batch for any head.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::spec::{self, Head, ModelSpec};
+use zeroplan_ir::{DType, Tensor};
+
+/// Sequences per batch and tokens per sequence of every test batch.
+pub const BATCH: usize = 2;
+pub const SEQ: usize = 6;
+
+/// `models/tiny/NAME.ron`.
+pub fn model(name: &str) -> ModelSpec {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{name}.ron"));
+    spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A batch with labels for `model`'s head (a third of the tokens for MLM)
+/// and one masked key; `salt` varies the tokens and labels.
+pub fn batch(model: &ModelSpec, salt: i64) -> Feeds {
+    let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).unwrap();
+    let ids: Vec<i64> = (0..(BATCH * SEQ) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
+    let labels = match model.head {
+        Head::Mlm => ints(
+            ids.iter().enumerate().map(|(i, &t)| if (i + salt as usize) % 3 == 1 { t } else { -100 }).collect(),
+            vec![BATCH, SEQ],
+        ),
+        Head::Classification { num_labels: 1 } => {
+            Tensor::float(vec![BATCH], DType::F32, (0..BATCH).map(|i| (i as f64 + salt as f64) * 0.7 - 0.3).collect())
+                .unwrap()
+        }
+        Head::Classification { num_labels } => {
+            ints((0..BATCH as i64).map(|i| (i + salt) % num_labels as i64).collect(), vec![BATCH])
+        }
+        Head::Pooler => ints(Vec::new(), vec![0]),
+    };
+    let mut mask = vec![1; BATCH * SEQ];
+    mask[SEQ - 1] = 0;
+    BTreeMap::from([
+        ("input_ids".to_string(), ints(ids, vec![BATCH, SEQ])),
+        ("token_type_ids".to_string(), ints((0..(BATCH * SEQ) as i64).map(|i| i % 2).collect(), vec![BATCH, SEQ])),
+        ("attention_mask".to_string(), ints(mask, vec![BATCH, SEQ])),
+        ("labels".to_string(), labels),
+    ])
+}
