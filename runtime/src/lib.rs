@@ -4,13 +4,16 @@
 //! a driver is found) —, reading and writing weights and batches
 //! ([`checkpoint`]: Hugging Face safetensors files), training data ([`data`]),
 //! training on the reference interpreter ([`reference`]), a plan's program on
-//! this CPU ([`host`]), and sentence embeddings on either ([`embed`]).
+//! a [`runner::Device`] — this CPU ([`host`]) — with data-parallel ranks
+//! joined by a [`comm::Communicator`], sentence embeddings on either
+//! ([`embed`]), and the GLUE tasks' metrics ([`metrics`]).
 
 pub mod checkpoint;
 pub mod comm;
 pub mod data;
 pub mod embed;
 pub mod host;
+pub mod metrics;
 pub mod reference;
 pub mod runner;
 
