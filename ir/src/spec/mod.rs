@@ -11,6 +11,7 @@
 mod error;
 mod gpu;
 pub mod hf;
+mod task;
 mod training;
 mod validate;
 
@@ -19,6 +20,7 @@ use std::path::Path;
 
 pub use error::{Diagnostic, FieldProblem, SpecError};
 pub use gpu::{Cluster, GpuProfile, PeakTflops};
+pub use task::{Column, Labels, Metric, TaskSpec};
 pub use training::{LossScaling, Precision, TrainingSpec};
 pub use validate::validate;
 
