@@ -115,7 +115,7 @@ impl TaskSpec {
             Labels::Classes(names) if names.len() < 2 => {
                 problem("labels", format!("{} classes", names.len()), "a classification task has at least two")
             }
-            Labels::Regression { min, max } if !(min < max) => {
+            Labels::Regression { min, max } if min.partial_cmp(max) != Some(std::cmp::Ordering::Less) => {
                 problem("labels", format!("the score range [{min}, {max}] is empty"), "STS-B's is 0 to 5")
             }
             _ => {}
