@@ -6,7 +6,8 @@
 //! three ranks at stage 3 (padded shards): the mean loss and the gradient
 //! norm of three steps equal the reference interpreter's within 1e-6
 //! relative, and every parameter after them within 2e-5 (see
-//! `final_weights_agree`); each rank's measured peak is the plan's arena; the replicas of
+//! `final_weights_agree`); each rank's measured peaks are the plan's device
+//! and host arenas; the replicas of
 //! stages 0–2 are the same bits on every rank; two runs are bitwise equal.
 
 use std::sync::Arc;
@@ -41,7 +42,7 @@ fn close(what: &str, got: f64, want: f64) {
 /// Trains `name` planned for `ranks` ranks under `dp`'s stage and offload for
 /// three steps, one thread per rank, and checks each step's mean loss and
 /// gradient norm against one rank accumulating the same batches, each
-/// rank's measured peak against the plan's arena, and (stages 0–2) that the
+/// rank's measured peaks against the plan's arenas, and (stages 0–2) that the
 /// replicas stayed identical. Returns every rank's final state.
 fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
     let model = model(name);
@@ -50,7 +51,7 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
     let dp = DataParallel { ranks: ranks as u64, zero_stage: stage, offload };
     let what = format!("{name} on {ranks} ranks, ZeRO-{stage}, offload {offload:?}");
     let plan = program(&model, &train, Some(dp));
-    let arena = plan.arena_bytes;
+    let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
     let mut reference = ReferenceTrainer::new(program(&model, &accumulated, None).graph, 7, Exactness::Native).unwrap();
     let mut hosts: Vec<HostProgram> = InProcess::group(ranks)
         .into_iter()
@@ -83,7 +84,13 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
     for (r, host) in hosts.iter().enumerate() {
         let peak = host.high_water_bytes();
         assert!(peak <= arena && peak + 256 > arena, "{what}: rank {r}'s peak {peak} B, the plan's arena {arena} B");
+        let host_peak = host.host_high_water_bytes();
+        assert!(
+            host_peak <= host_arena && (host_arena == 0 || host_peak + 256 > host_arena),
+            "{what}: rank {r}'s host peak {host_peak} B, the plan's host arena {host_arena} B"
+        );
     }
+    assert_eq!(offload != Offload::None, host_arena > 0, "{what}: offload and a host arena go together");
     if stage < 3 {
         let first = hosts[0].weights();
         assert!(hosts.iter().all(|h| h.weights() == first), "{what}: replicated parameters differ between ranks");

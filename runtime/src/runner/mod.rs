@@ -30,7 +30,10 @@ use std::sync::Arc;
 
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Tensor, Value};
+use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Place, Tensor, Value};
+
+/// The arenas of a rank, in `Runner::high_water`'s order.
+const PLACES: [Place; 2] = [Place::Device, Place::Host];
 
 pub use buffers::{Buf, Rank, SelectError};
 use buffers::{concrete, constant_update};
@@ -87,8 +90,9 @@ pub struct Runner<D: Device> {
     steps_done: u64,
     /// Values copied out right after they are computed, per micro-batch.
     captures: Vec<Value>,
-    /// The highest device-arena byte any executed node's output reached.
-    high_water: usize,
+    /// The highest byte of the device and host arenas any executed node's
+    /// output reached.
+    high_water: [usize; 2],
     /// Per-instruction timings, while profiling is on.
     profile: Option<Profile>,
     /// This rank's handle on its data-parallel group.
@@ -152,7 +156,7 @@ impl<D: Device> Runner<D> {
             seed,
             steps_done: 0,
             captures: Vec::new(),
-            high_water: 0,
+            high_water: [0, 0],
             profile: None,
             fetches: None,
             comm,
@@ -284,7 +288,9 @@ impl<D: Device> Runner<D> {
                 if step.optimizer && !last {
                     continue;
                 }
-                self.high_water = self.high_water.max(self.device_end(step.node));
+                for (i, place) in PLACES.into_iter().enumerate() {
+                    self.high_water[i] = self.high_water[i].max(self.end_in(step.node, place));
+                }
                 if let Some(instr) = &step.instr {
                     let cx = Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
                     let start = self.profile.is_some().then(std::time::Instant::now);
@@ -333,23 +339,34 @@ impl<D: Device> Runner<D> {
     /// start). Equal to the plan's arena size once every tensor has been
     /// written, which shows the plan's offsets are the ones in use.
     pub fn high_water_bytes(&self) -> u64 {
+        self.measured_peak(Place::Device)
+    }
+
+    /// As [`Runner::high_water_bytes`], for the host arena (offloaded
+    /// optimizer state and parameters): against the plan's `host_arena_bytes`.
+    pub fn host_high_water_bytes(&self) -> u64 {
+        self.measured_peak(Place::Host)
+    }
+
+    fn measured_peak(&self, place: Place) -> u64 {
         let g = &self.program.graph;
         let persistent = g
             .petgraph()
             .node_indices()
             .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
-            .map(|n| self.device_end(n))
+            .map(|n| self.end_in(n, place))
             .max()
             .unwrap_or(0);
-        self.high_water.max(persistent) as u64
+        let i = PLACES.iter().position(|&p| p == place).expect("a place");
+        self.high_water[i].max(persistent) as u64
     }
 
-    /// The end of the highest device buffer among `n`'s outputs.
-    fn device_end(&self, n: NodeIndex) -> usize {
+    /// The end of the highest buffer in `place` among `n`'s outputs.
+    fn end_in(&self, n: NodeIndex, place: Place) -> usize {
         let outputs = self.program.graph.node(n).outputs.len() as u32;
         (0..outputs)
             .map(|output| self.bufs[&Value { node: n, output }])
-            .filter(|b| b.place == zeroplan_ir::Place::Device)
+            .filter(|b| b.place == place)
             .map(|b| b.offset + b.bytes())
             .max()
             .unwrap_or(0)
