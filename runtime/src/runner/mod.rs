@@ -91,8 +91,10 @@ pub struct Runner<D: Device> {
     /// Values copied out right after they are computed, per micro-batch.
     captures: Vec<Value>,
     /// The highest byte of the device and host arenas any executed node's
-    /// output reached.
+    /// output reached, and each step's own (fixed by the plan, so computed
+    /// once at load).
     high_water: [usize; 2],
+    step_ends: Vec<[usize; 2]>,
     /// Per-instruction timings, while profiling is on.
     profile: Option<Profile>,
     /// This rank's handle on its data-parallel group.
@@ -157,11 +159,13 @@ impl<D: Device> Runner<D> {
             steps_done: 0,
             captures: Vec::new(),
             high_water: [0, 0],
+            step_ends: Vec::new(),
             profile: None,
             fetches: None,
             comm,
             program,
         };
+        runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         let state = Interpreter::new(Precision::Native, seed).init_missing(
             &runner.program.graph,
             Some(rank.index as u64),
@@ -288,8 +292,8 @@ impl<D: Device> Runner<D> {
                 if step.optimizer && !last {
                     continue;
                 }
-                for (i, place) in PLACES.into_iter().enumerate() {
-                    self.high_water[i] = self.high_water[i].max(self.end_in(step.node, place));
+                for (water, end) in self.high_water.iter_mut().zip(self.step_ends[at]) {
+                    *water = (*water).max(end);
                 }
                 if let Some(instr) = &step.instr {
                     let cx = Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
