@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{FieldProblem, SpecError, Syntax};
+use super::error::{FieldProblem, SpecError};
 use crate::dtype::DType;
 
 /// Dense (non-sparse) peak matrix throughput, TFLOP/s, by input dtype.
@@ -63,9 +63,7 @@ impl GpuProfile {
 
     /// Reads a RON profile; `file` names it in errors.
     pub fn from_ron(text: &str, file: &str) -> Result<GpuProfile, SpecError> {
-        let profile: GpuProfile = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
-        profile.validate().map_err(|problems| SpecError::located(file, text, problems, Syntax::Ron))?;
-        Ok(profile)
+        super::from_ron(text, file, GpuProfile::validate)
     }
 
     pub fn load(path: &std::path::Path) -> Result<GpuProfile, SpecError> {

@@ -153,15 +153,25 @@ impl ModelSpec {
 
     /// Reads a RON spec from a string; `file` names it in errors.
     pub fn from_ron(text: &str, file: &str) -> Result<ModelSpec, SpecError> {
-        let spec: ModelSpec = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
-        validate(&spec).map_err(|problems| SpecError::located(file, text, problems, error::Syntax::Ron))?;
-        Ok(spec)
+        from_ron(text, file, validate)
     }
 
     /// The spec as pretty-printed RON.
     pub fn to_ron(&self) -> String {
         ron::ser::to_string_pretty(self, ron::ser::PrettyConfig::default()).expect("specs serialise")
     }
+}
+
+/// Parses RON text into a `T` and checks it with `validate`; `file` names
+/// it in errors, which point at the problem fields in `text`.
+fn from_ron<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+    validate: impl FnOnce(&T) -> Result<(), Vec<FieldProblem>>,
+) -> Result<T, SpecError> {
+    let spec: T = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
+    validate(&spec).map_err(|problems| SpecError::located(file, text, problems, error::Syntax::Ron))?;
+    Ok(spec)
 }
 
 /// A spec file's text and its name for diagnostics.

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{FieldProblem, SpecError, Syntax};
+use super::error::{FieldProblem, SpecError};
 use super::training::TrainingSpec;
 
 /// A fine-tuning task.
@@ -65,9 +65,7 @@ pub enum Metric {
 impl TaskSpec {
     /// Reads a RON task spec; `file` names it in errors.
     pub fn from_ron(text: &str, file: &str) -> Result<TaskSpec, SpecError> {
-        let spec: TaskSpec = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
-        spec.validate().map_err(|problems| SpecError::located(file, text, problems, Syntax::Ron))?;
-        Ok(spec)
+        super::from_ron(text, file, TaskSpec::validate)
     }
 
     /// Loads a RON task spec from a file.

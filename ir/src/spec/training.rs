@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{FieldProblem, SpecError, Syntax};
+use super::error::{FieldProblem, SpecError};
 
 /// How a training step is computed and applied.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -84,9 +84,7 @@ impl TrainingSpec {
     /// Reads a RON training spec; `file` names it in errors. Missing fields
     /// take their defaults.
     pub fn from_ron(text: &str, file: &str) -> Result<TrainingSpec, SpecError> {
-        let spec: TrainingSpec = ron::from_str(text).map_err(|e| SpecError::from_ron(file, e))?;
-        spec.validate().map_err(|problems| SpecError::located(file, text, problems, Syntax::Ron))?;
-        Ok(spec)
+        super::from_ron(text, file, TrainingSpec::validate)
     }
 
     /// Loads a RON training spec from a file.

@@ -40,7 +40,7 @@ impl InProcess {
     }
 
     /// Waits until every rank has arrived (or one has failed).
-    fn barrier(&self, op: &'static str) -> Result<(), CommError> {
+    fn rendezvous(&self, op: &'static str) -> Result<(), CommError> {
         let s = &self.shared;
         let mut r = s.barrier.lock().unwrap_or_else(|e| e.into_inner());
         if r.failed {
@@ -67,7 +67,7 @@ impl InProcess {
             slot.clear();
             slot.extend_from_slice(data);
         }
-        self.barrier(op)?;
+        self.rendezvous(op)?;
         let expected = self.slot_len(0);
         for rank in 1..self.shared.ranks {
             let got = self.slot_len(rank);
@@ -104,7 +104,7 @@ impl Communicator for InProcess {
         self.deposit("all_reduce", data)?;
         self.sum_into(0, data);
         // Nobody refills a slot before every rank has read them all.
-        self.barrier("all_reduce")
+        self.rendezvous("all_reduce")
     }
 
     fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError> {
@@ -114,7 +114,7 @@ impl Communicator for InProcess {
         }
         self.deposit(op, data)?;
         self.sum_into(self.rank * out.len(), out);
-        self.barrier(op)
+        self.rendezvous(op)
     }
 
     fn all_gather(&self, part: &[f32], out: &mut [f32]) -> Result<(), CommError> {
@@ -126,7 +126,32 @@ impl Communicator for InProcess {
         for (rank, chunk) in out.chunks_mut(part.len().max(1)).enumerate() {
             chunk.copy_from_slice(&self.shared.slots[rank].lock().unwrap_or_else(|e| e.into_inner()));
         }
-        self.barrier(op)
+        self.rendezvous(op)
+    }
+
+    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), CommError> {
+        let (op, ranks) = ("broadcast", self.shared.ranks);
+        if root >= ranks {
+            return Err(CommError::NoRoot { op, root, ranks });
+        }
+        if self.rank == root {
+            let mut slot = self.shared.slots[root].lock().unwrap_or_else(|e| e.into_inner());
+            slot.clear();
+            slot.extend_from_slice(data);
+        }
+        self.rendezvous(op)?;
+        let got = self.slot_len(root);
+        if got != data.len() {
+            return Err(CommError::Mismatch { op, rank: self.rank, got: data.len(), expected: got });
+        }
+        if self.rank != root {
+            data.copy_from_slice(&self.shared.slots[root].lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        self.rendezvous(op)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.rendezvous("barrier")
     }
 
     fn abort(&self) {
@@ -166,6 +191,23 @@ mod tests {
             assert_eq!(slice, [[3.0, 3.0], [3.0, 3.0], [6.0, 0.0]][rank]);
             assert_eq!(gathered, [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]);
         }
+    }
+
+    #[test]
+    fn broadcast_copies_the_roots_data_and_barrier_waits_for_all() {
+        let arrived = std::sync::atomic::AtomicUsize::new(0);
+        let results = on_ranks(3, |c| {
+            let mut x = vec![c.rank() as f32; 2];
+            c.broadcast(&mut x, 2).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2 * c.rank() as u64));
+            arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            c.barrier().unwrap();
+            // Nobody passes the barrier before everyone reached it.
+            (x, arrived.load(std::sync::atomic::Ordering::SeqCst))
+        });
+        assert!(results.iter().all(|(x, n)| x == &[2.0, 2.0] && *n == 3), "{results:?}");
+        let err = on_ranks(1, |c| c.broadcast(&mut [0.0], 1));
+        assert_eq!(err[0], Err(CommError::NoRoot { op: "broadcast", root: 1, ranks: 1 }));
     }
 
     #[test]

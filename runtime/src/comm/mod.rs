@@ -1,9 +1,10 @@
 //! Collectives between data-parallel ranks, behind one trait.
 //!
 //! The runtime executes a plan's `all_reduce`, `reduce_scatter` and
-//! `all_gather` nodes through a [`Communicator`] without knowing what is
-//! behind it: [`InProcess`] (ranks as threads of this process, for the host
-//! runtime and the tests) now, NCCL on GPUs later. Payloads are `f32` — the
+//! `all_gather` nodes (and, later, a resumed checkpoint's `broadcast`)
+//! through a [`Communicator`] without knowing what is behind it:
+//! [`InProcess`] (ranks as threads of this process, for the host runtime
+//! and the tests) now, NCCL on GPUs later. Payloads are `f32` — the
 //! host runtime widens 16-bit buffers before a collective and rounds the
 //! result once, as NCCL's f32 accumulation of bf16 would.
 //!
@@ -22,6 +23,8 @@ pub enum CommError {
     Mismatch { op: &'static str, rank: usize, got: usize, expected: usize },
     #[error("{op}: a peer rank failed (see its error), so this rank stopped too")]
     PeerFailed { op: &'static str },
+    #[error("{op} from root {root}: the group has {ranks} ranks")]
+    NoRoot { op: &'static str, root: usize, ranks: usize },
     #[error("{op} of {len} elements over {ranks} ranks: the length must divide evenly")]
     Uneven { op: &'static str, len: usize, ranks: usize },
 }
@@ -41,6 +44,11 @@ pub trait Communicator: Send + Sync {
     fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError>;
     /// Every rank's `part`, concatenated in rank order, into `out`.
     fn all_gather(&self, part: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+    /// Rank `root`'s `data` into every rank's `data` (a resumed run's state
+    /// read once and shared).
+    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), CommError>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<(), CommError>;
     /// Tells the peers this rank will make no more calls (it failed), so
     /// that they return [`CommError::PeerFailed`] instead of waiting forever.
     fn abort(&self);
