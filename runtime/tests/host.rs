@@ -19,7 +19,7 @@ const FAMILIES: [&str; 6] =
     ["tiny-bert", "tiny-albert", "tiny-megatron-bert", "tiny-mosaicbert", "tiny-bert-sts", "tiny-ssn-bert"];
 mod common;
 
-use common::{BATCH, SEQ, batch, model};
+use common::{BATCH, SEQ, batch, max_abs_diff, model};
 
 /// The program of `model`'s training step with `disabled` passes off.
 fn program(model: &ModelSpec, train: &TrainingSpec, disabled: &[&str], recompute: Policy) -> Program {
@@ -35,16 +35,10 @@ fn program(model: &ModelSpec, train: &TrainingSpec, disabled: &[&str], recompute
     zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
-/// A tensor's relative error `‖a − b‖ / max(‖b‖, 1e-4·√n)`: relative to
-/// the reference's norm, and absolute (1e-9 RMS at a 1e-5 tolerance) for
-/// tensors that are zero in exact arithmetic but not in rounded (the
-/// gradient of the key bias is Σ over a softmax's invariance: ~1e-13 noise).
+/// A tensor's relative error (see [`common::relative`]).
 fn relative(a: &Tensor, b: &Tensor) -> f64 {
-    let (x, y) = (a.floats().unwrap(), b.floats().unwrap());
     assert_eq!(a.shape(), b.shape());
-    let diff: f64 = x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
-    diff / norm.max(1e-4 * (y.len() as f64).sqrt())
+    common::relative(a.floats().unwrap(), b.floats().unwrap())
 }
 
 /// Each parameter's gradient as its optimizer reads it, and the parameter's name.
@@ -126,7 +120,7 @@ fn agree(name: &str, disabled: &[&str], recompute: Policy, micro_batches: u64) {
             // arithmetic (rounding noise) still moves each element by up to lr a step.
             let bound = 3.0 * train.lr * 1.0001;
             let (a, b) = (got[name].floats().unwrap(), t.floats().unwrap());
-            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            let worst = max_abs_diff(a, b);
             assert!(worst <= bound, "{what}: after 3 steps, {name} (a zero gradient): {worst:e} > {bound:e}");
             continue;
         }
@@ -220,7 +214,7 @@ fn mixed_precision_steps_agree_within_sixteen_bit_rounding() {
         for (name, t) in want.iter().filter(|(_, t)| t.dtype() == DType::F32) {
             if name.ends_with("attn.k.bias") {
                 let (a, b) = (got[name].floats().unwrap(), t.floats().unwrap());
-                let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+                let worst = max_abs_diff(a, b);
                 assert!(worst <= 3.0 * train.lr * 1.0001, "{what}: {name} moved {worst:e} from the reference");
                 continue;
             }

@@ -24,7 +24,7 @@ use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 mod common;
 
-use common::{BATCH, SEQ, batch, model};
+use common::{BATCH, SEQ, batch, max_abs_diff, model, relative};
 
 fn program(model: &ModelSpec, train: &TrainingSpec, data_parallel: Option<DataParallel>) -> Program {
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
@@ -123,13 +123,12 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], reference: &Stat
         for m in members {
             let got = &whole[m.offset as usize..(m.offset + m.len()) as usize];
             let want = reference[&m.name].floats().unwrap();
-            let diff = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-            let norm = want.iter().map(|b| b * b).sum::<f64>().sqrt().max(1e-4 * (want.len() as f64).sqrt());
             if m.name.ends_with("attn.k.bias") {
-                let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                let worst = max_abs_diff(got, want);
                 assert!(worst <= 3.0 * lr * 1.0001, "{what}: {} moved {worst:e} from the reference", m.name);
             } else {
-                assert!(diff / norm <= 2e-5, "{what}: final {}: relative error {:e}", m.name, diff / norm);
+                let err = relative(got, want);
+                assert!(err <= 2e-5, "{what}: final {}: relative error {err:e}", m.name);
             }
             compared += 1;
         }

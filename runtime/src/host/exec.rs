@@ -62,10 +62,7 @@ pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
             }
             write_tensor(mem, *out, t);
         }
-        Instr::Fill { value, out } => match out.dtype.is_float() {
-            true => mem.write_f32(*out, &vec![*value as f32; out.len]),
-            false => mem.write_i64(*out, &vec![*value as i64; out.len]),
-        },
+        Instr::Fill { value, out } => fill(mem, *out, *value),
         Instr::Arange { out } => mem.write_i64(*out, &(0..out.len as i64).collect::<Vec<_>>()),
         Instr::Copy { from, to } => mem.copy(*from, *to),
         // Payloads travel as f32 (16-bit buffers widened, then rounded once).
@@ -198,6 +195,15 @@ pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Every element of `b` set to `value` (truncated for an integer buffer).
+pub fn fill(mem: &Memory, b: Buf, value: f64) {
+    if b.dtype.is_float() {
+        mem.write_f32(b, &vec![value as f32; b.len])
+    } else {
+        mem.write_i64(b, &vec![value as i64; b.len])
+    }
 }
 
 /// `b`'s bytes, copied out when an output overlaps them.

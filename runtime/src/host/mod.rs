@@ -70,10 +70,6 @@ impl Device for Host {
     }
 
     fn fill(&self, buf: Buf, value: f64) {
-        if buf.dtype.is_float() {
-            self.memory.write_f32(buf, &vec![value as f32; buf.len])
-        } else {
-            self.memory.write_i64(buf, &vec![value as i64; buf.len])
-        }
+        exec::fill(&self.memory, buf, value)
     }
 }

@@ -275,6 +275,7 @@ impl<D: Device> Runner<D> {
         let g = &self.program.graph;
         let phase = |v: &Value| g.node(v.node).phase;
         let mut out = StepResult { outputs: StepOutputs::default(), captured: Vec::new() };
+        let last_micro_batch_step = self.steps.iter().rposition(|s| !s.optimizer);
         for (i, feeds) in micro_batches.iter().enumerate() {
             let last = i + 1 == k;
             // Dropout counts micro-batches over the whole group, so R ranks of
@@ -287,7 +288,6 @@ impl<D: Device> Runner<D> {
                 comm: self.comm.as_ref(),
             };
             let mut captured = BTreeMap::new();
-            let last_micro_batch_step = self.steps.iter().rposition(|s| !s.optimizer);
             for (at, step) in self.steps.iter().enumerate() {
                 if step.optimizer && !last {
                     continue;

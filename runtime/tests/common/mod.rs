@@ -46,3 +46,20 @@ pub fn batch(model: &ModelSpec, salt: i64) -> Feeds {
         ("labels".to_string(), labels),
     ])
 }
+
+/// The relative error `‖a − b‖ / max(‖b‖, 1e-4·√n)`: relative to the
+/// reference `b`'s norm, and absolute (1e-9 RMS at a 1e-5 tolerance) for
+/// values that are zero in exact arithmetic but not in rounded (the
+/// gradient of the key bias is Σ over a softmax's invariance: ~1e-13 noise).
+pub fn relative(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(p, q)| (p - q).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = b.iter().map(|q| q * q).sum::<f64>().sqrt();
+    diff / norm.max(1e-4 * (b.len() as f64).sqrt())
+}
+
+/// The largest elementwise difference: what AdamW's normalised noise on a
+/// zero-gradient parameter (the key bias) is bounded by, `lr` a step.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
