@@ -24,6 +24,18 @@ pub enum Command {
     Embed(EmbedArgs),
     /// List the devices plans can run on here: the host, and CUDA GPUs if a driver is found.
     Devices(DevicesArgs),
+    /// Consolidate a training checkpoint (`train --save DIR`) into one Hugging Face safetensors file.
+    Export(ExportArgs),
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// A directory `train --save` wrote (its newest complete save), or one step directory in it.
+    pub checkpoint: PathBuf,
+    /// The safetensors file to write, atomically: the model's parameters in fp32, under
+    /// Hugging Face names (`transformers` loads it).
+    #[arg(short, long, value_name = "FILE.safetensors")]
+    pub output: PathBuf,
 }
 
 #[derive(Args)]
@@ -144,9 +156,22 @@ pub struct TrainArgs {
     /// Synthetic batch: tokens per sequence.
     #[arg(long, default_value_t = 16)]
     pub seq_len: usize,
-    /// Save the trained weights here (Hugging Face names), atomically.
-    #[arg(long, value_name = "FILE.safetensors")]
+    /// `FILE.safetensors`: the trained weights at the end (Hugging Face names), atomically.
+    /// A directory (`--backend cpu`): training checkpoints — each rank's parameters, fp32
+    /// masters, AdamW moments, with the step, seed and data position — at the end and every
+    /// `--save-every` steps; `--resume DIR` continues one, `zeroplan export DIR` consolidates it.
+    #[arg(long, value_name = "FILE.safetensors|DIR")]
     pub save: Option<PathBuf>,
+    /// With `--save DIR`: also save every K steps.
+    #[arg(long, value_name = "K", requires = "save")]
+    pub save_every: Option<u64>,
+    /// With `--save DIR`: how many complete saves to keep (older ones are removed).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: u64,
+    /// Continue the newest complete save in DIR (`--backend cpu`), bit for bit on the ranks and
+    /// ZeRO stage it was saved with, resharded on others; `--steps` counts from the run's start.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
     /// `--backend cpu`: `--ranks` run as threads of this process that exchange
     /// gradients through the plan's collectives, each rank on its own batches
     /// (the global batch is ranks × micro-batches × --batch-size).

@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         cli::Command::Train(args) => commands::train::run(args),
         cli::Command::Embed(args) => commands::embed::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),
+        cli::Command::Export(args) => commands::export::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -387,6 +387,111 @@ fn data_parallel_ranks_train_as_one_rank_accumulating_their_batches() {
     }
     let err = failure(&["train", "models/tiny/tiny-bert.ron", "--ranks", "2"]);
     assert!(err.contains("--backend cpu"), "{err}");
-    let err = failure(&[&common[..], &["--ranks", "2", "--save", "/tmp/never-written.safetensors"]].concat());
-    assert!(err.contains("sharded checkpoints"), "{err}");
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--save", "/tmp/zeroplan-never-written"]);
+    assert!(err.contains("--backend cpu"), "{err}");
+}
+
+/// A WordPiece `tokenizer.json` of a few words (BERT's specials first) and a
+/// text of them, for `--data` on tiny-bert's 64-token vocabulary.
+fn tiny_corpus(dir: &Path) -> (PathBuf, PathBuf) {
+    let words =
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "on", "a", "mat", "ran", "far"];
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                       "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": vocab},
+    });
+    let (tokenizer_path, text_path) = (dir.join("tokenizer.json"), dir.join("corpus.txt"));
+    std::fs::write(&tokenizer_path, tokenizer.to_string()).unwrap();
+    let lines = ["the cat sat on a mat", "a dog ran far", "the dog sat", "a cat ran on the mat", "the mat"];
+    std::fs::write(&text_path, lines.join("\n")).unwrap();
+    (tokenizer_path, text_path)
+}
+
+#[test]
+fn a_run_killed_in_the_middle_of_a_save_resumes_bit_for_bit() {
+    // Two ranks at ZeRO-3 on MLM text with dropout: the resumed run needs the
+    // shards, the step (dropout masks), and the data position and masking draws.
+    let dir = std::env::temp_dir().join(format!("zeroplan-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tokenizer, text) = tiny_corpus(&dir);
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let run = |save: &Path, extra: &[&str]| {
+        let common = ["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--ranks", "2", "--zero", "3"];
+        let data = ["--data", text.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap(), "--seq-len", "8"];
+        let rest = ["--dropout", "0.1", "--steps", "4", "--save-every", "1", "--log-json", "--save"];
+        [&common[..], &data, &rest, &[save.to_str().unwrap()], extra].concat().iter().map(|s| s.to_string()).collect()
+    };
+    let args: Vec<String> = run(&a, &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_zeroplan")).args(&args).current_dir(root()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Killed (SIGKILL) after step 3's shards are written, before its manifest.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
+        .args(run(&b, &[]))
+        .env("ZEROPLAN_PAUSE_BEFORE_MANIFEST", "3")
+        .current_dir(root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("paused before the manifest of step 3") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the run ended without pausing");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = b.join("step-00000003");
+    assert!(killed.join("rank-00001.safetensors").exists() && !killed.join("manifest.json").exists());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
+        .args(run(&b, &["--resume", b.to_str().unwrap()]))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let resumed: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(resumed, [3, 4], "the resumed run goes on from step 2's save");
+    for file in ["rank-00000.safetensors", "rank-00001.safetensors", "manifest.json"] {
+        let (x, y) = (a.join("step-00000004").join(file), b.join("step-00000004").join(file));
+        assert!(
+            std::fs::read(&x).unwrap() == std::fs::read(&y).unwrap(),
+            "{file} differs from the uninterrupted run's"
+        );
+    }
+    let (ea, eb) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    for (from, to) in [(&a, &ea), (&b, &eb)] {
+        let out = zeroplan(&["export", from.to_str().unwrap(), "-o", to.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(std::fs::read(&ea).unwrap() == std::fs::read(&eb).unwrap(), "the exports differ");
+    // The export is the model's weights: a run starts from it.
+    let out = zeroplan(&["train", "models/tiny/tiny-bert.ron", "--steps", "1", "--weights", ea.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Through two ranks' ZeRO-3 shards and back, unchanged.
+    let c = dir.join("c.safetensors");
+    let zero3 = ["--backend", "cpu", "--ranks", "2", "--zero", "3", "--steps", "0"];
+    let out = zeroplan(
+        &[&["train", "models/tiny/tiny-bert.ron"], &zero3[..], &["--weights", ea.to_str().unwrap()]]
+            .concat()
+            .into_iter()
+            .chain(["--save", c.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(&c).unwrap() == std::fs::read(&ea).unwrap(), "weights changed through the shards");
+    let err = failure(&["export", dir.to_str().unwrap(), "-o", dir.join("d.safetensors").to_str().unwrap()]);
+    assert!(err.contains("no complete checkpoint"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -32,5 +32,5 @@ pub use op::{FlatMember, GeluApproximation, Init, Op};
 pub use petgraph::stable_graph::NodeIndex;
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};
-pub use tensor::{Tensor, TensorData, TensorError};
+pub use tensor::{Tensor, TensorData, TensorError, to_bf16, to_f16};
 pub use verify::VerifyError;

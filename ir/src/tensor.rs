@@ -153,10 +153,36 @@ impl Tensor {
 pub fn round_to(dtype: DType, x: f64) -> f64 {
     match dtype {
         DType::F32 => x as f32 as f64,
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => round_binary(x, 8, -126, half::bf16::MAX.to_f64()),
+        DType::F16 => round_binary(x, 11, -14, half::f16::MAX.to_f64()),
         DType::I32 | DType::I64 => x,
     }
+}
+
+/// `x` as a bf16, rounded to nearest even. Not `half::bf16::from_f64`:
+/// half 2.7 drops the bits below the rounding bit first, so a value just
+/// above a tie rounds down (−0.0141906775 gives −0.0141602, not −0.0142212).
+pub fn to_bf16(x: f64) -> half::bf16 {
+    half::bf16::from_f32(round_to(DType::BF16, x) as f32)
+}
+
+/// `x` as an f16, rounded to nearest even (see [`to_bf16`]).
+pub fn to_f16(x: f64) -> half::f16 {
+    half::f16::from_f32(round_to(DType::F16, x) as f32)
+}
+
+/// `x` rounded to nearest, ties to even, in a binary format of `digits`
+/// significant bits, smallest normal exponent `emin` (gradual underflow
+/// below it) and largest finite value `max` (beyond which it is ±∞).
+fn round_binary(x: f64, digits: i32, emin: i32, max: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let exponent = (((x.to_bits() >> 52) & 0x7FF) as i32 - 1023).max(emin);
+    // Powers of two: the division and product are exact.
+    let ulp = 2f64.powi(exponent - digits + 1);
+    let r = (x / ulp).round_ties_even() * ulp;
+    if r.abs() > max { f64::INFINITY.copysign(x) } else { r }
 }
 
 #[cfg(test)]
@@ -169,6 +195,32 @@ mod tests {
         assert_eq!(round_to(DType::BF16, 1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
         assert_eq!(round_to(DType::F16, 70000.0), f64::INFINITY);
         assert_eq!(round_to(DType::F32, 0.1), 0.1f32 as f64);
+        // Just above a tie: half's `bf16::from_f64` gives −0.01416015625.
+        assert_eq!(round_to(DType::BF16, f32::from_bits(0xbc68_8004) as f64), -0.01422119140625);
+    }
+
+    /// Against half's `from_f32` (the hardware's conversion) on f32 values
+    /// of every exponent, subnormals, ties and overflow included.
+    #[test]
+    fn sixteen_bit_rounding_matches_the_f32_conversion() {
+        let mut bits = 0x2545_F491u32;
+        for i in 0..200_000u32 {
+            bits ^= bits << 13;
+            bits ^= bits >> 17;
+            bits ^= bits << 5;
+            // Every fourth value a tie or a neighbour of one.
+            let b = if i % 4 == 0 { (bits & 0xFFFF_0000) | 0x8000 | (i & 1) } else { bits };
+            let x = f32::from_bits(b);
+            if x.is_nan() {
+                continue;
+            }
+            assert_eq!(round_to(DType::BF16, x as f64), half::bf16::from_f32(x).to_f64(), "{b:08x}");
+            let h = if i % 4 == 0 { (bits & 0xFFFF_E000) | 0x1000 | (i & 1) } else { bits };
+            let y = f32::from_bits(h);
+            if !y.is_nan() {
+                assert_eq!(round_to(DType::F16, y as f64), half::f16::from_f32(y).to_f64(), "{h:08x}");
+            }
+        }
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+pub mod checkpoints;
 pub mod compile;
 pub mod devices;
 pub mod embed;
+pub mod export;
 pub mod graph;
 pub mod inspect;
 pub mod train;

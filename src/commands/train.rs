@@ -26,6 +26,14 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     if args.data_parallel.ranks.is_some_and(|r| r > 1) {
         return Err(context("the reference interpreter runs one rank: train several with --backend cpu".into()));
     }
+    let checkpoint_dir = args.save.as_ref().filter(|p| !super::checkpoints::is_weights_file(p));
+    if checkpoint_dir.is_some() || args.resume.is_some() {
+        return Err(context(
+            "training checkpoints (--save DIR, --resume) are written by the host runtime: add --backend cpu, or \
+             save the weights with --save FILE.safetensors"
+                .into(),
+        ));
+    }
     let graph = training_graph(&model, &train).map_err(|e| context(e.to_string()))?;
     let mut trainer =
         ReferenceTrainer::new(graph, args.seed, InterpPrecision::Native).map_err(|e| context(e.to_string()))?;

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::checkpoints;
 use crate::cli::TrainArgs;
-use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::interp::{Feeds, State};
 use zeroplan_ir::plan::{Plan, Program};
 use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Op};
@@ -54,40 +55,68 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
     };
     let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
     let data_parallel = args.data_parallel.strategy();
-    if data_parallel.is_some_and(|dp| dp.ranks > 1) && (args.weights.is_some() || args.save.is_some()) {
-        return Err(context(
-            "--weights and --save read and write one rank's whole parameters; with --ranks the \
-             parameters live in flat, possibly sharded buffers (sharded checkpoints: issue 7)"
-                .into(),
-        ));
-    }
     let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
-    let mut ranks = load_ranks(program, args.seed).map_err(context)?;
-    let host = &mut ranks[0];
-    if let Some(path) = &args.weights {
-        let mut weights = host.weights();
-        let report =
-            checkpoint::load_weights(path, model, &host.program().graph, &mut weights).map_err(|e| e.to_string())?;
-        if !report.initialised.is_empty() {
-            eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
+    let layout = checkpoints::layout(&program)?;
+    let world = data_parallel_ranks(&program.graph) as usize;
+    let resumed = match &args.resume {
+        Some(dir) => Some(checkpoints::resume(dir, model, &layout, world)?),
+        None => None,
+    };
+    let seed = match &resumed {
+        Some(r) if r.seed != args.seed => {
+            eprintln!("note: continuing with the saved run's seed {} (not --seed {})", r.seed, args.seed);
+            r.seed
         }
-        host.set_state(&weights).map_err(|e| context(e.to_string()))?;
+        Some(r) => r.seed,
+        None => args.seed,
+    };
+    let mut ranks = load_ranks(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?;
+    if let Some(path) = &args.weights {
+        if resumed.is_some() {
+            return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
+        }
+        checkpoints::load_weights(path, model, &layout, &mut ranks)?;
     }
-    let batches = match (fixed, &args.data) {
+    let mut batches = match (fixed, &args.data) {
         (Some(f), _) => Batches::Fixed(f),
         (None, Some(data)) => {
             let tokenizer = tokenizer_path(args)?;
-            Batches::Data(dataset(data, &tokenizer, &model.head, model.vocab_size, seq, args.seed)?)
+            Batches::Data(dataset(data, &tokenizer, &model.head, model.vocab_size, seq, seed)?)
         }
-        (None, None) => Batches::Fixed(super::train::synthetic_batch(model, batch, seq, args.seed)?),
+        (None, None) => Batches::Fixed(super::train::synthetic_batch(model, batch, seq, seed)?),
     };
-    train_loop(args, &mut ranks, batches, batch, seq)?;
-    if let Some(path) = &args.save {
-        let host = &ranks[0];
-        checkpoint::save_weights(path, model, &host.program().graph, &host.weights()).map_err(|e| e.to_string())?;
+    if let Some(resumed) = &resumed {
+        for host in &mut ranks {
+            host.set_steps_done(resumed.step);
+        }
+        match (&mut batches, resumed.data) {
+            (Batches::Data(d), Some(cursor)) => d.seek(cursor),
+            (Batches::Data(_), None) => eprintln!("note: the save has no data position; --data starts from its top"),
+            (Batches::Fixed(_), _) => {}
+        }
+    }
+    let saver = match &args.save {
+        Some(dir) if !checkpoints::is_weights_file(dir) => Some(checkpoints::Saver {
+            dir: dir.clone(),
+            every: args.save_every,
+            keep: args.keep as usize,
+            model: model.clone(),
+            data_parallel,
+            seed,
+            layout: layout.clone(),
+        }),
+        _ => None,
+    };
+    if let Some(saver) = &saver {
+        std::fs::create_dir_all(&saver.dir)
+            .map_err(|e| format!("error: could not create {}: {e}", saver.dir.display()))?;
+    }
+    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref())?;
+    if let Some(path) = args.save.as_ref().filter(|p| checkpoints::is_weights_file(p)) {
+        checkpoints::save_weights(path, model, &layout, &ranks)?;
     }
     Ok(())
 }
@@ -97,9 +126,9 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     let plan = Plan::from_ron(&text).map_err(|e| context(e.to_string()))?;
-    if args.weights.is_some() || args.save.is_some() {
+    if args.weights.is_some() || args.save.is_some() || args.resume.is_some() {
         return Err(context(
-            "--weights and --save name tensors by the model spec's layout: train the spec itself \
+            "--weights, --save and --resume name tensors by the model spec's layout: train the spec itself \
              (`zeroplan train SPEC --backend cpu`)"
                 .into(),
         ));
@@ -113,19 +142,22 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
         }
         (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
     };
-    let mut ranks = load_ranks(plan.program, args.seed).map_err(context)?;
-    train_loop(args, &mut ranks, batches, batch as usize, seq as usize)
+    let mut ranks = load_ranks(plan.program, args.seed, None).map_err(context)?;
+    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None)
 }
 
 /// The program loaded once per data-parallel rank it was planned for, the
-/// ranks joined by an in-process communicator.
-fn load_ranks(program: Program, seed: u64) -> Result<Vec<HostProgram>, String> {
+/// ranks joined by an in-process communicator; each rank's state from
+/// `states` where given (a resumed run), else initialised from `seed`.
+fn load_ranks(program: Program, seed: u64, states: Option<&[State]>) -> Result<Vec<HostProgram>, String> {
     let ranks = data_parallel_ranks(&program.graph) as usize;
     InProcess::group(ranks)
         .into_iter()
-        .map(|comm| {
+        .enumerate()
+        .map(|(r, comm)| {
             let comm: Arc<dyn Communicator> = Arc::new(comm);
-            HostProgram::load_rank(program.clone(), seed, comm).map_err(|e| e.to_string())
+            let given = states.map(|s| s[r].clone()).unwrap_or_default();
+            HostProgram::load_rank_with(program.clone(), seed, comm, &given).map_err(|e| e.to_string())
         })
         .collect()
 }
@@ -183,19 +215,27 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
     Ok(Dataset::new(examples.map_err(|e| format!("error: {e}"))?, seq, &tokenizer, mlm, seed))
 }
 
-/// Steps with a progress bar (loss, tokens/s), or JSON lines with `--log-json`.
-/// Each rank steps on its own thread with its own micro-batches; the log
-/// shows the ranks' mean loss.
+/// Steps up to `--steps` (from where a resumed run stands) with a progress
+/// bar (loss, tokens/s), or JSON lines with `--log-json`. Each rank steps on
+/// its own thread with its own micro-batches; the log shows the ranks' mean
+/// loss. `saver` checkpoints when due.
 fn train_loop(
     args: &TrainArgs,
     ranks: &mut [HostProgram],
     mut batches: Batches,
     batch: usize,
     seq: usize,
+    saver: Option<&checkpoints::Saver>,
 ) -> Result<(), String> {
     let k = ranks[0].micro_batches() as usize;
+    let first = ranks[0].steps_done();
+    if first >= args.steps {
+        eprintln!("note: the run is at step {first} already, --steps {}: nothing to do", args.steps);
+        return Ok(());
+    }
     let bar = (!args.log_json).then(|| {
         let bar = indicatif::ProgressBar::new(args.steps);
+        bar.set_position(first);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]")
                 .expect("a valid template"),
@@ -210,7 +250,7 @@ fn train_loop(
         host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
     }
     let world = ranks.len();
-    for _ in 0..args.steps {
+    for _ in first..args.steps {
         let feeds: Vec<Vec<Feeds>> = (0..world).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
         let started = Instant::now();
         let outputs: Vec<_> = std::thread::scope(|s| {
@@ -243,6 +283,16 @@ fn train_loop(
         }
         if !log.loss.is_finite() {
             return Err(format!("error: step {}: the loss is {}; stopping", log.step, log.loss));
+        }
+        if let Some(saver) = saver.filter(|s| s.due(log.step, args.steps)) {
+            let cursor = match &batches {
+                Batches::Data(d) => Some(d.cursor()),
+                Batches::Fixed(_) => None,
+            };
+            let at = saver.save(ranks, cursor)?;
+            if let Some(bar) = &bar {
+                bar.println(format!("saved {}", at.display()));
+            }
         }
     }
     if let Some(bar) = bar {

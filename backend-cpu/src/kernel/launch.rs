@@ -115,8 +115,8 @@ unsafe fn write(out: *mut u8, dtype: DType, i: usize, x: f64) {
     // SAFETY: the caller guarantees element `i` exists; outputs may be unaligned.
     unsafe {
         match dtype {
-            DType::BF16 => out.cast::<u16>().add(i).write_unaligned(half::bf16::from_f64(x).to_bits()),
-            DType::F16 => out.cast::<u16>().add(i).write_unaligned(half::f16::from_f64(x).to_bits()),
+            DType::BF16 => out.cast::<u16>().add(i).write_unaligned(zeroplan_ir::to_bf16(x).to_bits()),
+            DType::F16 => out.cast::<u16>().add(i).write_unaligned(zeroplan_ir::to_f16(x).to_bits()),
             // `Kernel::check` makes every output a float; f32 otherwise.
             _ => out.cast::<f32>().add(i).write_unaligned(x as f32),
         }

@@ -128,8 +128,8 @@ pub fn interpret(kernel: &Kernel, inputs: &[Tensor], seed: u64, offset: u64) -> 
 pub fn to_bytes(t: &Tensor) -> Vec<u8> {
     match t.dtype() {
         DType::F32 => t.floats().unwrap().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
-        DType::BF16 => t.floats().unwrap().iter().flat_map(|&x| half::bf16::from_f64(x).to_le_bytes()).collect(),
-        DType::F16 => t.floats().unwrap().iter().flat_map(|&x| half::f16::from_f64(x).to_le_bytes()).collect(),
+        DType::BF16 => t.floats().unwrap().iter().flat_map(|&x| zeroplan_ir::to_bf16(x).to_le_bytes()).collect(),
+        DType::F16 => t.floats().unwrap().iter().flat_map(|&x| zeroplan_ir::to_f16(x).to_le_bytes()).collect(),
         DType::I32 => t.ints().unwrap().iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
         DType::I64 => t.ints().unwrap().iter().flat_map(|&x| x.to_le_bytes()).collect(),
     }

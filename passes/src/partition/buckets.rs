@@ -94,3 +94,11 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
 pub(super) fn flat_init(bucket: &Bucket, shards: u64) -> Init {
     Init::Flat { members: bucket.members.clone(), shards }
 }
+
+/// A flat buffer of zeros laid out as the bucket (AdamW's moments): zeros
+/// either way, but the members say which elements belong to which
+/// parameter, so a checkpoint can be resharded.
+pub(super) fn flat_zeros(bucket: &Bucket, shards: u64) -> Init {
+    let members = bucket.members.iter().map(|m| FlatMember { init: Box::new(Init::Zeros), ..m.clone() }).collect();
+    Init::Flat { members, shards }
+}

@@ -45,7 +45,7 @@ use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Pla
 use crate::manager::{Pass, PassContext, PassError};
 use crate::rebuild::{ValueMap, copy_node_as};
 pub use buckets::SHARD_ALIGN;
-use buckets::{Bucket, flat_init};
+use buckets::{Bucket, flat_init, flat_zeros};
 use slots::Step;
 
 /// The `partition` pass.
@@ -415,7 +415,7 @@ impl<'a> Builder<'a> {
         } else {
             None
         };
-        let zeros = || Op::State { init: Init::Zeros };
+        let zeros = || Op::State { init: flat_zeros(bucket, shards) };
         let ty = Self::flat(shard_len, DType::F32);
         let m = self.source_at(place, format!("{name}.adam_m"), zeros(), ty.clone())?;
         let v = self.source_at(place, format!("{name}.adam_v"), zeros(), ty)?;

@@ -18,10 +18,12 @@
 //! weight (tied to the word embeddings) and pre-training heads.
 //!
 //! Batch files ([`load_batch`], [`save_batch`]) hold a step's inputs by name.
+//! [`training`] saves and resumes whole training runs, sharded per rank.
 
 mod batch;
 pub mod names;
 mod safetensors_io;
+pub mod training;
 
 pub use batch::{BATCH_TENSORS, load_batch, save_batch};
 pub use names::Family;
@@ -78,6 +80,8 @@ pub enum CheckpointError {
         bullets(problems)
     )]
     Graph { graph: String, layout: &'static str, problems: Vec<String> },
+    #[error("{}: {message}", path.display())]
+    Training { path: PathBuf, message: String },
     #[error("{} is not a usable batch:\n{}\nhow to fix: {}", path.display(), bullets(problems), batch::HOW_TO_FIX)]
     Batch { path: PathBuf, problems: Vec<String> },
 }

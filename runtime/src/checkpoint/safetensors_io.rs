@@ -67,6 +67,18 @@ pub(super) fn file_dtype(dtype: DType) -> Dtype {
     }
 }
 
+/// The zeroplan dtype a safetensors dtype holds, where there is one.
+pub(super) fn our_dtype(dtype: Dtype) -> Option<DType> {
+    Some(match dtype {
+        Dtype::F32 => DType::F32,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+        _ => return None,
+    })
+}
+
 /// One tensor to write: its name in the file, its value, and the dtype it is
 /// stored as (values are rounded to it as they are encoded).
 pub(super) struct Entry<'a> {
@@ -81,15 +93,15 @@ fn encode(tensor: &Tensor, dtype: DType) -> Vec<u8> {
     match tensor.data() {
         TensorData::Float(values) => match dtype {
             DType::F32 => values.iter().for_each(|&x| out.extend((x as f32).to_le_bytes())),
-            DType::BF16 => values.iter().for_each(|&x| out.extend(half::bf16::from_f64(x).to_le_bytes())),
-            DType::F16 => values.iter().for_each(|&x| out.extend(half::f16::from_f64(x).to_le_bytes())),
+            DType::BF16 => values.iter().for_each(|&x| out.extend(zeroplan_ir::to_bf16(x).to_le_bytes())),
+            DType::F16 => values.iter().for_each(|&x| out.extend(zeroplan_ir::to_f16(x).to_le_bytes())),
             DType::I32 => values.iter().for_each(|&x| out.extend((x as i32).to_le_bytes())),
             DType::I64 => values.iter().for_each(|&x| out.extend((x as i64).to_le_bytes())),
         },
         TensorData::Int(values) => match dtype {
             DType::F32 => values.iter().for_each(|&x| out.extend((x as f32).to_le_bytes())),
-            DType::BF16 => values.iter().for_each(|&x| out.extend(half::bf16::from_f64(x as f64).to_le_bytes())),
-            DType::F16 => values.iter().for_each(|&x| out.extend(half::f16::from_f64(x as f64).to_le_bytes())),
+            DType::BF16 => values.iter().for_each(|&x| out.extend(zeroplan_ir::to_bf16(x as f64).to_le_bytes())),
+            DType::F16 => values.iter().for_each(|&x| out.extend(zeroplan_ir::to_f16(x as f64).to_le_bytes())),
             DType::I32 => values.iter().for_each(|&x| out.extend((x as i32).to_le_bytes())),
             DType::I64 => values.iter().for_each(|&x| out.extend(x.to_le_bytes())),
         },
@@ -123,17 +135,31 @@ pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>) -> Result<(), Chec
     let mut header = serde_json::to_vec(&metadata).map_err(|e| io_error(std::io::Error::other(e)))?;
     header.resize(header.len().next_multiple_of(8), b' ');
 
+    atomic_write(path, |out| {
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for e in &entries {
+            out.write_all(&encode(e.tensor, e.dtype))?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes `path` whole or not at all: `fill` writes into a temporary file
+/// beside it, which is synced and renamed over `path`, and the directory is
+/// synced so the rename survives a crash. On error no temporary is left.
+pub(super) fn atomic_write(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
+    let io_error = |source: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), doing: "write", source };
     let temp = temp_path(path).ok_or_else(|| {
         io_error(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not name a file"))
     })?;
     let result = (|| -> std::io::Result<()> {
         let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&(header.len() as u64).to_le_bytes())?;
-        out.write_all(&header)?;
-        for e in &entries {
-            out.write_all(&encode(e.tensor, e.dtype))?;
-        }
+        fill(&mut out)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
@@ -143,13 +169,18 @@ pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>) -> Result<(), Chec
         let _ = std::fs::remove_file(&temp);
         return Err(io_error(source));
     }
-    // Make the rename itself durable; not every platform can open a directory.
-    if let Some(dir) = path.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d })
+    sync_dir(path.parent());
+    Ok(())
+}
+
+/// Makes renames and creations in `dir` durable; not every platform can
+/// open a directory, and there it is skipped.
+pub(super) fn sync_dir(dir: Option<&Path>) {
+    if let Some(dir) = dir.map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d })
         && let Ok(dir) = std::fs::File::open(dir)
     {
         let _ = dir.sync_all();
     }
-    Ok(())
 }
 
 /// A fresh name beside `path` for the file being written: hidden, and unique

@@ -118,6 +118,15 @@ impl Tokenizer {
     }
 }
 
+/// Where a [`Dataset`] stands: the next example and the masking draws'
+/// state. A checkpoint keeps it, so a resumed run sees the batches an
+/// uninterrupted one would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cursor {
+    pub position: usize,
+    pub rng: u64,
+}
+
 /// Examples walked in order, batched and padded.
 pub struct Dataset {
     pub examples: Vec<Example>,
@@ -135,6 +144,16 @@ impl Dataset {
     pub fn new(examples: Vec<Example>, seq: usize, tokenizer: &Tokenizer, mlm: bool, seed: u64) -> Dataset {
         let rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         Dataset { examples, seq, specials: tokenizer.specials, vocab: tokenizer.vocab, mlm, position: 0, rng }
+    }
+
+    pub fn cursor(&self) -> Cursor {
+        Cursor { position: self.position, rng: self.rng }
+    }
+
+    /// Continues from `cursor`, as [`Dataset::cursor`] returned it.
+    pub fn seek(&mut self, cursor: Cursor) {
+        self.position = cursor.position;
+        self.rng = cursor.rng;
     }
 
     /// A uniform draw in `[0, 1)` (xorshift64*).

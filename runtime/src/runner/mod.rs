@@ -185,6 +185,13 @@ impl<D: Device> Runner<D> {
         self.steps_done
     }
 
+    /// Continues a run from a checkpoint of `steps` steps: the next step
+    /// draws the dropout masks step `steps + 1` of an uninterrupted run
+    /// would. The state itself comes from [`Runner::set_state`].
+    pub fn set_steps_done(&mut self, steps: u64) {
+        self.steps_done = steps;
+    }
+
     /// Micro-batches per step.
     pub fn micro_batches(&self) -> u64 {
         self.micro_batches

@@ -1,0 +1,221 @@
+//! Which logical tensor every element of a rank's state belongs to: what
+//! lets a checkpoint saved by R ranks at one ZeRO stage resume on R' ranks
+//! at another.
+//!
+//! A program's persistent values are its param and state nodes. Without
+//! data parallelism they are per parameter: `P`, `P.adam_m`, `P.adam_v`,
+//! scalars such as `train.step`. The partition pass packs them into flat
+//! buffers per bucket (`B.params`, `B.master`, `B.adam_m`, `B.adam_v`), each
+//! recording its members (name, shape, offset) and over how many ranks it is
+//! sharded. The *logical* view names every member as the per-parameter
+//! program would:
+//!
+//! | slot | member `P` is the logical tensor |
+//! |---|---|
+//! | `B.master` | `P` (the fp32 master) |
+//! | `B.params` | `P`, or — beside a `B.master` — the 16-bit copy of it (derived, not stored) |
+//! | `B.adam_m`, `B.adam_v` | `P.adam_m`, `P.adam_v` |
+//!
+//! so both layouts, and any two partitionings, map onto the same logical
+//! tensors. A state the step refills with a constant (a gradient
+//! accumulator) holds nothing between steps and is left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use zeroplan_ir::interp::State;
+use zeroplan_ir::{Bindings, DType, Graph, Init, Op, Tensor};
+
+/// The logical tensors of a checkpoint, by their per-parameter name.
+pub type Logical = BTreeMap<String, Tensor>;
+
+/// A program's persistent values as a checkpoint records them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Layout {
+    pub slots: Vec<Slot>,
+}
+
+/// One param or state node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    pub name: String,
+    /// This rank's shape (a shard's, for a sharded flat buffer).
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// Refilled with a constant every step: nothing to keep between steps.
+    pub transient: bool,
+    pub flat: Option<Flat>,
+}
+
+/// A flat buffer: its members, and over how many ranks it is sharded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Flat {
+    pub shards: usize,
+    pub members: Vec<Member>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+impl Member {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl Layout {
+    /// The layout of `graph`'s param and state nodes, in node order.
+    pub fn of(graph: &Graph, bindings: &Bindings) -> Result<Layout, String> {
+        let refilled: BTreeSet<_> = graph
+            .updates
+            .iter()
+            .filter(|(_, v)| matches!(graph.node(v.node).op, Op::Fill { .. }))
+            .map(|(target, _)| *target)
+            .collect();
+        let mut slots = Vec::new();
+        for n in graph.petgraph().node_indices() {
+            let node = graph.node(n);
+            let init = match &node.op {
+                Op::Param { init } | Op::State { init } => init,
+                _ => continue,
+            };
+            let ty = &node.outputs[0];
+            let shape = ty
+                .shape
+                .dims()
+                .iter()
+                .map(|d| d.eval(bindings).map(|v| v as usize))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| format!("`{}` has the unbound shape {}", node.name, ty.shape))?;
+            let flat = match init {
+                Init::Flat { members, shards } => Some(Flat {
+                    shards: *shards as usize,
+                    members: members
+                        .iter()
+                        .map(|m| Member {
+                            name: m.name.clone(),
+                            shape: m.shape.iter().map(|&d| d as usize).collect(),
+                            offset: m.offset as usize,
+                        })
+                        .collect(),
+                }),
+                _ => None,
+            };
+            slots.push(Slot {
+                name: node.name.clone(),
+                shape,
+                dtype: ty.dtype,
+                transient: refilled.contains(&n),
+                flat,
+            });
+        }
+        Ok(Layout { slots })
+    }
+
+    /// The logical name of `slot`'s member `m`, and whether the slot only
+    /// holds a copy of it in a narrower dtype (params beside a master).
+    fn logical(&self, slot: &Slot, m: &Member) -> (String, bool) {
+        let (bucket, role) = slot.name.rsplit_once('.').unwrap_or(("", slot.name.as_str()));
+        match role {
+            "params" => {
+                let master = format!("{bucket}.master");
+                (m.name.clone(), self.slots.iter().any(|s| s.name == master && s.flat.is_some()))
+            }
+            "master" => (m.name.clone(), false),
+            role => (format!("{}.{role}", m.name), false),
+        }
+    }
+
+    /// The logical tensors of `states`, rank `r`'s state at index `r`: a
+    /// sharded buffer's shards joined in rank order, every member cut out.
+    pub fn consolidate(&self, states: &[State]) -> Result<Logical, String> {
+        let mut logical = Logical::new();
+        for slot in self.slots.iter().filter(|s| !s.transient) {
+            let of_rank = |r: usize| {
+                states
+                    .get(r)
+                    .and_then(|s| s.get(&slot.name))
+                    .ok_or_else(|| format!("rank {r}'s shard has no `{}`", slot.name))
+            };
+            let Some(flat) = &slot.flat else {
+                logical.insert(slot.name.clone(), of_rank(0)?.clone());
+                continue;
+            };
+            let mut whole = Vec::new();
+            for r in 0..flat.shards {
+                let values = of_rank(r)?.floats().ok_or_else(|| format!("`{}` is not a float tensor", slot.name))?;
+                whole.extend_from_slice(values);
+            }
+            for m in &flat.members {
+                let (name, derived) = self.logical(slot, m);
+                if derived {
+                    continue;
+                }
+                let values = whole
+                    .get(m.offset..m.offset + m.len())
+                    .ok_or_else(|| format!("member `{}` ends past `{}`", m.name, slot.name))?;
+                logical.insert(name, Tensor::float(m.shape.clone(), slot.dtype, values.to_vec()).map_err(|e| e.0)?);
+            }
+        }
+        Ok(logical)
+    }
+
+    /// Rank `rank`'s state under this layout, from the logical tensors:
+    /// every problem at once (a tensor the program needs that is absent or
+    /// of another shape, one the program has no place for).
+    pub fn distribute(&self, logical: &Logical, rank: usize) -> Result<State, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut used = BTreeSet::new();
+        let mut state = State::new();
+        let mut take = |name: &str, shape: &[usize], problems: &mut Vec<String>| match logical.get(name) {
+            None => {
+                problems.push(format!("no `{name}` in the checkpoint"));
+                None
+            }
+            Some(t) if t.shape() != shape => {
+                problems.push(format!("`{name}` is {:?} in the checkpoint, the program's is {shape:?}", t.shape()));
+                None
+            }
+            Some(t) => {
+                used.insert(name.to_string());
+                Some(t)
+            }
+        };
+        for slot in self.slots.iter().filter(|s| !s.transient) {
+            let Some(flat) = &slot.flat else {
+                if let Some(t) = take(&slot.name, &slot.shape, &mut problems) {
+                    state.insert(slot.name.clone(), in_dtype(t, slot.dtype));
+                }
+                continue;
+            };
+            let len: usize = slot.shape.iter().product();
+            let mut whole = vec![0.0; len * flat.shards];
+            for m in &flat.members {
+                let (name, _) = self.logical(slot, m);
+                let Some(values) = take(&name, &m.shape, &mut problems).and_then(Tensor::floats) else { continue };
+                whole[m.offset..m.offset + m.len()].copy_from_slice(values);
+            }
+            let at = if flat.shards > 1 { rank * len } else { 0 };
+            let part = whole[at..at + len].to_vec();
+            state.insert(slot.name.clone(), Tensor::float(slot.shape.clone(), slot.dtype, part).expect("a float slot"));
+        }
+        problems.extend(
+            logical.keys().filter(|k| !used.contains(*k)).map(|k| format!("the checkpoint's `{k}` has no place here")),
+        );
+        if problems.is_empty() { Ok(state) } else { Err(problems) }
+    }
+}
+
+/// `t` in `dtype` (rounded to nearest even when narrower).
+fn in_dtype(t: &Tensor, dtype: DType) -> Tensor {
+    match t.floats() {
+        Some(values) if dtype.is_float() && dtype != t.dtype() => {
+            Tensor::float(t.shape().to_vec(), dtype, values.to_vec()).expect("same shape")
+        }
+        _ => t.clone(),
+    }
+}

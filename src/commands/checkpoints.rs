@@ -1,0 +1,139 @@
+//! `train --save`, `--save-every`, `--resume` and `--weights` on the host
+//! runtime, for any number of ranks: training checkpoints through
+//! `zeroplan_runtime::checkpoint::training`, Hugging Face weights through
+//! the logical, per-parameter view of the ranks' flat buffers.
+
+use std::path::{Path, PathBuf};
+
+use zeroplan_ir::Bindings;
+use zeroplan_ir::interp::State;
+use zeroplan_ir::plan::{DataParallel, Program};
+use zeroplan_ir::spec::ModelSpec;
+use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest};
+use zeroplan_runtime::checkpoint::{self, training};
+use zeroplan_runtime::data::Cursor;
+use zeroplan_runtime::host::HostProgram;
+
+/// Set to a step number, a save of that step stops after writing the
+/// shards and before the manifest, says so on standard error, and waits:
+/// the crash test kills the process there.
+const PAUSE_BEFORE_MANIFEST: &str = "ZEROPLAN_PAUSE_BEFORE_MANIFEST";
+
+/// Whether `--save PATH` names a weights file (`.safetensors`) rather
+/// than a checkpoint directory.
+pub fn is_weights_file(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "safetensors")
+}
+
+/// Training checkpoints into a directory.
+pub struct Saver {
+    pub dir: PathBuf,
+    pub every: Option<u64>,
+    pub keep: usize,
+    pub model: ModelSpec,
+    pub data_parallel: Option<DataParallel>,
+    pub seed: u64,
+    pub layout: Layout,
+}
+
+impl Saver {
+    /// Whether to save after `step` of a run ending at `last`.
+    pub fn due(&self, step: u64, last: u64) -> bool {
+        step == last || self.every.is_some_and(|k| k > 0 && step.is_multiple_of(k))
+    }
+
+    /// Saves every rank's state (one writer thread per rank), then the manifest.
+    pub fn save(&self, ranks: &[HostProgram], data: Option<Cursor>) -> Result<PathBuf, String> {
+        let error = |e: checkpoint::CheckpointError| format!("error: {e}");
+        let step = ranks[0].steps_done();
+        training::begin(&self.dir, step).map_err(error)?;
+        let files = std::thread::scope(|s| {
+            let writers: Vec<_> = ranks
+                .iter()
+                .enumerate()
+                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, r, &host.state())))
+                .collect();
+            writers.into_iter().map(|w| w.join().expect("a writer thread panicked")).collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(error)?;
+        if std::env::var(PAUSE_BEFORE_MANIFEST).is_ok_and(|v| v == step.to_string()) {
+            eprintln!("paused before the manifest of step {step}");
+            std::thread::sleep(std::time::Duration::from_secs(600));
+        }
+        let manifest = Manifest {
+            format: 1,
+            step,
+            seed: self.seed,
+            ranks: ranks.len(),
+            data_parallel: self.data_parallel,
+            data,
+            model: self.model.clone(),
+            layout: self.layout.clone(),
+            files,
+        };
+        training::commit(&self.dir, &manifest, self.keep).map_err(error)
+    }
+}
+
+/// A save to continue from, fitted to this run's program.
+pub struct Resumed {
+    pub step: u64,
+    pub seed: u64,
+    pub data: Option<Cursor>,
+    /// Each rank's state.
+    pub states: Vec<State>,
+}
+
+/// Opens the newest complete save in `dir` for `program` on `ranks` ranks:
+/// the model must be the one saved; ranks, stage and offload may differ.
+pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> Result<Resumed, String> {
+    let checkpoint = Checkpoint::open(dir).map_err(|e| format!("error: {e}"))?;
+    let m = &checkpoint.manifest;
+    if m.model != *model {
+        return Err(format!(
+            "error: {}: saved from model `{}`, this run trains `{}` (or the same with other settings): resume with \
+             the spec and --head the run was saved with",
+            checkpoint.dir.display(),
+            m.model.name,
+            model.name
+        ));
+    }
+    let states = checkpoint.states_for(layout, ranks).map_err(|e| format!("error: {e}"))?;
+    if m.ranks != ranks || m.layout != *layout {
+        eprintln!("note: resharded {} from {} rank(s) to {ranks}", checkpoint.dir.display(), m.ranks);
+    }
+    Ok(Resumed { step: m.step, seed: m.seed, data: m.data, states })
+}
+
+/// The layout of `program`'s persistent state, for saving and resharding.
+pub fn layout(program: &Program) -> Result<Layout, String> {
+    let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
+    Layout::of(&program.graph, &bindings).map_err(|e| format!("error: {e}"))
+}
+
+/// Overwrites the ranks' parameters from a Hugging Face file: read into
+/// the per-parameter view, then cut for each rank (masters, 16-bit copies
+/// and shards alike).
+pub fn load_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &mut [HostProgram]) -> Result<(), String> {
+    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
+    let mut logical = layout.consolidate(&states).map_err(|e| format!("error: {e}"))?;
+    let (graph, mut weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
+    let report = checkpoint::load_weights(path, model, &graph, &mut weights).map_err(|e| e.to_string())?;
+    if !report.initialised.is_empty() {
+        eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
+    }
+    logical.extend(weights);
+    for (r, host) in ranks.iter_mut().enumerate() {
+        let state = layout.distribute(&logical, r).map_err(|p| format!("error: {}", p.join("; ")))?;
+        host.set_state(&state).map_err(|e| format!("error: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Writes the ranks' parameters, joined, as one Hugging Face file.
+pub fn save_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &[HostProgram]) -> Result<(), String> {
+    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
+    let logical = layout.consolidate(&states).map_err(|e| format!("error: {e}"))?;
+    let (graph, weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
+    checkpoint::save_weights(path, model, &graph, &weights).map_err(|e| e.to_string())
+}
