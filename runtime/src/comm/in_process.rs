@@ -1,7 +1,15 @@
 //! Ranks as threads of one process: each collective is a rendezvous over
 //! shared memory.
+//!
+//! Every rank deposits its buffer in its slot; the ranks then read all
+//! slots at once (read locks). An all-reduce is a reduce-scatter followed by
+//! an all-gather, as the ring algorithm is: rank r sums only the r-th of
+//! `ranks` chunks, so the ranks share the additions instead of each doing
+//! all of them (and instead of queueing on each other's slot locks), and
+//! then every rank copies the summed chunks. Each element is still summed in
+//! rank order in `f64`, so the bits do not depend on the split or timing.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 
 use super::{CommError, Communicator};
 
@@ -15,7 +23,9 @@ pub struct InProcess {
 /// current collective, and a barrier that a failed rank can break.
 struct Shared {
     ranks: usize,
-    slots: Vec<Mutex<Vec<f32>>>,
+    slots: Vec<RwLock<Vec<f32>>>,
+    /// Each rank's summed chunk of an all-reduce.
+    reduced: Vec<RwLock<Vec<f32>>>,
     barrier: Mutex<Rendezvous>,
     arrived: Condvar,
 }
@@ -32,7 +42,8 @@ impl InProcess {
         let ranks = ranks.max(1);
         let shared = Arc::new(Shared {
             ranks,
-            slots: (0..ranks).map(|_| Mutex::new(Vec::new())).collect(),
+            slots: (0..ranks).map(|_| RwLock::new(Vec::new())).collect(),
+            reduced: (0..ranks).map(|_| RwLock::new(Vec::new())).collect(),
             barrier: Mutex::new(Rendezvous { waiting: 0, generation: 0, failed: false }),
             arrived: Condvar::new(),
         });
@@ -63,7 +74,7 @@ impl InProcess {
     /// Puts this rank's contribution in its slot and waits for the others'.
     fn deposit(&self, op: &'static str, data: &[f32]) -> Result<(), CommError> {
         {
-            let mut slot = self.shared.slots[self.rank].lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = self.shared.slots[self.rank].write().unwrap_or_else(|e| e.into_inner());
             slot.clear();
             slot.extend_from_slice(data);
         }
@@ -78,17 +89,29 @@ impl InProcess {
         Ok(())
     }
 
+    fn slot(&self, rank: usize) -> RwLockReadGuard<'_, Vec<f32>> {
+        self.shared.slots[rank].read().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn slot_len(&self, rank: usize) -> usize {
-        self.shared.slots[rank].lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.slot(rank).len()
     }
 
     /// `out[i] = Σ_rank slot[rank][from + i]`, in rank order in f64.
     fn sum_into(&self, from: usize, out: &mut [f32]) {
-        let slots: Vec<_> = self.shared.slots.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner())).collect();
+        let slots: Vec<_> = (0..self.shared.ranks).map(|r| self.slot(r)).collect();
         for (i, o) in out.iter_mut().enumerate() {
             *o = slots.iter().map(|s| f64::from(s[from + i])).sum::<f64>() as f32;
         }
     }
+}
+
+/// Rank `rank`'s chunk of `len` elements split over `ranks`: the first
+/// `len % ranks` chunks one element longer.
+fn chunk(len: usize, ranks: usize, rank: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (len / ranks, len % ranks);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
 }
 
 impl Communicator for InProcess {
@@ -101,10 +124,22 @@ impl Communicator for InProcess {
     }
 
     fn all_reduce(&self, data: &mut [f32]) -> Result<(), CommError> {
-        self.deposit("all_reduce", data)?;
-        self.sum_into(0, data);
+        let (op, ranks) = ("all_reduce", self.shared.ranks);
+        self.deposit(op, data)?;
+        let len = data.len();
+        let mine = chunk(len, ranks, self.rank);
+        {
+            let mut reduced = self.shared.reduced[self.rank].write().unwrap_or_else(|e| e.into_inner());
+            reduced.resize(mine.len(), 0.0);
+            self.sum_into(mine.start, &mut reduced);
+        }
+        self.rendezvous(op)?;
+        for rank in 0..ranks {
+            let part = self.shared.reduced[rank].read().unwrap_or_else(|e| e.into_inner());
+            data[chunk(len, ranks, rank)].copy_from_slice(&part);
+        }
         // Nobody refills a slot before every rank has read them all.
-        self.rendezvous("all_reduce")
+        self.rendezvous(op)
     }
 
     fn reduce_scatter(&self, data: &[f32], out: &mut [f32]) -> Result<(), CommError> {
@@ -124,7 +159,7 @@ impl Communicator for InProcess {
         }
         self.deposit(op, part)?;
         for (rank, chunk) in out.chunks_mut(part.len().max(1)).enumerate() {
-            chunk.copy_from_slice(&self.shared.slots[rank].lock().unwrap_or_else(|e| e.into_inner()));
+            chunk.copy_from_slice(&self.slot(rank));
         }
         self.rendezvous(op)
     }
@@ -135,7 +170,7 @@ impl Communicator for InProcess {
             return Err(CommError::NoRoot { op, root, ranks });
         }
         if self.rank == root {
-            let mut slot = self.shared.slots[root].lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = self.shared.slots[root].write().unwrap_or_else(|e| e.into_inner());
             slot.clear();
             slot.extend_from_slice(data);
         }
@@ -145,7 +180,7 @@ impl Communicator for InProcess {
             return Err(CommError::Mismatch { op, rank: self.rank, got: data.len(), expected: got });
         }
         if self.rank != root {
-            data.copy_from_slice(&self.shared.slots[root].lock().unwrap_or_else(|e| e.into_inner()));
+            data.copy_from_slice(&self.slot(root));
         }
         self.rendezvous(op)
     }
@@ -208,6 +243,16 @@ mod tests {
         assert!(results.iter().all(|(x, n)| x == &[2.0, 2.0] && *n == 3), "{results:?}");
         let err = on_ranks(1, |c| c.broadcast(&mut [0.0], 1));
         assert_eq!(err[0], Err(CommError::NoRoot { op: "broadcast", root: 1, ranks: 1 }));
+    }
+
+    #[test]
+    fn chunks_cover_the_buffer_in_order() {
+        for (len, ranks) in [(10, 3), (2, 4), (0, 2), (12, 4)] {
+            let chunks: Vec<_> = (0..ranks).map(|r| chunk(len, ranks, r)).collect();
+            assert_eq!(chunks[0].start, 0);
+            assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
+            assert_eq!(chunks[ranks - 1].end, len);
+        }
     }
 
     #[test]
