@@ -47,8 +47,11 @@ pub trait Instruction {
 pub type Loaded<D> = (D, Vec<Step<<D as Device>::Instr>>);
 
 /// A machine that runs one rank's program on the plan's buffers.
-pub trait Device: Sized {
-    type Instr: Instruction;
+///
+/// `Sync`: the rank's communication stream runs collectives from a thread
+/// of its own while compute goes on, on buffers the runner keeps apart.
+pub trait Device: Sized + Sync {
+    type Instr: Instruction + Sync;
 
     /// Allocates the program's arenas at the plan's sizes and selects the
     /// instruction of every node of `order` (the schedule).

@@ -24,13 +24,14 @@
 pub mod buffers;
 pub mod device;
 mod profile;
+mod stream;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, NodeIndex, Op, Phase, Place, Tensor, Value};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
 
 /// The arenas of a rank, in `Runner::high_water`'s order.
 const PLACES: [Place; 2] = [Place::Device, Place::Host];
@@ -39,6 +40,7 @@ pub use buffers::{Buf, Rank, SelectError};
 use buffers::{concrete, constant_update};
 pub use device::{Ctx, Device, Instruction, Loaded, Step};
 pub use profile::{Entry as ProfileEntry, Profile};
+use stream::{Access, CommStream};
 
 use crate::comm::{Communicator, InProcess};
 
@@ -95,6 +97,8 @@ pub struct Runner<D: Device> {
     /// once at load).
     high_water: [usize; 2],
     step_ends: Vec<[usize; 2]>,
+    /// What each step reads and writes (for the communication stream).
+    access: Vec<Access>,
     /// Per-instruction timings, while profiling is on.
     profile: Option<Profile>,
     /// This rank's handle on its data-parallel group.
@@ -160,12 +164,14 @@ impl<D: Device> Runner<D> {
             captures: Vec::new(),
             high_water: [0, 0],
             step_ends: Vec::new(),
+            access: Vec::new(),
             profile: None,
             fetches: None,
             comm,
             program,
         };
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
+        runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
         let state = Interpreter::new(Precision::Native, seed).init_missing(
             &runner.program.graph,
             Some(rank.index as u64),
@@ -269,80 +275,106 @@ impl<D: Device> Runner<D> {
     }
 
     fn read(&self, v: Value) -> Tensor {
-        let shape = concrete(&self.program.graph.value_type(v).shape, &self.bindings).unwrap_or_default();
-        self.device.read(self.bufs[&v], shape)
+        read_value(&self.device, &self.program.graph, &self.bindings, &self.bufs, v)
     }
 
-    /// One optimizer step over `micro_batches` (as many as the program accumulates).
+    /// One optimizer step over `micro_batches` (as many as the program
+    /// accumulates). Collectives run on the rank's communication stream
+    /// ([`stream`]), overlapping the compute that does not depend on them.
     pub fn step(&mut self, micro_batches: &[Feeds]) -> Result<StepResult, RunError> {
         let k = micro_batches.len();
         if k as u64 != self.micro_batches {
             return Err(RunError::MicroBatches { count: k, expected: self.micro_batches });
         }
-        let g = &self.program.graph;
+        let Runner { program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, .. } =
+            self;
+        let (step_ends, access, comm) = (&self.step_ends, &self.access, self.comm.as_ref());
+        let (profile, fetches) = (&mut self.profile, &self.fetches);
+        let g = &program.graph;
+        let read = |v: Value| read_value(device, g, bindings, bufs, v);
+        let fetched = |name: &str| fetches.as_ref().is_none_or(|f| f.contains(name));
         let phase = |v: &Value| g.node(v.node).phase;
+        let fail = |at: usize, message: String| {
+            // The peers must not wait for this rank's next collective.
+            comm.abort();
+            RunError::Run { node: g.node(steps[at].node).name.clone(), message }
+        };
         let mut out = StepResult { outputs: StepOutputs::default(), captured: Vec::new() };
-        let last_micro_batch_step = self.steps.iter().rposition(|s| !s.optimizer);
-        for (i, feeds) in micro_batches.iter().enumerate() {
-            let last = i + 1 == k;
-            // Dropout counts micro-batches over the whole group, so R ranks of
-            // k micro-batches draw the masks one rank of R·k would.
-            let global = self.steps_done.wrapping_mul(self.comm.ranks() as u64) + self.comm.rank() as u64;
-            let cx = Ctx {
-                feeds,
-                seed: self.seed,
-                offset: global.wrapping_mul(k as u64) + i as u64,
-                comm: self.comm.as_ref(),
+        let last_micro_batch_step = steps.iter().rposition(|s| !s.optimizer);
+        std::thread::scope(|scope| -> Result<(), RunError> {
+            let steps_ref: &[Step<D::Instr>] = steps;
+            let collective = move |at: usize| steps_ref[at].instr.as_ref().expect("a collective has an instruction");
+            let mut stream = CommStream::start(scope, &*device, collective, comm, *seed);
+            let finish = |done: Vec<stream::Done>, profile: &mut Option<Profile>| -> Result<(), RunError> {
+                for d in done {
+                    d.result.map_err(|message| fail(d.at, message))?;
+                    if let (Some(p), Some(instr)) = (profile.as_mut(), &steps[d.at].instr) {
+                        p.record(instr, d.took);
+                    }
+                }
+                Ok(())
             };
-            let mut captured = BTreeMap::new();
-            for (at, step) in self.steps.iter().enumerate() {
-                if step.optimizer && !last {
-                    continue;
-                }
-                for (water, end) in self.high_water.iter_mut().zip(self.step_ends[at]) {
-                    *water = (*water).max(end);
-                }
-                if let Some(instr) = &step.instr {
-                    let cx = Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
-                    let start = self.profile.is_some().then(std::time::Instant::now);
-                    if let Err(message) = self.device.run(instr, &cx) {
-                        // The peers must not wait for this rank's next collective.
-                        self.comm.abort();
-                        return Err(RunError::Run { node: g.node(step.node).name.clone(), message });
+            for (i, feeds) in micro_batches.iter().enumerate() {
+                let last = i + 1 == k;
+                // Dropout counts micro-batches over the whole group, so R ranks of
+                // k micro-batches draw the masks one rank of R·k would.
+                let global = steps_done.wrapping_mul(comm.ranks() as u64) + comm.rank() as u64;
+                let cx = Ctx { feeds, seed: *seed, offset: global.wrapping_mul(k as u64) + i as u64, comm };
+                let mut captured = BTreeMap::new();
+                for (at, step) in steps.iter().enumerate() {
+                    if step.optimizer && !last {
+                        continue;
                     }
-                    if let (Some(p), Some(start)) = (&mut self.profile, start) {
-                        p.record(instr, start.elapsed());
+                    for (water, end) in high_water.iter_mut().zip(step_ends[at]) {
+                        *water = (*water).max(end);
+                    }
+                    if let Some(instr) = &step.instr {
+                        if g.node(step.node).op.is_collective() {
+                            stream.submit(at, &access[at], feeds);
+                        } else {
+                            finish(stream.wait_for(&access[at]), profile)?;
+                            let cx =
+                                Ctx { offset: if step.optimizer { cx.offset - i as u64 } else { cx.offset }, ..cx };
+                            let start = profile.is_some().then(std::time::Instant::now);
+                            device.run(instr, &cx).map_err(|message| fail(at, message))?;
+                            if let (Some(p), Some(start)) = (profile.as_mut(), start) {
+                                p.record(instr, start.elapsed());
+                            }
+                        }
+                    }
+                    let wanted: Vec<&Value> = captures.iter().filter(|v| v.node == step.node).collect();
+                    if !wanted.is_empty() {
+                        finish(stream.drain(), profile)?;
+                    }
+                    for &v in wanted {
+                        captured.insert(g.value_ref(v), read(v));
+                    }
+                    if Some(at) == last_micro_batch_step {
+                        // The micro-batch's updates take effect.
+                        finish(stream.drain(), profile)?;
+                        apply_updates(device, updates, false);
                     }
                 }
-                for &v in self.captures.iter().filter(|v| v.node == step.node) {
-                    captured.insert(g.value_ref(v), self.read(v));
-                }
-                if Some(at) == last_micro_batch_step {
-                    // The micro-batch's updates take effect.
-                    self.apply_updates(false);
-                }
+                finish(stream.drain(), profile)?;
+                let results = g
+                    .outputs
+                    .iter()
+                    .filter(|(name, v)| phase(v) != Phase::Optimizer && fetched(name))
+                    .map(|(name, v)| (name.clone(), read(*v)));
+                out.outputs.micro_batches.push(results.collect());
+                out.captured.push(captured);
             }
-            let results = g
-                .outputs
-                .iter()
-                .filter(|(name, v)| phase(v) != Phase::Optimizer && self.fetched(name))
-                .map(|(name, v)| (name.clone(), self.read(*v)));
-            out.outputs.micro_batches.push(results.collect());
-            out.captured.push(captured);
-        }
-        self.apply_updates(true);
+            finish(stream.drain(), profile)
+        })?;
+        apply_updates(device, updates, true);
         out.outputs.optimizer = g
             .outputs
             .iter()
-            .filter(|(name, v)| phase(v) == Phase::Optimizer && self.fetched(name))
-            .map(|(name, v)| (name.clone(), self.read(*v)))
+            .filter(|(name, v)| phase(v) == Phase::Optimizer && fetched(name))
+            .map(|(name, v)| (name.clone(), read(*v)))
             .collect();
-        self.steps_done += 1;
+        *steps_done += 1;
         Ok(out)
-    }
-
-    fn fetched(&self, output: &str) -> bool {
-        self.fetches.as_ref().is_none_or(|f| f.contains(output))
     }
 
     /// The measured peak: the highest byte of the device arena that a
@@ -382,15 +414,37 @@ impl<D: Device> Runner<D> {
             .max()
             .unwrap_or(0)
     }
+}
 
-    fn apply_updates(&self, optimizer: bool) {
-        for u in self.updates.iter().filter(|u| u.optimizer == optimizer) {
-            match u.what {
-                Commit::Copy(from) => self.device.copy(from, u.to),
-                Commit::Fill(value) => self.device.fill(u.to, value),
-            }
+/// `v`'s buffer as a tensor of its concrete shape.
+fn read_value<D: Device>(device: &D, g: &Graph, bindings: &Bindings, bufs: &HashMap<Value, Buf>, v: Value) -> Tensor {
+    let shape = concrete(&g.value_type(v).shape, bindings).unwrap_or_default();
+    device.read(bufs[&v], shape)
+}
+
+/// Makes the deferred updates of the micro-batch (or, with `optimizer`,
+/// the optimizer phase) take effect.
+fn apply_updates<D: Device>(device: &D, updates: &[DeferredUpdate], optimizer: bool) {
+    for u in updates.iter().filter(|u| u.optimizer == optimizer) {
+        match u.what {
+            Commit::Copy(from) => device.copy(from, u.to),
+            Commit::Fill(value) => device.fill(u.to, value),
         }
     }
+}
+
+/// What each step reads and writes: its operands' and outputs' buffers,
+/// for the communication stream's hazards.
+fn accesses<I>(g: &Graph, steps: &[Step<I>], bufs: &HashMap<Value, Buf>) -> Vec<Access> {
+    steps
+        .iter()
+        .map(|s| Access {
+            reads: g.operands(s.node).iter().map(|v| bufs[v]).collect(),
+            writes: (0..g.node(s.node).outputs.len() as u32)
+                .map(|output| bufs[&Value { node: s.node, output }])
+                .collect(),
+        })
+        .collect()
 }
 
 /// The updates the memory plan did not make in place, and a check that the
