@@ -495,3 +495,23 @@ fn a_run_killed_in_the_middle_of_a_save_resumes_bit_for_bit() {
     assert!(err.contains("no complete checkpoint"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_diverging_run_stops_naming_the_step_and_the_first_non_finite_value() {
+    // lr 1e10 sends the weights to ~1e10 after step 1, and step 2 overflows.
+    let dir = std::env::temp_dir().join(format!("zeroplan-diverge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let save = dir.to_str().unwrap();
+    let common = ["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--ranks", "2", "--zero", "1"];
+    let run = [&common[..], &["--lr", "1e10", "--warmup", "0", "--steps", "4", "--save", save, "--save-every", "1"]];
+    let err = failure(&run.concat());
+    assert!(err.contains("step 2: the loss is NaN"), "{err}");
+    assert!(err.contains("the first value that is not finite: `layer0."), "{err}");
+    assert!(err.contains("the step was not applied") && err.contains("last save is intact"), "{err}");
+    assert!(dir.join("step-00000001").join("manifest.json").is_file() && !dir.join("step-00000002").exists());
+    // The save is whole: its shards join into a model file.
+    let exported = dir.join("step1.safetensors");
+    let out = zeroplan(&["export", save, "-o", exported.to_str().unwrap()]);
+    assert!(out.status.success() && exported.is_file(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

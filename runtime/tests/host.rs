@@ -223,3 +223,31 @@ fn mixed_precision_steps_agree_within_sixteen_bit_rounding() {
         }
     }
 }
+
+#[test]
+fn finite_checks_pass_a_healthy_step_and_name_where_a_nan_starts() {
+    let train = TrainingSpec { dropout: Some(0.1), ..TrainingSpec::default() };
+    for name in FAMILIES {
+        let model = model(name);
+        let mut host = HostProgram::load(program(&model, &train, &[], Policy::None), 7).unwrap();
+        host.set_finite_checks(true);
+        // Masked attention scores are −∞ by design: no false alarm.
+        host.step(&[batch(&model, 0)]).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    // One NaN in the first layer's FFN input projection: the first value
+    // that is not finite is the product that reads it.
+    let model = model("tiny-bert");
+    let mut host = HostProgram::load(program(&model, &train, &[], Policy::None), 7).unwrap();
+    let weight = "layer0.ffn.up.weight";
+    let mut w = host.weights()[weight].clone();
+    w.floats_mut().unwrap()[5] = f64::NAN;
+    host.set_state(&[(weight.to_string(), w)].into()).unwrap();
+    host.set_finite_checks(true);
+    let err = host.step(&[batch(&model, 0)]).err().expect("the NaN is found");
+    match err {
+        zeroplan_runtime::runner::RunError::NonFinite { node, micro_batch: 0, what: "NaN" } => {
+            assert!(node.starts_with("layer0.ffn.up"), "the NaN starts at `{node}`");
+        }
+        other => panic!("{other}"),
+    }
+}

@@ -19,6 +19,7 @@ use zeroplan_runtime::comm::{Communicator, InProcess};
 use zeroplan_runtime::data::{Dataset, Tokenizer, glue, mlm};
 use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{StepLog, data_parallel_ranks};
+use zeroplan_runtime::runner::RunError;
 
 /// Whether `path` is a plan file (as `zeroplan compile -o` writes them).
 pub fn is_plan(path: &Path) -> bool {
@@ -178,6 +179,50 @@ fn head_of(g: &Graph) -> Option<(Head, u64)> {
     Some((head, vocab))
 }
 
+/// Why training stops at a step whose loss or gradients are not finite
+/// (without loss scaling to absorb it): the step run again with every value
+/// checked names the first one that is not, and where the run stands.
+fn diverged(
+    ranks: &mut [HostProgram],
+    feeds: &[Vec<Feeds>],
+    log: &StepLog,
+    saver: Option<&checkpoints::Saver>,
+) -> String {
+    let what = if log.loss.is_finite() {
+        "the gradients are not finite".to_string()
+    } else {
+        format!("the loss is {}", log.loss)
+    };
+    let mut message = format!("error: step {}: {what}; stopping.", log.step);
+    for host in ranks.iter_mut() {
+        host.set_steps_done(log.step - 1);
+        host.set_finite_checks(true);
+    }
+    let results: Vec<_> = std::thread::scope(|s| {
+        let running: Vec<_> = ranks.iter_mut().zip(feeds).map(|(h, f)| s.spawn(move || h.step(f).err())).collect();
+        running.into_iter().map(|r| r.join().expect("a rank's thread panicked")).collect()
+    });
+    let first = results.iter().enumerate().find_map(|(rank, e)| match e {
+        Some(RunError::NonFinite { node, micro_batch, what }) => Some((rank, node, micro_batch, what)),
+        _ => None,
+    });
+    if let Some((rank, node, micro_batch, what)) = first {
+        message += &format!(
+            "\n  the first value that is not finite: `{node}` ({what}), micro-batch {micro_batch} on rank {rank}"
+        );
+    }
+    if log.skipped {
+        message += &format!("\n  the step was not applied: the weights are those after step {}", log.step - 1);
+    }
+    if let Some(saver) = saver {
+        match zeroplan_runtime::checkpoint::training::Checkpoint::open(&saver.dir) {
+            Ok(c) => message += &format!("\n  the last save is intact: {} (step {})", c.dir.display(), c.manifest.step),
+            Err(_) => message += &format!("\n  nothing was saved in {} yet", saver.dir.display()),
+        }
+    }
+    message + "\n  how to fix: lower --lr (or add warm-up or `max_grad_norm` in the --train spec), or check the data"
+}
+
 fn tokenizer_path(args: &TrainArgs) -> Result<PathBuf, String> {
     if let Some(t) = &args.tokenizer {
         return Ok(t.clone());
@@ -281,8 +326,11 @@ fn train_loop(
                 bar.inc(1);
             }
         }
-        if !log.loss.is_finite() {
-            return Err(format!("error: step {}: the loss is {}; stopping", log.step, log.loss));
+        if !log.loss.is_finite() || (log.skipped && log.loss_scale.is_none()) {
+            if let Some(bar) = &bar {
+                bar.abandon();
+            }
+            return Err(diverged(ranks, &feeds, &log, saver));
         }
         if let Some(saver) = saver.filter(|s| s.due(log.step, args.steps)) {
             let cursor = match &batches {

@@ -64,6 +64,10 @@ pub enum RunError {
          the plan's order is not executable"
     )]
     Order { reader: String, update: String },
+    /// With [`Runner::set_finite_checks`]: the first value of the step that
+    /// is not finite.
+    #[error("`{node}` is the first value that is not finite ({what}, micro-batch {micro_batch})")]
+    NonFinite { node: String, micro_batch: usize, what: &'static str },
 }
 
 /// An update that takes effect when its phase ends: a copy of a value the
@@ -103,6 +107,8 @@ pub struct Runner<D: Device> {
     profile: Option<Profile>,
     /// This rank's handle on its data-parallel group.
     comm: Arc<dyn Communicator>,
+    /// Check every computed value for NaN and infinities (slow: a diagnosis).
+    check_finite: bool,
     /// The outputs a step reads back (`None`: all). A masked-LM's logits are
     /// half a gigabyte at MiniLM's size; a trainer wants only the scalars.
     fetches: Option<BTreeSet<String>>,
@@ -167,6 +173,7 @@ impl<D: Device> Runner<D> {
             access: Vec::new(),
             profile: None,
             fetches: None,
+            check_finite: false,
             comm,
             program,
         };
@@ -229,6 +236,15 @@ impl<D: Device> Runner<D> {
         Ok(())
     }
 
+    /// Makes [`Runner::step`] check every value as it is computed and fail
+    /// with [`RunError::NonFinite`] at the first NaN or infinity (masked
+    /// attention scores are −∞ by design and pass), as PyTorch's anomaly
+    /// detection does: where a diverging run went wrong. Collectives then
+    /// run one at a time.
+    pub fn set_finite_checks(&mut self, on: bool) {
+        self.check_finite = on;
+    }
+
     /// Starts timing every instruction (from an empty profile), or stops.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(Profile::default);
@@ -289,7 +305,7 @@ impl<D: Device> Runner<D> {
         let Runner { program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, .. } =
             self;
         let (step_ends, access, comm) = (&self.step_ends, &self.access, self.comm.as_ref());
-        let (profile, fetches) = (&mut self.profile, &self.fetches);
+        let (profile, fetches, check_finite) = (&mut self.profile, &self.fetches, self.check_finite);
         let g = &program.graph;
         let read = |v: Value| read_value(device, g, bindings, bufs, v);
         let fetched = |name: &str| fetches.as_ref().is_none_or(|f| f.contains(name));
@@ -331,6 +347,9 @@ impl<D: Device> Runner<D> {
                     if let Some(instr) = &step.instr {
                         if g.node(step.node).op.is_collective() {
                             stream.submit(at, &access[at], feeds);
+                            if check_finite {
+                                finish(stream.drain(), profile)?;
+                            }
                         } else {
                             finish(stream.wait_for(&access[at]), profile)?;
                             let cx =
@@ -340,6 +359,11 @@ impl<D: Device> Runner<D> {
                             if let (Some(p), Some(start)) = (profile.as_mut(), start) {
                                 p.record(instr, start.elapsed());
                             }
+                        }
+                        if check_finite && let Some(what) = non_finite(g, step.node, read) {
+                            comm.abort();
+                            let node = g.node(step.node).name.clone();
+                            return Err(RunError::NonFinite { node, micro_batch: i, what });
                         }
                     }
                     let wanted: Vec<&Value> = captures.iter().filter(|v| v.node == step.node).collect();
@@ -414,6 +438,23 @@ impl<D: Device> Runner<D> {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// What is wrong with `n`'s outputs, if any holds a NaN or an infinity
+/// (but an attention mask's −∞, which softmax turns into zeros).
+fn non_finite(g: &Graph, n: NodeIndex, read: impl Fn(Value) -> Tensor) -> Option<&'static str> {
+    let node = g.node(n);
+    for output in 0..node.outputs.len() as u32 {
+        let t = read(Value { node: n, output });
+        let Some(values) = t.floats() else { continue };
+        if values.iter().any(|x| x.is_nan()) {
+            return Some("NaN");
+        }
+        if values.iter().any(|x| x.is_infinite()) && !matches!(node.op, Op::AttentionMask) {
+            return Some("infinity");
+        }
+    }
+    None
 }
 
 /// `v`'s buffer as a tensor of its concrete shape.
