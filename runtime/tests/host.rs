@@ -251,3 +251,24 @@ fn finite_checks_pass_a_healthy_step_and_name_where_a_nan_starts() {
         other => panic!("{other}"),
     }
 }
+
+#[test]
+fn a_plan_whose_buffers_leave_the_arena_is_refused_before_anything_runs() {
+    let model = model("tiny-bert");
+    let plan = program(&model, &TrainingSpec::default(), &[], Policy::None);
+    for (what, edit) in [
+        (
+            "an offset past the end",
+            Box::new(|b: &mut zeroplan_ir::plan::Buffer, arena: u64| b.offset = arena)
+                as Box<dyn Fn(&mut zeroplan_ir::plan::Buffer, u64)>,
+        ),
+        ("an offset that wraps", Box::new(|b: &mut zeroplan_ir::plan::Buffer, _| b.offset = u64::MAX - 3)),
+    ] {
+        let mut crafted = plan.clone();
+        let arena = crafted.arena_bytes;
+        let victim = crafted.buffers.iter_mut().find(|b| b.alias_of.is_none() && b.bytes > 0).unwrap();
+        edit(victim, arena);
+        let err = HostProgram::load(crafted, 0).err().unwrap_or_else(|| panic!("{what}: loaded"));
+        assert!(err.to_string().contains("lies outside the device arena"), "{what}: {err}");
+    }
+}

@@ -90,7 +90,8 @@ pub fn buffers(
                 Place::Device => program.arena_bytes,
                 Place::Host => program.host_arena_bytes,
             };
-            if buf.offset as u64 + buf.bytes() as u64 > arena {
+            // Checked: a crafted offset must not wrap around into the arena.
+            if (buf.offset as u64).checked_add(buf.bytes() as u64).is_none_or(|end| end > arena) {
                 return Err(SelectError::OutOfArena {
                     value: name,
                     offset: buf.offset as u64,
