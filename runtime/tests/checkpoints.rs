@@ -281,3 +281,32 @@ fn a_save_of_another_model_is_refused_with_its_problems() {
     assert!(err.contains("has no place here"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_crafted_manifest_is_refused_before_any_shard_is_read() {
+    let model = model("tiny-bert");
+    let config = Config::zero(2, 3, Offload::None, 1);
+    let plan = program(&model, config);
+    let dir = scratch("crafted");
+    save(&dir, &model, &plan, config, &load(&plan, None));
+    let at = training::step_dir(&dir, 0).join(training::MANIFEST);
+    let original: Manifest = serde_json::from_slice(&std::fs::read(&at).unwrap()).unwrap();
+    let refused = |edit: &dyn Fn(&mut Manifest), expect: &str| {
+        let mut m = original.clone();
+        edit(&mut m);
+        std::fs::write(&at, serde_json::to_vec(&m).unwrap()).unwrap();
+        let err = Checkpoint::open(&dir).unwrap_err().to_string();
+        assert!(err.contains(expect), "{err}");
+    };
+    refused(&|m| m.files[1].file = "../../etc/passwd".into(), "is not a file name in the save");
+    refused(
+        &|m| {
+            let flat = m.layout.slots.iter_mut().find_map(|s| s.flat.as_mut()).unwrap();
+            flat.members[0].offset = usize::MAX - 1;
+        },
+        "does not fit",
+    );
+    refused(&|m| m.layout.slots.iter_mut().find_map(|s| s.flat.as_mut()).unwrap().shards = 0, "≥ 1 shards");
+    refused(&|m| m.ranks = 3, "3 ranks");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

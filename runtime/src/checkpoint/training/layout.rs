@@ -116,6 +116,40 @@ impl Layout {
         Ok(Layout { slots })
     }
 
+    /// Checks a layout read from a manifest (input, not trusted): sizes that
+    /// do not overflow, flat buffers over at least one shard, members inside
+    /// their buffer and not overlapping.
+    pub fn check(&self) -> Result<(), String> {
+        for slot in &self.slots {
+            let fail = |m: String| Err(format!("slot `{}`: {m}", slot.name));
+            let Some(len) = slot.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+                return fail(format!("shape {:?} overflows", slot.shape));
+            };
+            let Some(flat) = &slot.flat else { continue };
+            if slot.shape.len() != 1 || flat.shards == 0 {
+                return fail(format!(
+                    "a flat buffer is rank 1 over ≥ 1 shards, not {:?} over {}",
+                    slot.shape, flat.shards
+                ));
+            }
+            let Some(whole) = len.checked_mul(flat.shards) else { return fail("its size overflows".into()) };
+            let mut end = 0;
+            for m in &flat.members {
+                let size = m.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+                match size.and_then(|n| m.offset.checked_add(n)) {
+                    Some(stop) if m.offset >= end && stop <= whole => end = stop,
+                    _ => {
+                        return fail(format!(
+                            "member `{}` at {} does not fit in order within {whole}",
+                            m.name, m.offset
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The logical name of `slot`'s member `m`, and whether the slot only
     /// holds a copy of it in a narrower dtype (params beside a master).
     fn logical(&self, slot: &Slot, m: &Member) -> (String, bool) {

@@ -195,6 +195,13 @@ impl Checkpoint {
                 format!("not a manifest zeroplan wrote ({e}); it is corrupt: remove the step directory"),
             )
         })?;
+        manifest.layout.check().map_err(|m| invalid(&manifest_path, format!("{m}: the manifest is corrupt")))?;
+        if manifest.files.len() != manifest.ranks {
+            return Err(invalid(
+                &manifest_path,
+                format!("{} shard files for {} ranks: the manifest is corrupt", manifest.files.len(), manifest.ranks),
+            ));
+        }
         if manifest.format != FORMAT {
             return Err(invalid(
                 &manifest_path,
@@ -202,6 +209,12 @@ impl Checkpoint {
             ));
         }
         for f in &manifest.files {
+            // A file name, not a path: a crafted manifest must not reach outside its directory.
+            let plain =
+                matches!(Path::new(&f.file).components().collect::<Vec<_>>()[..], [std::path::Component::Normal(_)]);
+            if !plain {
+                return Err(invalid(&manifest_path, format!("shard file `{}` is not a file name in the save", f.file)));
+            }
             let path = dir.join(&f.file);
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if bytes != f.bytes {

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fuzzes everything zeroplan reads from disk, for a fixed budget per target:
+# model specs (RON), Hugging Face config.json, plan files (parsed and loaded
+# on the host runtime), safetensors weights and batches, and training
+# checkpoint manifests. Needs a nightly toolchain and cargo-fuzz
+# (`cargo install cargo-fuzz`). Seeds come from the repo's own files and a
+# few zeroplan runs; results are appended to fuzz/RESULTS.md, crashes kept in
+# fuzz/artifacts/TARGET/.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(spec hf_config plan safetensors checkpoint)
+
+cargo build --release --quiet
+bin=target/release/zeroplan
+work=fuzz/work
+rm -rf "$work" && mkdir -p "$work"
+corpus() { mkdir -p "fuzz/corpus/$1" && echo "fuzz/corpus/$1"; }
+
+cp models/*.ron models/tiny/*.ron "$(corpus spec)/"
+cat > "$(corpus hf_config)/bert.json" <<'JSON'
+{"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 64, "hidden_size": 16,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32, "max_position_embeddings": 32,
+ "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+JSON
+[ -f fixtures/minilm-l6/config.json ] && cp fixtures/minilm-l6/config.json "$(corpus hf_config)/minilm.json"
+"$bin" compile models/tiny/tiny-bert.ron --gpu h100-80gb-sxm --seq 16 --global-batch 4 \
+  -o "$(corpus plan)/tiny-bert.ron" > /dev/null
+"$bin" train models/tiny/tiny-bert.ron --steps 0 --save "$(corpus safetensors)/tiny-bert.safetensors" > /dev/null
+"$bin" train models/tiny/tiny-bert.ron --backend cpu --ranks 2 --zero 3 --steps 1 --save "$work/save" \
+  --log-json > /dev/null
+cp "$work"/save/step-00000001/manifest.json "$(corpus checkpoint)/"
+export ZEROPLAN_FUZZ_SHARDS="$PWD/$work/save/step-00000001"
+
+results=fuzz/RESULTS.md
+[ -f "$results" ] || printf '# Fuzzing results\n\n| date | target | seconds | runs | corpus | crashes |\n|---|---|---|---|---|---|\n' > "$results"
+for t in "${targets[@]}"; do
+  log="$work/$t.log"
+  status=0
+  (cd fuzz && cargo +nightly fuzz run "$t" "../fuzz/corpus/$t" -- -max_total_time="$seconds" \
+     -rss_limit_mb=4096 -print_final_stats=1) > "$log" 2>&1 || status=$?
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  crashes=$(ls "fuzz/artifacts/$t" 2>/dev/null | wc -l)
+  inputs=$(ls "fuzz/corpus/$t" | wc -l)
+  echo "$t: ${runs:-?} runs, $inputs corpus inputs, $crashes crash files, exit $status"
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$t" "$seconds" "${runs:-?}" "$inputs" "$crashes" >> "$results"
+done
