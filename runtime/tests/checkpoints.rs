@@ -308,5 +308,9 @@ fn a_crafted_manifest_is_refused_before_any_shard_is_read() {
     );
     refused(&|m| m.layout.slots.iter_mut().find_map(|s| s.flat.as_mut()).unwrap().shards = 0, "≥ 1 shards");
     refused(&|m| m.ranks = 3, "3 ranks");
+    // A layout cut for more ranks than it is sharded over (found by fuzzing: it indexed past the buffer).
+    std::fs::write(&at, serde_json::to_vec(&original).unwrap()).unwrap();
+    let err = Checkpoint::open(&dir).unwrap().states_for(&original.layout, 3).unwrap_err().to_string();
+    assert!(err.contains("is sharded over 2 ranks, not 3"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

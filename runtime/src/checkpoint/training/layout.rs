@@ -227,6 +227,10 @@ impl Layout {
                 continue;
             };
             let len: usize = slot.shape.iter().product();
+            if flat.shards > 1 && rank >= flat.shards {
+                problems.push(format!("`{}` is sharded over {} ranks, not {}", slot.name, flat.shards, rank + 1));
+                continue;
+            }
             let mut whole = vec![0.0; len * flat.shards];
             for m in &flat.members {
                 let (name, _) = self.logical(slot, m);
