@@ -238,8 +238,11 @@ impl Embedder {
     /// The encoder compiled and planned for `batch` × `seq`, loaded on the
     /// host with the checkpoint's weights, reading back only [`HIDDEN`].
     fn compile(&self, batch: usize, seq: usize) -> Result<HostProgram, EmbedError> {
-        program::forward(&self.spec, batch, seq, &self.state, &[HIDDEN])
-            .map_err(|message| EmbedError::Compile { batch, seq, message })
+        program::forward(&self.spec, batch, seq, &self.state, &[HIDDEN]).map_err(|message| EmbedError::Compile {
+            batch,
+            seq,
+            message,
+        })
     }
 }
 

@@ -43,15 +43,15 @@ pub fn run(args: &FinetuneArgs) -> Result<(), String> {
     let batch = common.batch_size as usize;
     let tokenizer =
         Tokenizer::load(&common.model.join(TOKENIZER), model.vocab_size).map_err(|e| format!("error: {e}"))?;
-    let train_data = load_task(&args.train, &task, Split::Labelled, &tokenizer, seq).map_err(|e| format!("error: {e}"))?;
+    let train_data =
+        load_task(&args.train, &task, Split::Labelled, &tokenizer, seq).map_err(|e| format!("error: {e}"))?;
     let mut data = Dataset::new(train_data.examples, seq, &tokenizer, false, args.seed);
     let devs = glue::load_dev(&args.dev, &task, &tokenizer, seq)?;
     let epochs = args.epochs.unwrap_or(task.epochs);
     let steps = data.examples.len().div_ceil(batch) as u64;
     let train = training_spec(args, &task, epochs, steps)?;
 
-    let program =
-        program::plan(&model, &Target::Training(&train), batch, seq).map_err(|e| format!("error: {e}"))?;
+    let program = program::plan(&model, &Target::Training(&train), batch, seq).map_err(|e| format!("error: {e}"))?;
     let layout = checkpoints::layout(&program)?;
     let mut host = HostProgram::load(program, args.seed).map_err(|e| format!("error: {e}"))?;
     let start = args.init_from.as_ref().unwrap_or(&common.model).join(WEIGHTS);

@@ -39,7 +39,10 @@ pub fn seq_len(args: &TaskArgs, task: &TaskSpec, model: &ModelSpec) -> Result<us
         )),
         Some(seq) => Ok(seq as usize),
         None if task.seq_len > positions => {
-            eprintln!("note: the model has {positions} positions: sequences of {positions} tokens, not {}", task.seq_len);
+            eprintln!(
+                "note: the model has {positions} positions: sequences of {positions} tokens, not {}",
+                task.seq_len
+            );
             Ok(positions as usize)
         }
         None => Ok(task.seq_len as usize),
@@ -69,7 +72,8 @@ pub fn load_dev(paths: &[PathBuf], task: &TaskSpec, tokenizer: &Tokenizer, seq: 
             let examples = glue::load_task(&path, task, Split::Labelled, tokenizer, seq)
                 .map_err(|e| format!("error: {e}"))?
                 .examples;
-            let gold = classify::gold(&examples).ok_or_else(|| format!("error: {}: a row has no label", path.display()))?;
+            let gold =
+                classify::gold(&examples).ok_or_else(|| format!("error: {}: a row has no label", path.display()))?;
             Ok(Dev { path, examples, gold })
         })
         .collect()

@@ -18,13 +18,15 @@ pub fn run(args: &PredictArgs) -> Result<(), String> {
     let model = FineTuned::load(&args.common.model, task.num_labels()).map_err(|e| e.to_string())?;
     let seq = glue::seq_len(&args.common, &task, &model.spec)?;
     let test = load_task(&args.test, &task, Split::Test, &model.tokenizer, seq).map_err(|e| format!("error: {e}"))?;
-    let mut classifier =
-        Classifier::new(&model.spec, &model.weights, args.common.batch_size as usize, seq).map_err(|e| e.to_string())?;
+    let mut classifier = Classifier::new(&model.spec, &model.weights, args.common.batch_size as usize, seq)
+        .map_err(|e| e.to_string())?;
     let predicted = classifier.predict(&test.examples, &model.tokenizer).map_err(|e| e.to_string())?;
     let mut out = String::from("index\tprediction\n");
     for (i, index) in test.index.iter().enumerate() {
         let prediction = match (&predicted, &task.labels) {
-            (Predictions::Classes(c), Labels::Classes(names)) => names.get(c[i]).cloned().unwrap_or_else(|| c[i].to_string()),
+            (Predictions::Classes(c), Labels::Classes(names)) => {
+                names.get(c[i]).cloned().unwrap_or_else(|| c[i].to_string())
+            }
             (Predictions::Classes(c), Labels::Regression { .. }) => c[i].to_string(),
             (Predictions::Scores(s), _) => format!("{:.3}", s[i]),
         };

@@ -66,12 +66,12 @@ pub fn load_task(
     let resolve = |c: &Column| table.resolve(c, &kind);
     let (sentences, label, index) = match split {
         Split::Labelled => {
-            let label = resolve(&task.label)?;
+            let sentences = task.sentences.iter().map(resolve).collect::<Result<Vec<_>, _>>()?;
             let labeling = match &task.labels {
                 Labels::Classes(names) => Labeling::Names { task: &task.name, names },
                 Labels::Regression { min, max } => Labeling::Score { task: &task.name, min: *min, max: *max },
             };
-            (task.sentences.iter().map(resolve).collect::<Result<Vec<_>, _>>()?, Some((label, labeling)), None)
+            (sentences, Some((resolve(&task.label)?, labeling)), None)
         }
         Split::Test => {
             let sentences = task.test_columns().iter().map(resolve).collect::<Result<Vec<_>, _>>()?;
