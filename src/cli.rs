@@ -79,6 +79,7 @@ pub struct FinetuneArgs {
     /// Peak learning rate (default: the task's); it decays linearly to 0 over the run.
     #[arg(long)]
     pub lr: Option<f64>,
+    /// AdamW's decoupled weight decay (default: the task's).
     #[arg(long)]
     pub weight_decay: Option<f64>,
     /// Linear warm-up steps.
