@@ -262,6 +262,11 @@ fn bad_input_names_the_file_the_line_and_the_fix() {
     let err = finetune("mnli", &bad, &[]);
     assert!(err.contains(&format!("{}:3: label `entailed` is not one of mnli's classes", s(&bad))), "{err}");
 
+    // A learning rate that blows the weights up: the first value that is not finite is named.
+    let err = finetune("mnli", &train, &["--lr", "1e30", "--batch-size", "4", "--seq-len", "12"]);
+    assert!(err.contains("error: step 2: the loss is NaN; stopping.") && err.contains("not finite: `"), "{err}");
+    assert!(err.contains("how to fix: lower --lr"), "{err}");
+
     let err = finetune("mnli", &train, &["--seq-len", "64"]);
     assert!(
         err.contains("--seq-len 64 is longer than the model's 16 positions") && err.contains("at most 16"),

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{checkpoints, glue};
+use super::{checkpoints, glue, train_host};
 use crate::cli::FinetuneArgs;
 use crate::output::emit;
 use zeroplan_ir::Graph;
@@ -76,22 +76,8 @@ pub fn run(args: &FinetuneArgs) -> Result<(), String> {
     });
     let mut best: Option<(u64, f64)> = None;
     for epoch in 1..=epochs {
-        data.shuffle();
         let started = Instant::now();
-        let mut loss = 0.0;
-        for _ in 0..steps {
-            let feeds = data.next_batch(batch);
-            let result = host.step(&[feeds]).map_err(|e| format!("error: {e}"))?;
-            let log = StepLog::from_outputs(host.steps_done(), &result.outputs).map_err(|e| format!("error: {e}"))?;
-            if !log.loss.is_finite() {
-                return Err(format!("error: step {}: the loss is {}; stopping (try a lower --lr)", log.step, log.loss));
-            }
-            loss += log.loss / steps as f64;
-            if let Some(bar) = &bar {
-                bar.set_message(format!("epoch {epoch}/{epochs}  loss {:.4}  lr {:.2e}", log.loss, log.lr));
-                bar.inc(1);
-            }
-        }
+        let loss = train_epoch(&mut host, &mut data, batch, steps, bar.as_ref(), &format!("epoch {epoch}/{epochs}"))?;
         let seconds = started.elapsed().as_secs_f64();
         let (graph, weights) = current_weights(&model, &layout, &host)?;
         classifier.set_weights(&weights).map_err(|e| e.to_string())?;
@@ -120,6 +106,38 @@ pub fn run(args: &FinetuneArgs) -> Result<(), String> {
         println!("best: epoch {epoch}, in {} ({} has its scores)", out.display(), out.join(EVAL).display());
     }
     Ok(())
+}
+
+/// One pass over `data` in a fresh order, `steps` batches; the mean loss.
+/// A loss or gradient that is not finite stops the run, naming the first
+/// value that is not, as `train` does.
+fn train_epoch(
+    host: &mut HostProgram,
+    data: &mut Dataset,
+    batch: usize,
+    steps: u64,
+    bar: Option<&indicatif::ProgressBar>,
+    epoch: &str,
+) -> Result<f64, String> {
+    data.shuffle();
+    let mut loss = 0.0;
+    for _ in 0..steps {
+        let feeds = [vec![data.next_batch(batch)]];
+        let result = host.step(&feeds[0]).map_err(|e| format!("error: {e}"))?;
+        let log = StepLog::from_outputs(host.steps_done(), &result.outputs).map_err(|e| format!("error: {e}"))?;
+        if !log.loss.is_finite() || (log.skipped && log.loss_scale.is_none()) {
+            if let Some(bar) = bar {
+                bar.abandon();
+            }
+            return Err(train_host::diverged(std::slice::from_mut(host), &feeds, &log, None));
+        }
+        loss += log.loss / steps as f64;
+        if let Some(bar) = bar {
+            bar.set_message(format!("{epoch}  loss {:.4}  lr {:.2e}", log.loss, log.lr));
+            bar.inc(1);
+        }
+    }
+    Ok(loss)
 }
 
 /// The task's training settings under the flags, for `epochs` of `steps`
