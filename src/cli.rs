@@ -26,6 +26,99 @@ pub enum Command {
     Devices(DevicesArgs),
     /// Consolidate a training checkpoint (`train --save DIR`) into one Hugging Face safetensors file.
     Export(ExportArgs),
+    /// Fine-tune a model on a GLUE task on this CPU, scoring the dev files after each epoch and keeping the best.
+    Finetune(Box<FinetuneArgs>),
+    /// Score a fine-tuned model on a GLUE task's dev files with the task's metrics.
+    Eval(EvalArgs),
+    /// Predict a GLUE task's test file with a fine-tuned model, as a GLUE submission TSV.
+    Predict(PredictArgs),
+}
+
+/// The task and model `finetune`, `eval` and `predict` share.
+#[derive(Args)]
+pub struct TaskArgs {
+    /// A GLUE task preset (cola, mnli, mrpc, qnli, qqp, rte, sst2, stsb) or a task spec file (TASK.ron).
+    #[arg(long, value_name = "TASK|TASK.ron")]
+    pub task: String,
+    /// A model directory: config.json, model.safetensors, tokenizer.json (Hugging Face's layout). For
+    /// `finetune`, the model to start from; for `eval` and `predict`, one `finetune` wrote.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_size: u64,
+    /// Tokens per sequence (default: the task's, at most the model's max_position_embeddings).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct FinetuneArgs {
+    #[command(flatten)]
+    pub common: TaskArgs,
+    /// The training file, in the task's GLUE layout.
+    #[arg(long, value_name = "train.tsv")]
+    pub train: PathBuf,
+    /// A dev file in the task's layout, or a directory holding the task's dev files (MNLI's
+    /// dev_matched.tsv and dev_mismatched.tsv); repeat for more. The best epoch is the one with
+    /// the best first metric of the task on the first dev file.
+    #[arg(long = "dev", value_name = "dev.tsv|DIR", required = true)]
+    pub dev: Vec<PathBuf>,
+    /// Where the best epoch's model goes, in Hugging Face layout: config.json (with the task's
+    /// labels), model.safetensors, tokenizer.json, and eval.json with its scores
+    /// (default: finetuned-TASK).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Start from this model directory's model.safetensors instead of --model's: staged fine-tuning
+    /// (RTE, MRPC and STS-B from an MNLI-fine-tuned model). A classifier over another label count is replaced.
+    #[arg(long, value_name = "DIR")]
+    pub init_from: Option<PathBuf>,
+    /// Passes over the training file (default: the task's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: Option<u64>,
+    /// Peak learning rate (default: the task's); it decays linearly to 0 over the run.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// AdamW's decoupled weight decay (default: the task's).
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Linear warm-up steps.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Dropout probability for hidden states and attention (default: the model's).
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// Seed of the classifier's initialisation, the shuffling and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON object per epoch (`epoch`, `steps`, `loss`, `seconds`, `dev`, `best`).
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub common: TaskArgs,
+    /// A dev file in the task's layout, or a directory holding the task's dev files; repeat for more.
+    #[arg(long = "dev", value_name = "dev.tsv|DIR", required = true)]
+    pub dev: Vec<PathBuf>,
+    /// Print `{FILE: {METRIC: value}}` as JSON (an undefined correlation is null).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    pub common: TaskArgs,
+    /// The task's test file as GLUE distributes it: a header, the index first, no label.
+    #[arg(long, value_name = "test.tsv")]
+    pub test: PathBuf,
+    /// Write the submission (`index<TAB>prediction`: class names, or scores) here, atomically;
+    /// standard output without it.
+    #[arg(short, long, value_name = "FILE.tsv")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Args)]

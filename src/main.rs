@@ -18,6 +18,9 @@ fn main() -> ExitCode {
         cli::Command::Embed(args) => commands::embed::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),
         cli::Command::Export(args) => commands::export::run(args),
+        cli::Command::Finetune(args) => commands::finetune::run(args),
+        cli::Command::Eval(args) => commands::eval::run(args),
+        cli::Command::Predict(args) => commands::predict::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "../runtime/tests/glue_files/mod.rs"]
+mod glue_files;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -396,18 +399,8 @@ fn data_parallel_ranks_train_as_one_rank_accumulating_their_batches() {
 fn tiny_corpus(dir: &Path) -> (PathBuf, PathBuf) {
     let words =
         ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "on", "a", "mat", "ran", "far"];
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        words.iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-                       "strip_accents": null, "lowercase": true},
-        "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                  "max_input_chars_per_word": 100, "vocab": vocab},
-    });
     let (tokenizer_path, text_path) = (dir.join("tokenizer.json"), dir.join("corpus.txt"));
-    std::fs::write(&tokenizer_path, tokenizer.to_string()).unwrap();
+    glue_files::write_tokenizer(&tokenizer_path, &words);
     let lines = ["the cat sat on a mat", "a dog ran far", "the dog sat", "a cat ran on the mat", "the mat"];
     std::fs::write(&text_path, lines.join("\n")).unwrap();
     (tokenizer_path, text_path)

@@ -58,6 +58,19 @@ fn presets_read_the_glue_layouts_and_report_the_tasks_metrics() {
 }
 
 #[test]
+fn the_compiled_in_presets_are_the_files() {
+    let names: Vec<&str> = TaskSpec::preset_names().collect();
+    assert_eq!(names, ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb"]);
+    for name in names {
+        assert_eq!(TaskSpec::preset(name), Some(task(name)), "{name}");
+    }
+    assert_eq!(TaskSpec::preset("mnli-mm"), None);
+    // Every GLUE test file has a header: CoLA's names its sentence column there.
+    assert_eq!(task("cola").test_columns(), [Column::Name("sentence".into())]);
+    assert_eq!(task("mrpc").test_columns(), task("mrpc").sentences.as_slice());
+}
+
+#[test]
 fn inconsistent_presets_name_the_field() {
     let base = r#"(name: "x", header: true, sentences: [Name("s")], label: Name("l"),
         labels: Classes(["a", "b", "c"]), metrics: [Accuracy], dev: ["dev.tsv"], seq_len: 128, epochs: 1,
@@ -71,6 +84,9 @@ fn inconsistent_presets_name_the_field() {
     assert!(err.contains("no header") && err.contains("Index"), "{err}");
     let bad_lr = base.replace("train: ()", "train: (lr: -1.0)");
     assert!(TaskSpec::from_ron(&bad_lr, "x.ron").unwrap_err().to_string().contains("learning rate"));
+    let indexed_test = base.replace("label: Name", "test_sentences: Some([Index(0)]), label: Name");
+    let err = TaskSpec::from_ron(&indexed_test, "x.ron").unwrap_err().to_string();
+    assert!(err.contains("a test file has a header") && err.contains("Name("), "{err}");
     let typo = base.replace("epochs: 1", "epoch: 1");
     assert!(TaskSpec::from_ron(&typo, "x.ron").unwrap_err().to_string().contains("epoch"));
 }

@@ -19,23 +19,18 @@
 //!   shape-agnostic: the oracle the host runtime is checked against
 //!   (`runtime/tests/embed.rs`, within 1e-5 relative).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
-use zeroplan_ir::{Bindings, DType, Graph, Tensor};
-use zeroplan_passes::manager::PassOptions;
-use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_ir::{DType, Graph, Tensor};
 
 use crate::checkpoint;
 use crate::host::HostProgram;
-
-/// The files a model directory must hold.
-pub const CONFIG: &str = "config.json";
-pub const WEIGHTS: &str = "model.safetensors";
-pub const TOKENIZER: &str = "tokenizer.json";
+use crate::model_dir::{ModelDir, TOKENIZER};
+use crate::program;
 
 /// Compiled programs kept per [`Embedder`]. Each holds its own copy of the
 /// weights in its arena (90 MB for MiniLM), so texts of ever new lengths
@@ -102,21 +97,9 @@ impl Embedder {
     /// Reads `dir`/config.json, model.safetensors and tokenizer.json; the
     /// forward will run on `backend`.
     pub fn load(dir: &Path, backend: Backend) -> Result<Embedder, EmbedError> {
-        let file = |name: &str| -> Result<PathBuf, EmbedError> {
-            let path = dir.join(name);
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(EmbedError::File {
-                    path,
-                    message: format!(
-                        "not found: a model directory holds {CONFIG}, {WEIGHTS} and {TOKENIZER} \
-                         (scripts/fetch-minilm.sh fetches all-MiniLM-L6-v2's)"
-                    ),
-                })
-            }
-        };
-        let (config, weights, tokenizer) = (file(CONFIG)?, file(WEIGHTS)?, file(TOKENIZER)?);
+        let ModelDir { config, weights, tokenizer } =
+            ModelDir::open(dir, "scripts/fetch-minilm.sh fetches all-MiniLM-L6-v2's")
+                .map_err(|(path, message)| EmbedError::File { path, message })?;
 
         let mut spec = spec::load(&config).map_err(|e| EmbedError::Spec(e.to_string()))?;
         spec.head = Head::Pooler;
@@ -125,23 +108,9 @@ impl Embedder {
         let graph = forward(&spec, &BuildOptions { dtype: DType::F32 })
             .map_err(|e| EmbedError::File { path: config.clone(), message: e.to_string() })?;
         // `load_weights` replaces every encoder weight and needs a value only
-        // for the head's, which a sentence-transformers checkpoint may lack:
-        // zeros (the pooler's are never read: the embeddings pool
-        // `sequence_output`), not the interpreter's random initialisation of
-        // every parameter, which takes seconds at MiniLM's size. A symbolic
-        // shape is left to `load_weights`, which names it.
-        let mut state: State = graph
-            .params()
-            .into_iter()
-            .map(|n| graph.node(n))
-            .filter(|node| checkpoint::names::is_head(&node.name))
-            .filter_map(|node| {
-                let ty = &node.outputs[0];
-                let shape =
-                    ty.shape.dims().iter().map(|d| d.as_constant().map(|d| d as usize)).collect::<Option<_>>()?;
-                Some((node.name.clone(), Tensor::full(shape, ty.dtype, 0.0)))
-            })
-            .collect();
+        // for the head's, which a sentence-transformers checkpoint may lack
+        // (the pooler's are never read: the embeddings pool `sequence_output`).
+        let mut state = checkpoint::head_zeros(&graph);
         checkpoint::load_weights(&weights, &spec, &graph, &mut state)?;
 
         let bytes = std::fs::read(&tokenizer)
@@ -269,30 +238,11 @@ impl Embedder {
     /// The encoder compiled and planned for `batch` × `seq`, loaded on the
     /// host with the checkpoint's weights, reading back only [`HIDDEN`].
     fn compile(&self, batch: usize, seq: usize) -> Result<HostProgram, EmbedError> {
-        let fail = |message: String| EmbedError::Compile { batch, seq, message };
-        let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
-        let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
-        let graph = compile(&self.spec, &Target::Forward(DType::F32), options).map_err(|e| fail(e.to_string()))?.graph;
-        // The passes keep parameters as they are (a merged Q/K/V matmul
-        // concatenates the separate weights each step), so the checkpoint's
-        // names are the program's; a parameter not set here would silently
-        // keep its random initial value.
-        let ours: BTreeSet<&str> = self.graph.params().into_iter().map(|n| self.graph.node(n).name.as_str()).collect();
-        let theirs: BTreeSet<&str> = graph.params().into_iter().map(|n| graph.node(n).name.as_str()).collect();
-        if ours != theirs {
-            let list = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| a.difference(b).copied().collect::<Vec<_>>().join(", ");
-            return Err(fail(format!(
-                "the compiled program's parameters are not the encoder's: only the program has [{}], only the \
-                 encoder [{}]",
-                list(&theirs, &ours),
-                list(&ours, &theirs)
-            )));
-        }
-        let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| fail(e.to_string()))?;
-        let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
-        let mut host = HostProgram::load_with(program, 0, &self.state).map_err(|e| fail(e.to_string()))?;
-        host.fetch(&[HIDDEN]).map_err(|e| fail(e.to_string()))?;
-        Ok(host)
+        program::forward(&self.spec, batch, seq, &self.state, &[HIDDEN]).map_err(|message| EmbedError::Compile {
+            batch,
+            seq,
+            message,
+        })
     }
 }
 

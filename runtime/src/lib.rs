@@ -5,15 +5,20 @@
 //! ([`checkpoint`]: Hugging Face safetensors files), training data ([`data`]),
 //! training on the reference interpreter ([`reference`]), a plan's program on
 //! a [`runner::Device`] — this CPU ([`host`]) — with data-parallel ranks
-//! joined by a [`comm::Communicator`], sentence embeddings on either
-//! ([`embed`]), and the GLUE tasks' metrics ([`metrics`]).
+//! joined by a [`comm::Communicator`], models compiled for the host
+//! ([`program`]) from Hugging Face model directories ([`model_dir`]),
+//! sentence embeddings on either ([`embed`]), sequence classification
+//! ([`classify`]) and the GLUE tasks' metrics ([`metrics`]).
 
 pub mod checkpoint;
+pub mod classify;
 pub mod comm;
 pub mod data;
 pub mod embed;
 pub mod host;
 pub mod metrics;
+pub mod model_dir;
+pub mod program;
 pub mod reference;
 pub mod runner;
 

@@ -5,6 +5,9 @@
 //! 0 where their denominators vanish (no positive predicted or gold; a
 //! constant prediction), Spearman ranks ties by their average rank, and a
 //! correlation of a constant series is undefined (an error, not a NaN).
+//! [`score`] computes a task spec's [`Metric`] on a model's [`Predictions`].
+
+use zeroplan_ir::spec::Metric;
 
 /// Why a metric could not be computed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -15,6 +18,46 @@ pub enum MetricError {
     Empty { metric: &'static str },
     #[error("{metric}: a series is constant, so the correlation is undefined")]
     Constant { metric: &'static str },
+    #[error("{metric} needs {needs}")]
+    Kind { metric: &'static str, needs: &'static str },
+}
+
+/// A model's outputs on a task, or the gold labels.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Predictions {
+    /// Class indices (classification).
+    Classes(Vec<usize>),
+    /// Scores (regression).
+    Scores(Vec<f64>),
+}
+
+/// `metric` of `predicted` against `gold`.
+pub fn score(metric: Metric, predicted: &Predictions, gold: &Predictions) -> Result<f64, MetricError> {
+    use Predictions::{Classes, Scores};
+    match (metric, predicted, gold) {
+        (Metric::Accuracy, Classes(p), Classes(g)) => accuracy(p, g),
+        (Metric::F1, Classes(p), Classes(g)) => f1(p, g),
+        (Metric::Matthews, Classes(p), Classes(g)) => matthews(p, g),
+        (Metric::Pearson, Scores(p), Scores(g)) => pearson(p, g),
+        (Metric::Spearman, Scores(p), Scores(g)) => spearman(p, g),
+        (Metric::Accuracy | Metric::F1 | Metric::Matthews, ..) => {
+            Err(MetricError::Kind { metric: name(metric), needs: "class predictions and labels" })
+        }
+        (Metric::Pearson | Metric::Spearman, ..) => {
+            Err(MetricError::Kind { metric: name(metric), needs: "score predictions and labels" })
+        }
+    }
+}
+
+/// How reports name `metric`.
+pub fn name(metric: Metric) -> &'static str {
+    match metric {
+        Metric::Accuracy => "accuracy",
+        Metric::F1 => "f1",
+        Metric::Matthews => "matthews",
+        Metric::Pearson => "pearson",
+        Metric::Spearman => "spearman",
+    }
 }
 
 fn check<T, U>(metric: &'static str, predicted: &[T], gold: &[U]) -> Result<(), MetricError> {
@@ -141,6 +184,20 @@ mod tests {
         close(matthews(&[0, 1, 0, 1], &[1, 0, 1, 0]).unwrap(), -1.0);
         assert_eq!(accuracy(&[], &[]), Err(MetricError::Empty { metric: "accuracy" }));
         assert!(matches!(f1(&[1], &[1, 0]), Err(MetricError::Lengths { predicted: 1, gold: 2, .. })));
+    }
+
+    #[test]
+    fn score_dispatches_on_the_metric_and_refuses_the_wrong_kind() {
+        let (p, g) = (Predictions::Classes(vec![1, 1, 1, 0]), Predictions::Classes(vec![1, 0, 1, 0]));
+        close(score(Metric::Accuracy, &p, &g).unwrap(), 0.75);
+        close(score(Metric::F1, &p, &g).unwrap(), 0.8); // 2·2 / (2·2 + 1 + 0)
+        close(score(Metric::Matthews, &p, &g).unwrap(), 2.0 / 12f64.sqrt()); // (2·1 − 1·0) / √(3·2·1·2)
+        let (x, y) = (Predictions::Scores(vec![1.0, 2.0, 2.0, 3.0]), Predictions::Scores(vec![1.0, 2.0, 3.0, 4.0]));
+        close(score(Metric::Spearman, &x, &y).unwrap(), 4.5 / 22.5f64.sqrt());
+        close(score(Metric::Pearson, &y, &y).unwrap(), 1.0);
+        let wrong = score(Metric::Pearson, &p, &g).unwrap_err();
+        assert_eq!(wrong, MetricError::Kind { metric: "pearson", needs: "score predictions and labels" });
+        assert!(matches!(score(Metric::Accuracy, &x, &y), Err(MetricError::Kind { metric: "accuracy", .. })));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
 use zeroplan_ir::spec::ModelSpec;
 use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest};
-use zeroplan_runtime::checkpoint::{self, training};
+use zeroplan_runtime::checkpoint::{self, HeadShapes, training};
 use zeroplan_runtime::data::Cursor;
 use zeroplan_runtime::host::HostProgram;
 
@@ -115,12 +115,31 @@ pub fn layout(program: &Program) -> Result<Layout, String> {
 /// the per-parameter view, then cut for each rank (masters, 16-bit copies
 /// and shards alike).
 pub fn load_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &mut [HostProgram]) -> Result<(), String> {
+    load_weights_with(path, model, layout, ranks, HeadShapes::Strict)
+}
+
+/// As [`load_weights`]; `heads` says whether a task head of another shape
+/// is an error or replaced (fine-tuning from another task's checkpoint).
+pub fn load_weights_with(
+    path: &Path,
+    model: &ModelSpec,
+    layout: &Layout,
+    ranks: &mut [HostProgram],
+    heads: HeadShapes,
+) -> Result<(), String> {
     let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
     let mut logical = layout.consolidate(&states).map_err(|e| format!("error: {e}"))?;
     let (graph, mut weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
-    let report = checkpoint::load_weights(path, model, &graph, &mut weights).map_err(|e| e.to_string())?;
+    let report = checkpoint::load_weights_with(path, model, &graph, &mut weights, heads).map_err(|e| e.to_string())?;
     if !report.initialised.is_empty() {
         eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
+    }
+    if !report.replaced.is_empty() {
+        eprintln!(
+            "note: {} holds a head of another shape (another label count): replaced, initialised: {}",
+            path.display(),
+            report.replaced.join(", ")
+        );
     }
     logical.extend(weights);
     for (r, host) in ranks.iter_mut().enumerate() {

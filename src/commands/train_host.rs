@@ -182,7 +182,7 @@ fn head_of(g: &Graph) -> Option<(Head, u64)> {
 /// Why training stops at a step whose loss or gradients are not finite
 /// (without loss scaling to absorb it): the step run again with every value
 /// checked names the first one that is not, and where the run stands.
-fn diverged(
+pub(super) fn diverged(
     ranks: &mut [HostProgram],
     feeds: &[Vec<Feeds>],
     log: &StepLog,

@@ -21,6 +21,11 @@ pub struct TaskSpec {
     pub header: bool,
     /// The sentence column, or the two of a sentence pair.
     pub sentences: Vec<Column>,
+    /// The sentence columns of the unlabelled `test.tsv`, where they differ
+    /// from `sentences`: every GLUE test file has a header and an index
+    /// first, so CoLA's reads `sentence` by name there.
+    #[serde(default)]
+    pub test_sentences: Option<Vec<Column>>,
     pub label: Column,
     pub labels: Labels,
     /// Dev-set metrics, the first the one a best checkpoint is chosen by.
@@ -62,7 +67,33 @@ pub enum Metric {
     Spearman,
 }
 
+/// The GLUE presets as `models/tasks/` holds them, compiled in so that the
+/// binary finds them wherever it runs.
+const PRESETS: [(&str, &str); 8] = [
+    ("cola", include_str!("../../../models/tasks/cola.ron")),
+    ("mnli", include_str!("../../../models/tasks/mnli.ron")),
+    ("mrpc", include_str!("../../../models/tasks/mrpc.ron")),
+    ("qnli", include_str!("../../../models/tasks/qnli.ron")),
+    ("qqp", include_str!("../../../models/tasks/qqp.ron")),
+    ("rte", include_str!("../../../models/tasks/rte.ron")),
+    ("sst2", include_str!("../../../models/tasks/sst2.ron")),
+    ("stsb", include_str!("../../../models/tasks/stsb.ron")),
+];
+
 impl TaskSpec {
+    /// The names of the bundled presets.
+    pub fn preset_names() -> impl Iterator<Item = &'static str> {
+        PRESETS.iter().map(|(name, _)| *name)
+    }
+
+    /// The bundled preset `name` (`mnli`, `cola`, …); `None` for another name.
+    pub fn preset(name: &str) -> Option<TaskSpec> {
+        let (_, text) = PRESETS.iter().find(|(n, _)| *n == name)?;
+        let spec = TaskSpec::from_ron(text, &format!("models/tasks/{name}.ron"));
+        // `ir/tests/tasks.rs` loads every preset, so a bad one fails the tests, not a run.
+        Some(spec.expect("the bundled task presets are valid"))
+    }
+
     /// Reads a RON task spec; `file` names it in errors.
     pub fn from_ron(text: &str, file: &str) -> Result<TaskSpec, SpecError> {
         super::from_ron(text, file, TaskSpec::validate)
@@ -72,6 +103,11 @@ impl TaskSpec {
     pub fn load(path: &std::path::Path) -> Result<TaskSpec, SpecError> {
         let (text, file) = super::read(path)?;
         TaskSpec::from_ron(&text, &file)
+    }
+
+    /// The sentence columns of a test file.
+    pub fn test_columns(&self) -> &[Column] {
+        self.test_sentences.as_deref().unwrap_or(&self.sentences)
     }
 
     /// The label count of the classification head (1 for regression).
@@ -106,6 +142,18 @@ impl TaskSpec {
                     "use Index(N), 0-based",
                 ),
                 _ => {}
+            }
+        }
+        if let Some(test) = &self.test_sentences {
+            if test.len() != self.sentences.len() {
+                problem(
+                    "test_sentences",
+                    format!("{} test columns for {} sentence columns", test.len(), self.sentences.len()),
+                    "name as many as `sentences` has",
+                );
+            }
+            if test.iter().any(|c| matches!(c, Column::Index(_))) {
+                problem("test_sentences", "a test file has a header".into(), "name its columns: Name(\"…\")");
             }
         }
         let regression = matches!(self.labels, Labels::Regression { .. });

@@ -16,6 +16,9 @@
 //! and a head the graph does not have may be present, and is skipped
 //! ([`LoadReport::ignored`]), as are buffers (`position_ids`), the MLM decoder
 //! weight (tied to the word embeddings) and pre-training heads.
+//! [`load_weights_with`] can also replace a head of another shape — a
+//! classifier over another label count, when fine-tuning starts from another
+//! task's checkpoint ([`LoadReport::replaced`]).
 //!
 //! Batch files ([`load_batch`], [`save_batch`]) hold a step's inputs by name.
 //! [`training`] saves and resumes whole training runs, sharded per rank.
@@ -45,10 +48,25 @@ pub struct LoadReport {
     pub loaded: Vec<String>,
     /// Task-head parameters the file lacks, left at their value in `weights`.
     pub initialised: Vec<String>,
+    /// Task-head parameters whose tensor in the file has another shape, left
+    /// at their value in `weights` ([`HeadShapes::Replace`]).
+    pub replaced: Vec<String>,
     /// Tensors of the file (by their names there) skipped on purpose: buffers,
     /// the tied decoder weight, second names of a loaded tensor, heads the
     /// graph does not have.
     pub ignored: Vec<String>,
+}
+
+/// What loading does with a task-head tensor whose shape is not the graph's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadShapes {
+    /// An error, as for every other tensor.
+    Strict,
+    /// The head is replaced: the tensor is skipped and the parameter keeps its
+    /// value in the weights, as `transformers`' `ignore_mismatched_sizes` does
+    /// when fine-tuning from another task's checkpoint (MNLI's three labels
+    /// before RTE's two).
+    Replace,
 }
 
 /// Why a checkpoint or batch could not be read or written.
@@ -241,6 +259,18 @@ pub fn load_weights(
     graph: &Graph,
     weights: &mut Weights,
 ) -> Result<LoadReport, CheckpointError> {
+    load_weights_with(path, spec, graph, weights, HeadShapes::Strict)
+}
+
+/// As [`load_weights`], with `heads` saying whether a task-head tensor of
+/// another shape is an error or replaced.
+pub fn load_weights_with(
+    path: &Path,
+    spec: &ModelSpec,
+    graph: &Graph,
+    weights: &mut Weights,
+    heads: HeadShapes,
+) -> Result<LoadReport, CheckpointError> {
     let family = Family::of(spec);
     let params = params_of(graph, family)?;
     let bytes = safetensors_io::read(path)?;
@@ -284,6 +314,10 @@ pub fn load_weights(
         used.insert(name.clone());
         let view = file.tensor(name).map_err(|e| safetensors_io::corrupt(path, e.to_string()))?;
         if view.shape() != p.shape.as_slice() {
+            if heads == HeadShapes::Replace && is_head(&p.name) {
+                report.replaced.push(p.name.clone());
+                continue;
+            }
             mismatch.wrong_shape.push(WrongShape {
                 name: name.clone(),
                 param: p.name.clone(),
@@ -326,10 +360,10 @@ pub fn load_weights(
     // The parameters left at their initial values must have one.
     let problems: Vec<String> = params
         .iter()
-        .filter(|p| report.initialised.contains(&p.name))
+        .filter(|p| report.initialised.contains(&p.name) || report.replaced.contains(&p.name))
         .filter_map(|p| match weights.get(&p.name) {
             None => Some(format!(
-                "`{}` is not in the checkpoint (a task-head parameter) and has no initial value in the weights",
+                "`{}` is not taken from the checkpoint (a task-head parameter) and has no initial value in the weights",
                 p.name
             )),
             Some(t) if t.shape() != p.shape.as_slice() => {
@@ -347,6 +381,25 @@ pub fn load_weights(
     }
     report.ignored.sort();
     Ok(report)
+}
+
+/// Zeros for `graph`'s task-head parameters (`mlm.*`, `pooler.*`,
+/// `classifier.*`): the values [`load_weights`] keeps where a file lacks a
+/// head, without the seconds a random initialisation of every parameter
+/// takes at a real model's size. A symbolic shape is left out, for
+/// `load_weights` to name.
+pub fn head_zeros(graph: &Graph) -> Weights {
+    graph
+        .params()
+        .into_iter()
+        .map(|n| graph.node(n))
+        .filter(|node| is_head(&node.name))
+        .filter_map(|node| {
+            let ty = &node.outputs[0];
+            let shape = ty.shape.dims().iter().map(|d| d.as_constant().map(|d| d as usize)).collect::<Option<_>>()?;
+            Some((node.name.clone(), Tensor::full(shape, ty.dtype, 0.0)))
+        })
+        .collect()
 }
 
 /// Writes every parameter of `graph` from `weights` to `path` under Hugging

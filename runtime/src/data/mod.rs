@@ -156,6 +156,17 @@ impl Dataset {
         self.rng = cursor.rng;
     }
 
+    /// Puts the examples in a fresh order drawn from the dataset's seed and
+    /// starts again from the first: fine-tuning walks each epoch in another
+    /// order, as training samplers do (Fisher–Yates).
+    pub fn shuffle(&mut self) {
+        for i in (1..self.examples.len()).rev() {
+            let j = ((self.uniform() * (i + 1) as f64) as usize).min(i);
+            self.examples.swap(i, j);
+        }
+        self.position = 0;
+    }
+
     /// A uniform draw in `[0, 1)` (xorshift64*).
     fn uniform(&mut self) -> f64 {
         self.rng ^= self.rng >> 12;
