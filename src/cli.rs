@@ -117,6 +117,10 @@ pub struct InspectArgs {
     /// List the schedule: one line per instruction with its stream and predicted start.
     #[arg(long)]
     pub timeline: bool,
+    /// Write the predicted step (every micro-batch and the optimizer, one slice per instruction on its
+    /// compute, comm, copy or host stream, with its bytes and FLOPs) as Chrome trace-event JSON for Perfetto.
+    #[arg(long, value_name = "OUT.json")]
+    pub trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -204,6 +208,10 @@ pub struct TrainArgs {
     /// Compute precision: f32, bf16, or f16 (with dynamic loss scaling).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<zeroplan_ir::spec::Precision>,
+    /// `--backend cpu`: write every instruction's measured run (each rank's compute and comm threads) as
+    /// Chrome trace-event JSON, the format of `inspect --trace`.
+    #[arg(long, value_name = "OUT.json")]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

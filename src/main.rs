@@ -4,6 +4,7 @@ mod cli;
 mod commands;
 mod gpus;
 mod output;
+mod trace;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -20,6 +20,9 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     if args.timeline {
         out += &timeline(&plan)?;
     }
+    if let Some(path) = &args.trace {
+        emit(&crate::trace::predicted(&plan)?.to_json(), Some(path))?;
+    }
     emit(&out, None)
 }
 
@@ -154,9 +157,8 @@ pub fn text(plan: &Plan) -> String {
     t
 }
 
-/// The first micro-batch and the optimizer, instruction by instruction,
-/// as the cost model plays them on the plan's GPU.
-fn timeline(plan: &Plan) -> Result<String, String> {
+/// The machine `plan` was made for: its cluster and compute dtype.
+pub fn machine(plan: &Plan) -> Result<Machine, String> {
     let c = &plan.cluster;
     let cluster = Cluster {
         nodes: c.nodes,
@@ -166,7 +168,13 @@ fn timeline(plan: &Plan) -> Result<String, String> {
     };
     let dtype = DType::from_name(&plan.workload.precision)
         .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;
-    let machine = Machine { cluster, dtype };
+    Ok(Machine { cluster, dtype })
+}
+
+/// The first micro-batch and the optimizer, instruction by instruction,
+/// as the cost model plays them on the plan's GPU.
+fn timeline(plan: &Plan) -> Result<String, String> {
+    let machine = machine(plan)?;
     let graph = &plan.program.graph;
     let order = graph.topo_order().ok_or("error: the plan's graph has a cycle")?;
     let bindings = bindings(plan.program.batch, plan.program.seq);
