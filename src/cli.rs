@@ -26,6 +26,17 @@ pub enum Command {
     Devices(DevicesArgs),
     /// Consolidate a training checkpoint (`train --save DIR`) into one Hugging Face safetensors file.
     Export(ExportArgs),
+    /// Write the DeepSpeed configuration (ds_config.json) that trains as a plan does.
+    ExportDeepspeed(ExportDeepspeedArgs),
+}
+
+#[derive(Args)]
+pub struct ExportDeepspeedArgs {
+    /// A plan written by `zeroplan compile -o`.
+    pub plan: PathBuf,
+    /// The DeepSpeed configuration to write, atomically (standard output without it).
+    #[arg(short, long, value_name = "ds_config.json")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -58,8 +69,8 @@ pub struct CompileArgs {
     #[arg(long, default_value_t = 512)]
     pub seq: u64,
     /// Sequences per optimizer step over all GPUs.
-    #[arg(long)]
-    pub global_batch: u64,
+    #[arg(long, required_unless_present = "deepspeed")]
+    pub global_batch: Option<u64>,
     /// A RON training spec (optimizer, precision…); `--precision` overrides it.
     #[arg(long, value_name = "TRAIN.ron")]
     pub train: Option<PathBuf>,
@@ -82,6 +93,11 @@ pub struct CompileArgs {
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
+    /// Plan a DeepSpeed configuration as given (its ZeRO stage, offload, activation checkpointing,
+    /// micro-batch, precision and optimizer pinned; flags above override it) and compare it with the best
+    /// plan found. `-o` writes the configuration's plan.
+    #[arg(long, value_name = "ds_config.json")]
+    pub deepspeed: Option<PathBuf>,
     /// Write the plan (RON) here, atomically.
     #[arg(short, long, value_name = "PLAN.ron")]
     pub output: Option<PathBuf>,

@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod deepspeed;
 mod gpus;
 mod output;
 mod trace;
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
         cli::Command::Embed(args) => commands::embed::run(args),
         cli::Command::Devices(args) => commands::devices::run(args),
         cli::Command::Export(args) => commands::export::run(args),
+        cli::Command::ExportDeepspeed(args) => commands::export_deepspeed::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
 //! Seeing the plan: trace-event timelines (`inspect --trace`, `train
-//! --profile`).
+//! --profile`), DeepSpeed configurations, memory charts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -188,4 +188,159 @@ fn train_profile_is_the_measured_step_of_every_rank() {
     assert!(matmuls > 0 && matmuls.is_multiple_of(2), "{matmuls} GEMM slices");
     let err = failure(&["train", "models/tiny/tiny-bert.ron", "--profile", &out]);
     assert!(err.contains("add --backend cpu"), "{err}");
+}
+
+/// `compile` of tiny-bert on 2 GPUs with `extra` flags, to `plan`; its inspection.
+fn compile_tiny(plan: &str, extra: &[&str]) -> Json {
+    let base = ["compile", "models/tiny/tiny-bert.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "16", "--json"];
+    serde_json::from_str(&succeed(&[&base[..], extra, &["-o", plan]].concat())).expect("JSON")
+}
+
+#[test]
+fn deepspeed_config_round_trips_the_plan() {
+    let scratch = Scratch::new("deepspeed");
+    let cases = [
+        ("3", "optimizer+params", "selective", "f16"),
+        ("2", "optimizer", "full", "bf16"),
+        ("1", "none", "none", "f32"),
+    ];
+    for (zero, offload, recompute, precision) in cases {
+        let (plan, config) = (scratch.path("plan.ron"), scratch.path("ds_config.json"));
+        let pins = ["--zero", zero, "--offload", offload, "--recompute", recompute, "--precision", precision];
+        let original = compile_tiny(&plan, &[&pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
+        succeed(&["export-deepspeed", &plan, "-o", &config]);
+        let ds = read_json(&config);
+        let z = &ds["zero_optimization"];
+        assert_eq!(z["stage"].as_u64(), zero.parse().ok());
+        assert_eq!(z["offload_optimizer"]["device"].as_str(), (offload != "none").then_some("cpu"), "{ds}");
+        assert_eq!(z["offload_param"]["device"].as_str(), (offload == "optimizer+params").then_some("cpu"));
+        assert!(z["reduce_bucket_size"].as_u64().unwrap() > 0 && z["overlap_comm"] == true);
+        assert_eq!(
+            (ds["train_batch_size"].as_u64(), ds["train_micro_batch_size_per_gpu"].as_u64()),
+            (Some(8), Some(2))
+        );
+        assert_eq!(ds["gradient_accumulation_steps"].as_u64(), Some(2), "8 sequences = 2 per micro-batch × 2 × 2 GPUs");
+        assert_eq!(ds["bf16"]["enabled"] == true, precision == "bf16");
+        assert_eq!(ds["fp16"]["enabled"] == true, precision == "f16");
+        assert_eq!(ds["activation_checkpointing"].is_object(), recompute != "none");
+        assert_eq!((ds["optimizer"]["type"].as_str(), ds["gradient_clipping"].as_f64()), (Some("AdamW"), Some(1.0)));
+
+        // Imported, the configuration pins the same strategy; exported again, the same configuration.
+        let replanned = scratch.path("replanned.ron");
+        let report: Json = serde_json::from_str(&succeed(&[
+            "compile",
+            "models/tiny/tiny-bert.ron",
+            "--gpus",
+            "2",
+            "--gpu",
+            "a100-40gb",
+            "--seq",
+            "16",
+            "--deepspeed",
+            &config,
+            "--json",
+            "-o",
+            &replanned,
+        ]))
+        .unwrap();
+        assert_eq!(report["as_given"]["strategy"], original["strategy"], "{zero} {offload} {recompute}");
+        assert_eq!(report["as_given"]["workload"], original["workload"]);
+        assert!(
+            report["best"]["predicted"]["tokens_per_second"].as_f64()
+                >= original["predicted"]["tokens_per_second"].as_f64()
+        );
+        assert!(report["best_over_given"].as_f64().unwrap() >= 1.0);
+        let again = scratch.path("again.json");
+        succeed(&["export-deepspeed", &replanned, "-o", &again]);
+        assert_eq!(read_json(&again), ds, "export → import → export is a fixed point");
+    }
+}
+
+#[test]
+fn a_hand_written_deepspeed_config_is_planned_as_given() {
+    let scratch = Scratch::new("handwritten");
+    let config = scratch.path("ds_config.json");
+    std::fs::write(
+        &config,
+        r#"{
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": "auto",
+  "train_batch_size": "auto",
+  "bf16": { "enabled": true },
+  "fp16": { "enabled": "auto" },
+  "optimizer": {
+    "type": "AdamW",
+    "params": { "lr": 3e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": "auto" }
+  },
+  "scheduler": { "type": "WarmupDecayLR", "params": { "warmup_max_lr": 3e-5, "warmup_num_steps": 10, "total_num_steps": 100 } },
+  "zero_optimization": {
+    "stage": 2,
+    "offload_optimizer": { "device": "cpu", "pin_memory": true },
+    "overlap_comm": true,
+    "contiguous_gradients": true,
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8
+  },
+  "gradient_clipping": 0.5,
+  "steps_per_print": 100,
+  "wall_clock_breakdown": false,
+  "flops_profilr": {}
+}"#,
+    )
+    .unwrap();
+    let plan = scratch.path("plan.ron");
+    let base = ["compile", "models/tiny/tiny-bert.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "16"];
+    let out = zeroplan(&[&base[..], &["--deepspeed", &config, "--global-batch", "8", "-o", &plan]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("strategy   ZeRO-2 offload optimizer recompute none micro-batch 2×2"), "{stdout}");
+    assert!(stdout.contains("against the best plan found") && stdout.contains("best found"), "{stdout}");
+    assert!(stderr.contains("`flops_profilr` is not a DeepSpeed field zeroplan knows"), "{stderr}");
+    assert!(stderr.contains("bucket and prefetch sizes are not planned"), "{stderr}");
+    // The optimizer and schedule went into the plan's training spec.
+    let exported = scratch.path("exported.json");
+    succeed(&["export-deepspeed", &plan, "-o", &exported]);
+    let ds = read_json(&exported);
+    assert_eq!(ds["optimizer"]["params"]["lr"].as_f64(), Some(3e-5));
+    assert_eq!(ds["optimizer"]["params"]["betas"], serde_json::json!([0.9, 0.98]));
+    assert_eq!(ds["optimizer"]["params"]["weight_decay"].as_f64(), Some(0.01), "auto keeps the default");
+    assert_eq!(ds["gradient_clipping"].as_f64(), Some(0.5));
+    assert_eq!(ds["scheduler"]["type"], "WarmupDecayLR");
+    assert_eq!(ds["scheduler"]["params"]["total_num_steps"].as_u64(), Some(100));
+    assert_eq!(ds["bf16"]["enabled"], true);
+}
+
+#[test]
+fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
+    let scratch = Scratch::new("unsupported");
+    let config = scratch.path("ds.json");
+    let base = ["compile", "models/tiny/tiny-bert.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "16"];
+    let cases = [
+        (
+            "{\n  \"zero_optimization\": {\n    \"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"nvme\"}\n  }\n}",
+            ":4:27: error: `zero_optimization.offload_optimizer.device`: NVMe offload is not planned",
+            "help: use \"cpu\"",
+        ),
+        ("{\"optimizer\": {\"type\": \"Lamb\"}}", ":1:16: error: `optimizer.type`", "use \"AdamW\""),
+        (
+            "{\"zero_optimization\": {\"stage\": 1, \"offload_param\": {\"device\": \"cpu\"}}}",
+            "offload_param",
+            "stage to 3",
+        ),
+        ("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128}}", "`fp16.loss_scale`: static", "set it to 0"),
+        (
+            "{\"train_batch_size\": 10, \"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2}",
+            "`train_batch_size`: 10 is not",
+            "make it 8",
+        ),
+        ("{\"pipeline\": {\"stages\": 2}}", "`pipeline`", "remove `pipeline`"),
+        ("{\"zero_optimization\": {\"stage\": 2,}}", ":1:35: error: trailing comma", "one JSON object"),
+    ];
+    for (text, error, help) in cases {
+        std::fs::write(&config, text).unwrap();
+        let err = failure(&[&base[..], &["--deepspeed", &config, "--global-batch", "8"]].concat());
+        assert!(err.starts_with(config.as_str()) && err.contains(error) && err.contains(help), "{text}\n{err}");
+    }
+    let err = failure(&[&base[..], &["--global-batch", "8", "--deepspeed", "/nonexistent/ds.json"]].concat());
+    assert!(err.contains("/nonexistent/ds.json"), "{err}");
 }

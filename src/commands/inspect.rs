@@ -42,6 +42,11 @@ struct Inspection<'a> {
 }
 
 pub fn json(plan: &Plan) -> String {
+    format!("{}\n", serde_json::to_string_pretty(&value(plan)).expect("serialisable"))
+}
+
+/// The plan less its program, as a JSON value.
+pub fn value(plan: &Plan) -> serde_json::Value {
     let inspection = Inspection {
         model: &plan.model,
         params: plan.params,
@@ -54,7 +59,7 @@ pub fn json(plan: &Plan) -> String {
         runner_up: &plan.runner_up,
         candidates: &plan.candidates,
     };
-    format!("{}\n", serde_json::to_string_pretty(&inspection).expect("serialisable"))
+    serde_json::to_value(&inspection).expect("serialisable")
 }
 
 fn gib(bytes: u64) -> String {
