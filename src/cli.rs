@@ -137,6 +137,11 @@ pub struct InspectArgs {
     /// compute, comm, copy or host stream, with its bytes and FLOPs) as Chrome trace-event JSON for Perfetto.
     #[arg(long, value_name = "OUT.json")]
     pub trace: Option<PathBuf>,
+    /// Draw one rank's memory over the step, stacked by category (workspace, parameters, optimizer,
+    /// gradients, activations) against the budget, beside every strategy the search tried (peak memory
+    /// against predicted throughput, the chosen one marked), as SVG.
+    #[arg(long, value_name = "OUT.svg")]
+    pub memory_svg: Option<PathBuf>,
 }
 
 #[derive(Args)]

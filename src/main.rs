@@ -1,5 +1,6 @@
 //! `zeroplan`: compile BERT-family models into memory-planned training programs.
 
+mod chart;
 mod cli;
 mod commands;
 mod deepspeed;

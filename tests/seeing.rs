@@ -344,3 +344,57 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
     let err = failure(&[&base[..], &["--global-batch", "8", "--deepspeed", "/nonexistent/ds.json"]].concat());
     assert!(err.contains("/nonexistent/ds.json"), "{err}");
 }
+
+/// The chart rendered by resvg (shapes only: resvg is built without text),
+/// as the PNG a person would look at, and its pixels.
+fn rasterise(svg: &str) -> (Vec<u8>, resvg::tiny_skia::Pixmap) {
+    let tree = resvg::usvg::Tree::from_str(svg, &resvg::usvg::Options::default()).expect("resvg reads the SVG");
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(&tree, resvg::tiny_skia::Transform::identity(), &mut pixmap.as_mut());
+    (pixmap.encode_png().expect("PNG"), pixmap)
+}
+
+#[test]
+fn memory_svg_stacks_every_category_against_the_budget_and_renders() {
+    let scratch = Scratch::new("svg");
+    let (plan, svg_path) = (scratch.path("plan.ron"), scratch.path("memory.svg"));
+    // bert-base on 2 GPUs with 3 GiB each at ZeRO-1: the search tries offload and recomputation.
+    let extra = ["--memory", "3GiB", "--global-batch", "64", "--zero", "1"];
+    let base = ["compile", "models/bert-base.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "128", "-o", &plan];
+    succeed(&[&base[..], &extra[..]].concat());
+    succeed(&["inspect", &plan, "--memory-svg", &svg_path]);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+
+    let doc = roxmltree::Document::parse(&svg).expect("the SVG is well-formed XML");
+    let texts: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).collect();
+    let has = |label: &str| texts.iter().any(|t| t.trim() == label);
+    for label in ["workspace", "parameters", "optimizer", "gradients", "activations", "backward", "optimizer"] {
+        assert!(has(label), "no `{label}` in {texts:?}");
+    }
+    assert!(texts.iter().any(|t| t.trim() == "budget 3.00 GiB"), "{texts:?}");
+    assert!(has("chosen") && texts.iter().any(|t| t.trim().starts_with("Z1 opt")), "offloading candidates are drawn");
+    // One filled band per layer, in its colour, and the budget as a red line.
+    let filled =
+        |colour: &str| doc.descendants().any(|n| n.has_tag_name("polygon") && n.attribute("fill") == Some(colour));
+    for colour in ["#A0A0A0", "#4C72B0", "#DD8452", "#55A868", "#C44E52"] {
+        assert!(filled(colour), "no band filled {colour}");
+    }
+    assert!(doc.descendants().any(|n| n.attribute("stroke") == Some("#C80000")), "no budget line");
+
+    let (png, pixmap) = rasterise(&svg);
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let dimension = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    assert_eq!((dimension(16), dimension(20)), (1500, 620), "the PNG's width and height");
+    let pixels = pixmap.pixels();
+    let rgb = |p: &resvg::tiny_skia::PremultipliedColorU8| (p.red(), p.green(), p.blue());
+    let drawn = pixels.iter().filter(|p| rgb(p) != (255, 255, 255)).count();
+    assert!(drawn > pixels.len() / 10, "only {drawn} of {} pixels drawn", pixels.len());
+    for colour in [(160, 160, 160), (76, 114, 176), (196, 78, 82), (200, 0, 0)] {
+        let n = pixels.iter().filter(|p| rgb(p) == colour).count();
+        assert!(n > 200, "{colour:?}: {n} pixels");
+    }
+    let keep = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memory.png");
+    std::fs::write(&keep, &png).unwrap();
+    println!("the chart as a picture: {}", keep.display());
+}

@@ -23,6 +23,9 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     if let Some(path) = &args.trace {
         emit(&crate::trace::predicted(&plan)?.to_json(), Some(path))?;
     }
+    if let Some(path) = &args.memory_svg {
+        emit(&crate::chart::memory_svg(&plan)?, Some(path))?;
+    }
     emit(&out, None)
 }
 
