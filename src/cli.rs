@@ -269,6 +269,9 @@ pub struct GraphArgs {
     /// Write to this file (atomically) instead of standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Show the graph as it stands after this pass (the later passes do not run), e.g. `--after recompute`.
+    #[arg(long, value_name = "PASS")]
+    pub after: Option<String>,
     #[command(flatten)]
     pub passes: PassArgs,
 }
@@ -358,7 +361,7 @@ pub struct DevicesArgs {
 pub enum GraphFormat {
     /// One line per node, in topological order.
     Text,
-    /// Graphviz DOT, one cluster per layer.
+    /// Graphviz DOT: a cluster per layer, per fused kernel (its body); recomputed nodes in red.
     Dot,
     /// The graph file's layout, in JSON.
     Json,

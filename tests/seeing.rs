@@ -398,3 +398,64 @@ fn memory_svg_stacks_every_category_against_the_budget_and_renders() {
     std::fs::write(&keep, &png).unwrap();
     println!("the chart as a picture: {}", keep.display());
 }
+
+/// Node ids declared in a DOT text, and the endpoints of its edges.
+fn dot_ids(dot: &str) -> (BTreeSet<String>, Vec<(String, String)>) {
+    let quoted = |s: &str| s.trim().trim_start_matches('"').split('"').next().unwrap_or("").to_string();
+    let mut nodes = BTreeSet::new();
+    let mut edges = Vec::new();
+    for line in dot.lines().map(str::trim) {
+        if let Some((from, rest)) = line.split_once(" -> ") {
+            edges.push((quoted(from), quoted(rest)));
+        } else if line.starts_with('"') && line.contains(" [") {
+            nodes.insert(quoted(line));
+        }
+    }
+    (nodes, edges)
+}
+
+#[test]
+fn graph_dot_draws_fused_kernels_as_clusters_and_marks_recomputed_nodes() {
+    let base = ["graph", "models/tiny/tiny-bert.ron", "--train", "--recompute", "full", "--format", "dot"];
+    let dot = succeed(&base);
+    assert_eq!(dot.matches('{').count(), dot.matches('}').count(), "balanced braces");
+    assert!(dot.contains("subgraph \"cluster_layer1\""), "layers are clusters");
+    // A kernel is a cluster holding its body: loads, expressions, stores.
+    let kernel = dot.split("subgraph \"cluster_layer1.ffn.act.fused\" {").nth(1).expect("fused kernels are clusters");
+    let kernel = &kernel[..kernel.find("\n    }").unwrap()];
+    assert!(kernel.contains("label=\"fused layer1.ffn.act.fused") && kernel.contains("#e3ecf8"), "{kernel}");
+    assert!(
+        kernel.contains("= load in0\\l") && kernel.contains("gelu_erf") && kernel.contains("store out"),
+        "{kernel}"
+    );
+    // The recomputed kernels and nodes are red, and only they.
+    assert!(dot.contains("subgraph \"cluster_layer1.attn.probs.recompute.fused\" {\n      label=\"fused"));
+    let red: Vec<&str> = dot.lines().filter(|l| l.contains("#f6d5d5")).collect();
+    assert!(red.len() > 10 && red.iter().all(|l| l.contains(".recompute")), "{red:?}");
+    assert!(red.iter().any(|l| l.contains("\"layer1.attn.scores.recompute\" [")), "{red:?}");
+    let (nodes, edges) = dot_ids(&dot);
+    for (from, to) in &edges {
+        assert!(nodes.contains(from) && nodes.contains(to), "{from} -> {to} leaves the declared nodes");
+    }
+
+    // After `recompute`, nothing is fused yet and the recomputed nodes are there.
+    let after = succeed(&[&base[..], &["--after", "recompute"]].concat());
+    assert!(!after.contains(".fused") && after.contains("\"layer1.attn.probs.recompute\" ["), "--after recompute");
+    let err = failure(&["graph", "models/tiny/tiny-bert.ron", "--after", "partition"]);
+    assert!(err.contains("--after partition: unknown pass") && err.contains("rewrite, fuse"), "{err}");
+
+    // Graphviz lays it out, where installed (the forward graph: a training
+    // step of thousands of nodes takes dot minutes).
+    let forward = succeed(&["graph", "models/tiny/tiny-bert.ron", "--format", "dot"]);
+    assert!(forward.contains("subgraph \"cluster_embeddings.dropout.fused\""));
+    let dot_command =
+        Command::new("dot").args(["-Tsvg", "-o", "/dev/null"]).stdin(std::process::Stdio::piped()).spawn();
+    match dot_command {
+        Err(_) => println!("SKIPPED: Graphviz `dot` is not installed"),
+        Ok(mut child) => {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(forward.as_bytes()).unwrap();
+            assert!(child.wait().unwrap().success(), "dot rejects the graph");
+        }
+    }
+}
