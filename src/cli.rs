@@ -32,6 +32,8 @@ pub enum Command {
     Eval(EvalArgs),
     /// Predict a GLUE task's test file with a fine-tuned model, as a GLUE submission TSV.
     Predict(PredictArgs),
+    /// Write the DeepSpeed configuration (ds_config.json) that trains as a plan does.
+    ExportDeepspeed(ExportDeepspeedArgs),
 }
 
 /// The task and model `finetune`, `eval` and `predict` share.
@@ -122,6 +124,15 @@ pub struct PredictArgs {
 }
 
 #[derive(Args)]
+pub struct ExportDeepspeedArgs {
+    /// A plan written by `zeroplan compile -o`.
+    pub plan: PathBuf,
+    /// The DeepSpeed configuration to write, atomically (standard output without it).
+    #[arg(short, long, value_name = "ds_config.json")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args)]
 pub struct ExportArgs {
     /// A directory `train --save` wrote (its newest complete save), or one step directory in it.
     pub checkpoint: PathBuf,
@@ -151,8 +162,8 @@ pub struct CompileArgs {
     #[arg(long, default_value_t = 512)]
     pub seq: u64,
     /// Sequences per optimizer step over all GPUs.
-    #[arg(long)]
-    pub global_batch: u64,
+    #[arg(long, required_unless_present = "deepspeed")]
+    pub global_batch: Option<u64>,
     /// A RON training spec (optimizer, precision…); `--precision` overrides it.
     #[arg(long, value_name = "TRAIN.ron")]
     pub train: Option<PathBuf>,
@@ -175,6 +186,11 @@ pub struct CompileArgs {
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
+    /// Plan a DeepSpeed configuration as given (its ZeRO stage, offload, activation checkpointing,
+    /// micro-batch, precision and optimizer pinned; flags above override it) and compare it with the best
+    /// plan found. `-o` writes the configuration's plan.
+    #[arg(long, value_name = "ds_config.json")]
+    pub deepspeed: Option<PathBuf>,
     /// Write the plan (RON) here, atomically.
     #[arg(short, long, value_name = "PLAN.ron")]
     pub output: Option<PathBuf>,
@@ -210,6 +226,15 @@ pub struct InspectArgs {
     /// List the schedule: one line per instruction with its stream and predicted start.
     #[arg(long)]
     pub timeline: bool,
+    /// Write the predicted step (every micro-batch and the optimizer, one slice per instruction on its
+    /// compute, comm, copy or host stream, with its bytes and FLOPs) as Chrome trace-event JSON for Perfetto.
+    #[arg(long, value_name = "OUT.json")]
+    pub trace: Option<PathBuf>,
+    /// Draw one rank's memory over the step, stacked by category (workspace, parameters, optimizer,
+    /// gradients, activations) against the budget, beside every strategy the search tried (peak memory
+    /// against predicted throughput, the chosen one marked), as SVG.
+    #[arg(long, value_name = "OUT.svg")]
+    pub memory_svg: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -297,6 +322,10 @@ pub struct TrainArgs {
     /// Compute precision: f32, bf16, or f16 (with dynamic loss scaling).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<zeroplan_ir::spec::Precision>,
+    /// `--backend cpu`: write every instruction's measured run (each rank's compute and comm threads) as
+    /// Chrome trace-event JSON, the format of `inspect --trace`.
+    #[arg(long, value_name = "OUT.json")]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -333,6 +362,9 @@ pub struct GraphArgs {
     /// Write to this file (atomically) instead of standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Show the graph as it stands after this pass (the later passes do not run), e.g. `--after recompute`.
+    #[arg(long, value_name = "PASS")]
+    pub after: Option<String>,
     #[command(flatten)]
     pub passes: PassArgs,
 }
@@ -422,7 +454,7 @@ pub struct DevicesArgs {
 pub enum GraphFormat {
     /// One line per node, in topological order.
     Text,
-    /// Graphviz DOT, one cluster per layer.
+    /// Graphviz DOT: a cluster per layer, per fused kernel (its body); recomputed nodes in red.
     Dot,
     /// The graph file's layout, in JSON.
     Json,

@@ -1,9 +1,12 @@
 //! `zeroplan`: compile BERT-family models into memory-planned training programs.
 
+mod chart;
 mod cli;
 mod commands;
+mod deepspeed;
 mod gpus;
 mod output;
+mod trace;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -21,6 +24,7 @@ fn main() -> ExitCode {
         cli::Command::Finetune(args) => commands::finetune::run(args),
         cli::Command::Eval(args) => commands::eval::run(args),
         cli::Command::Predict(args) => commands::predict::run(args),
+        cli::Command::ExportDeepspeed(args) => commands::export_deepspeed::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

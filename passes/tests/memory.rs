@@ -53,6 +53,24 @@ fn live_buffers_never_share_bytes() {
 }
 
 #[test]
+fn live_bytes_over_the_step_peak_where_the_plan_says() {
+    let train = TrainingSpec { precision: Precision::Bf16, micro_batches: 2, ..TrainingSpec::default() };
+    let graph = training_graph(&model("tiny/tiny-bert.ron"), &train).unwrap();
+    let p = plan(&graph, &bindings(3, 7)).unwrap();
+    let live = p.live_by_category();
+    let positions = live.values().map(Vec::len).max().unwrap();
+    assert!(live.values().all(|s| s.len() == positions) && positions >= p.order.len());
+    let total = |i: usize| live.values().map(|s| s[i]).sum::<u64>();
+    let peak = (0..positions).rev().max_by_key(|&i| total(i)).unwrap();
+    for (category, series) in &live {
+        assert_eq!(series[peak], p.at_peak.get(category).copied().unwrap_or(0), "{category:?}");
+    }
+    // Parameters and optimizer state live throughout.
+    assert!(live[&Category::Parameters].iter().all(|&b| b > 0));
+    assert!(live[&Category::OptimizerState].iter().all(|&b| b > 0));
+}
+
+#[test]
 fn persistent_bytes_are_the_model_state() {
     for precision in [Precision::F32, Precision::Bf16] {
         let graph =

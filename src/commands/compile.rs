@@ -2,9 +2,9 @@
 //! planner's search, its plan written atomically and shown.
 
 use crate::cli::CompileArgs;
-use crate::commands::inspect;
+use crate::commands::{compare, inspect};
 use crate::output::emit;
-use zeroplan_ir::spec::{self, Cluster, Precision, TrainingSpec};
+use zeroplan_ir::spec::{self, Cluster, ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::plan::{Pins, Request, plan};
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
@@ -16,6 +16,28 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
     if let Some(precision) = args.precision {
         train.precision = precision;
     }
+    let cluster = cluster(args)?;
+    if args.seq == 0 || args.seq > model.max_position {
+        return Err(format!(
+            "error: --seq {}: {} takes sequences of 1 to {} tokens (its max_position)",
+            args.seq, model.name, model.max_position
+        ));
+    }
+    if let Some(config) = &args.deepspeed {
+        return compare::run(args, config, &model, train, cluster);
+    }
+    let global_batch = args.global_batch.ok_or("error: --global-batch is needed (or --deepspeed CONFIG.json)")?;
+    let plan = plan(&request(args, &model, train, cluster, global_batch, pins(args)))
+        .map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
+    if let Some(path) = &args.output {
+        emit(&plan.to_ron(), Some(path))?;
+    }
+    let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan) };
+    emit(&text, None)
+}
+
+/// The cluster `--gpus`, `--nodes`, `--gpu` and `--memory` describe.
+fn cluster(args: &CompileArgs) -> Result<Cluster, String> {
     let gpu = crate::gpus::profile(&args.gpu)?;
     if args.gpus == 0 || args.nodes == 0 || !args.gpus.is_multiple_of(args.nodes) {
         return Err(format!(
@@ -31,31 +53,21 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             gpu.memory_bytes() as f64 / (1u64 << 30) as f64
         ));
     }
-    let cluster = Cluster { nodes: args.nodes, gpus_per_node: args.gpus / args.nodes, gpu, memory_budget: args.memory };
-    let request = Request {
-        model: &model,
-        train,
-        cluster,
-        seq: args.seq,
-        global_batch: args.global_batch,
-        pins: Pins {
-            zero_stage: args.zero,
-            offload: args.offload,
-            recompute: args.recompute,
-            micro_batch: args.micro_batch,
-        },
-        extrapolate_depth: !args.whole_depth,
-    };
-    if args.seq == 0 || args.seq > model.max_position {
-        return Err(format!(
-            "error: --seq {}: {} takes sequences of 1 to {} tokens (its max_position)",
-            args.seq, model.name, model.max_position
-        ));
-    }
-    let plan = plan(&request).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
-    if let Some(path) = &args.output {
-        emit(&plan.to_ron(), Some(path))?;
-    }
-    let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan) };
-    emit(&text, None)
+    Ok(Cluster { nodes: args.nodes, gpus_per_node: args.gpus / args.nodes, gpu, memory_budget: args.memory })
+}
+
+/// What `--zero`, `--offload`, `--recompute` and `--micro-batch` pin.
+pub fn pins(args: &CompileArgs) -> Pins {
+    Pins { zero_stage: args.zero, offload: args.offload, recompute: args.recompute, micro_batch: args.micro_batch }
+}
+
+pub fn request<'a>(
+    args: &CompileArgs,
+    model: &'a ModelSpec,
+    train: TrainingSpec,
+    cluster: Cluster,
+    global_batch: u64,
+    pins: Pins,
+) -> Request<'a> {
+    Request { model, train, cluster, seq: args.seq, global_batch, pins, extrapolate_depth: !args.whole_depth }
 }

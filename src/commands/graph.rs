@@ -11,7 +11,7 @@ use zeroplan_passes::accounting::{ModelStateBytes, model_state_bytes};
 use zeroplan_passes::cost::comm::Traffic;
 use zeroplan_passes::manager::PassRecord;
 use zeroplan_passes::memory::{Category, MemoryPlan};
-use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_passes::pipeline::{Target, compile, pass_names};
 
 pub fn run(args: &GraphArgs) -> Result<(), String> {
     let mut spec = spec::load(&args.spec).map_err(|e| e.to_string())?;
@@ -27,7 +27,15 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
         None => Target::Forward(args.dtype),
         Some(train) => Target::Training(train),
     };
-    let options = args.passes.options();
+    let mut options = args.passes.options();
+    if let Some(after) = &args.after {
+        // Stopping after a pass is running none of those after it.
+        let names = pass_names(&target);
+        let at = names.iter().position(|n| n == after).ok_or_else(|| {
+            format!("error: --after {after}: unknown pass\n  help: the passes are {}", names.join(", "))
+        })?;
+        options.disabled.extend(names[at + 1..].iter().map(|n| n.to_string()));
+    }
     let compiled =
         compile(&spec, &target, options.clone()).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if args.passes.time_passes {

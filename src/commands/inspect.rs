@@ -20,6 +20,12 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     if args.timeline {
         out += &timeline(&plan)?;
     }
+    if let Some(path) = &args.trace {
+        emit(&crate::trace::predicted(&plan)?.to_json(), Some(path))?;
+    }
+    if let Some(path) = &args.memory_svg {
+        emit(&crate::chart::memory_svg(&plan)?, Some(path))?;
+    }
     emit(&out, None)
 }
 
@@ -39,6 +45,11 @@ struct Inspection<'a> {
 }
 
 pub fn json(plan: &Plan) -> String {
+    format!("{}\n", serde_json::to_string_pretty(&value(plan)).expect("serialisable"))
+}
+
+/// The plan less its program, as a JSON value.
+pub fn value(plan: &Plan) -> serde_json::Value {
     let inspection = Inspection {
         model: &plan.model,
         params: plan.params,
@@ -51,7 +62,7 @@ pub fn json(plan: &Plan) -> String {
         runner_up: &plan.runner_up,
         candidates: &plan.candidates,
     };
-    format!("{}\n", serde_json::to_string_pretty(&inspection).expect("serialisable"))
+    serde_json::to_value(&inspection).expect("serialisable")
 }
 
 fn gib(bytes: u64) -> String {
@@ -154,9 +165,8 @@ pub fn text(plan: &Plan) -> String {
     t
 }
 
-/// The first micro-batch and the optimizer, instruction by instruction,
-/// as the cost model plays them on the plan's GPU.
-fn timeline(plan: &Plan) -> Result<String, String> {
+/// The machine `plan` was made for: its cluster and compute dtype.
+pub fn machine(plan: &Plan) -> Result<Machine, String> {
     let c = &plan.cluster;
     let cluster = Cluster {
         nodes: c.nodes,
@@ -166,7 +176,13 @@ fn timeline(plan: &Plan) -> Result<String, String> {
     };
     let dtype = DType::from_name(&plan.workload.precision)
         .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;
-    let machine = Machine { cluster, dtype };
+    Ok(Machine { cluster, dtype })
+}
+
+/// The first micro-batch and the optimizer, instruction by instruction,
+/// as the cost model plays them on the plan's GPU.
+fn timeline(plan: &Plan) -> Result<String, String> {
+    let machine = machine(plan)?;
     let graph = &plan.program.graph;
     let order = graph.topo_order().ok_or("error: the plan's graph has a cycle")?;
     let bindings = bindings(plan.program.batch, plan.program.seq);

@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
 pub mod checkpoints;
+pub mod compare;
 pub mod compile;
 pub mod devices;
 pub mod embed;
 pub mod eval;
 pub mod export;
+pub mod export_deepspeed;
 pub mod finetune;
 pub mod glue;
 pub mod graph;

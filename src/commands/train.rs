@@ -26,6 +26,9 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     if args.data_parallel.ranks.is_some_and(|r| r > 1) {
         return Err(context("the reference interpreter runs one rank: train several with --backend cpu".into()));
     }
+    if args.profile.is_some() {
+        return Err(context("--profile times the host runtime's instructions: add --backend cpu".into()));
+    }
     let checkpoint_dir = args.save.as_ref().filter(|p| !super::checkpoints::is_weights_file(p));
     if checkpoint_dir.is_some() || args.resume.is_some() {
         return Err(context(

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::checkpoints;
 use crate::cli::TrainArgs;
+use crate::output::emit;
 use zeroplan_ir::interp::{Feeds, State};
 use zeroplan_ir::plan::{Plan, Program};
 use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
@@ -295,6 +296,9 @@ fn train_loop(
         host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
     }
     let world = ranks.len();
+    for host in ranks.iter_mut() {
+        host.set_profiling(args.profile.is_some());
+    }
     for _ in first..args.steps {
         let feeds: Vec<Vec<Feeds>> = (0..world).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
         let started = Instant::now();
@@ -345,6 +349,10 @@ fn train_loop(
     }
     if let Some(bar) = bar {
         bar.finish();
+    }
+    if let Some(path) = &args.profile {
+        let profiles: Vec<_> = ranks.iter().filter_map(|host| host.profile()).collect();
+        emit(&crate::trace::measured(ranks[0].program(), &profiles)?.to_json(), Some(path))?;
     }
     Ok(())
 }

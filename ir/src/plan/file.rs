@@ -24,6 +24,12 @@ pub struct Plan {
     pub params: u64,
     pub cluster: ClusterDescription,
     pub workload: Workload,
+    /// The training spec the step was compiled from (optimizer, schedule,
+    /// clipping, precision; `micro_batches` the strategy's), so a plan can
+    /// be stated in other terms, e.g. as a DeepSpeed configuration. `None`
+    /// in plans written before it was recorded.
+    #[serde(default)]
+    pub train: Option<crate::spec::TrainingSpec>,
     pub strategy: Strategy,
     pub memory: MemorySummary,
     pub comm: CommSummary,

@@ -14,7 +14,7 @@ use zeroplan_ir::plan::Predicted;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase};
 
 use super::time::Machine;
-use super::work::{Stream, work};
+use super::work::{Stream, Work, work};
 
 /// One instruction on the timeline of the first micro-batch and the
 /// optimizer phase.
@@ -25,6 +25,8 @@ pub struct Event {
     pub stream: Option<Stream>,
     pub start: f64,
     pub end: f64,
+    /// What it does: its engine, FLOPs and bytes.
+    pub work: Work,
 }
 
 /// The schedule played once: every instruction's times, each stream's
@@ -65,7 +67,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
             }
         };
         ready.insert(n, finish);
-        p.events.push(Event { node: n, stream, start, end: finish });
+        p.events.push(Event { node: n, stream, start, end: finish, work: w });
         p.end = p.end.max(finish);
         if node.phase != Phase::Optimizer {
             p.micro_batch_end = p.micro_batch_end.max(finish);
@@ -81,6 +83,31 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
 /// The timeline of `graph` in `order`: one event per instruction.
 pub fn timeline(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Vec<Event>> {
     Some(play(graph, order, bindings, machine)?.events)
+}
+
+/// The timeline of a whole step of `micro_batches` micro-batches, as
+/// [`simulate`] times it: micro-batch `i`'s forward and backward are the
+/// first one's shifted by `i` times its length, and the optimizer's
+/// instructions run with the last, where the schedule puts them. Each event
+/// with its micro-batch; the last ends at the predicted step time.
+pub fn step_timeline(
+    graph: &Graph,
+    order: &[NodeIndex],
+    bindings: &Bindings,
+    machine: &Machine,
+    micro_batches: u64,
+) -> Option<Vec<(u64, Event)>> {
+    let p = play(graph, order, bindings, machine)?;
+    let k = micro_batches.max(1);
+    let mut out = Vec::with_capacity(p.events.len() * k as usize);
+    for i in 0..k {
+        let shift = i as f64 * p.micro_batch_end;
+        let last = i + 1 == k;
+        for e in p.events.iter().filter(|e| last || graph.node(e.node).phase != Phase::Optimizer) {
+            out.push((i, Event { start: e.start + shift, end: e.end + shift, ..e.clone() }));
+        }
+    }
+    Some(out)
 }
 
 /// Simulates `graph` (in `order`) under `bindings` on `machine`; one step

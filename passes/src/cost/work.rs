@@ -31,6 +31,17 @@ pub enum Engine {
 }
 
 impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Gemm => "gemm",
+            Engine::Kernel => "kernel",
+            Engine::Collective => "collective",
+            Engine::Copy => "copy",
+            Engine::Host => "host",
+            Engine::Free => "free",
+        }
+    }
+
     /// The stream an instruction waits in: GEMMs and kernels share the
     /// compute stream.
     pub fn stream(self) -> Option<Stream> {

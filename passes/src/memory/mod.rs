@@ -52,6 +52,34 @@ pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessEr
     Ok(MemoryPlan { order, intervals, arena, at_peak, phase_peaks, host_intervals, host })
 }
 
+impl MemoryPlan {
+    /// The device bytes live at each schedule position, one series per
+    /// category: what the arena holds as the step runs (a buffer counts
+    /// from its first writer to its last reader, in-place updates included),
+    /// for memory-over-time charts. At the peak position the series add up
+    /// to [`MemoryPlan::at_peak`].
+    pub fn live_by_category(&self) -> BTreeMap<Category, Vec<u64>> {
+        let positions = self.order.len().max(self.arena.placements.iter().map(|p| p.end + 1).max().unwrap_or(0));
+        let mut delta: BTreeMap<Category, Vec<i128>> = BTreeMap::new();
+        for p in &self.arena.placements {
+            let d = delta.entry(self.intervals[p.interval].category).or_insert_with(|| vec![0; positions + 1]);
+            d[p.start] += p.bytes as i128;
+            d[p.end + 1] -= p.bytes as i128;
+        }
+        let running = |d: Vec<i128>| -> Vec<u64> {
+            let mut live = 0i128;
+            d[..positions]
+                .iter()
+                .map(|x| {
+                    live += x;
+                    live.max(0) as u64
+                })
+                .collect()
+        };
+        delta.into_iter().map(|(c, d)| (c, running(d))).collect()
+    }
+}
+
 /// A view whose target lives in the other place's arena cannot share its
 /// buffer: it gets its own (the bytes it reads must be there anyway).
 fn own_buffers_across_places(intervals: &mut [Interval]) {

@@ -144,6 +144,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             precision: precision_name(req.train.precision).to_string(),
         },
         program: program::program(graph, &memory_plan, winner.strategy.micro_batch, req.seq),
+        train: Some(TrainingSpec { micro_batches: winner.strategy.micro_batches, ..req.train.clone() }),
         strategy: winner.strategy,
         memory: winner.memory,
         comm: winner.comm,

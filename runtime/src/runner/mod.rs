@@ -39,7 +39,7 @@ const PLACES: [Place; 2] = [Place::Device, Place::Host];
 pub use buffers::{Buf, Rank, SelectError};
 use buffers::{concrete, constant_update};
 pub use device::{Ctx, Device, Instruction, Loaded, Step};
-pub use profile::{Entry as ProfileEntry, Profile};
+pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
 
 use crate::comm::{Communicator, InProcess};
@@ -325,7 +325,7 @@ impl<D: Device> Runner<D> {
                 for d in done {
                     d.result.map_err(|message| fail(d.at, message))?;
                     if let (Some(p), Some(instr)) = (profile.as_mut(), &steps[d.at].instr) {
-                        p.record(instr, d.took);
+                        p.record(instr, steps[d.at].node, Track::Comm, d.started, d.took);
                     }
                 }
                 Ok(())
@@ -357,7 +357,7 @@ impl<D: Device> Runner<D> {
                             let start = profile.is_some().then(std::time::Instant::now);
                             device.run(instr, &cx).map_err(|message| fail(at, message))?;
                             if let (Some(p), Some(start)) = (profile.as_mut(), start) {
-                                p.record(instr, start.elapsed());
+                                p.record(instr, step.node, Track::Compute, start, start.elapsed());
                             }
                         }
                         if check_finite && let Some(what) = non_finite(g, step.node, read) {

@@ -46,10 +46,11 @@ struct Job<'s> {
     feeds: &'s Feeds,
 }
 
-/// A finished collective: its step, result and time.
+/// A finished collective: its step, result, and when it ran.
 pub struct Done {
     pub at: usize,
     pub result: Result<(), String>,
+    pub started: Instant,
     pub took: Duration,
 }
 
@@ -76,10 +77,10 @@ impl<'s> CommStream<'s> {
         scope.spawn(move || {
             for job in queue {
                 let cx = Ctx { feeds: job.feeds, seed, offset: 0, comm };
-                let start = Instant::now();
+                let started = Instant::now();
                 let result = device.run(instr(job.at), &cx);
                 let failed = result.is_err();
-                if finished.send(Done { at: job.at, result, took: start.elapsed() }).is_err() || failed {
+                if finished.send(Done { at: job.at, result, started, took: started.elapsed() }).is_err() || failed {
                     break;
                 }
             }

@@ -1,0 +1,136 @@
+//! `zeroplan compile SPEC --deepspeed ds_config.json`: a DeepSpeed
+//! configuration planned as given — its ZeRO stage, offload, checkpointing,
+//! micro-batch and precision pinned — against the best plan found.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::cli::CompileArgs;
+use crate::commands::compile::{pins, request};
+use crate::commands::inspect;
+use crate::deepspeed::import;
+use crate::output::emit;
+use zeroplan_ir::plan::Plan;
+use zeroplan_ir::spec::{Cluster, ModelSpec, TrainingSpec};
+use zeroplan_passes::plan::{Pins, plan};
+
+pub fn run(
+    args: &CompileArgs,
+    config: &Path,
+    model: &ModelSpec,
+    train: TrainingSpec,
+    cluster: Cluster,
+) -> Result<(), String> {
+    let text = std::fs::read_to_string(config).map_err(|e| format!("error: reading {}: {e}", config.display()))?;
+    let file = config.display().to_string();
+    let gpus = cluster.world_size();
+    let imported = import::read(&text, &file, train, gpus)?;
+    let mut notes = imported.notes;
+    let mut train = imported.train;
+    if let Some(precision) = args.precision.filter(|p| *p != train.precision) {
+        notes.push(format!("--precision overrides the configuration's {:?}", train.precision));
+        train.precision = precision;
+    }
+    let pins = overridden(imported.pins, pins(args), &mut notes);
+    let global_batch = match (imported.global_batch, args.global_batch) {
+        (Some(given), Some(flag)) if given != flag => {
+            return Err(format!(
+                "{file}: error: train_batch_size is {given} sequences, --global-batch {flag}\n  help: leave --global-batch out"
+            ));
+        }
+        (given, flag) => given.or(flag).ok_or_else(|| {
+            format!(
+                "{file}: error: the configuration fixes no batch size (train_batch_size)\n  help: pass --global-batch"
+            )
+        })?,
+    };
+    let pins = match (pins.micro_batch, imported.accumulation) {
+        (None, Some(steps)) if steps > 0 && global_batch.is_multiple_of(steps * gpus) => {
+            Pins { micro_batch: Some(global_batch / (steps * gpus)), ..pins }
+        }
+        _ => pins,
+    };
+    for note in &notes {
+        eprintln!("note: {file}: {note}");
+    }
+    let context = |e: zeroplan_passes::plan::PlanError| format!("{}: error: {e}", args.spec.display());
+    let given = plan(&request(args, model, train.clone(), cluster.clone(), global_batch, pins)).map_err(context);
+    let best = plan(&request(args, model, train, cluster, global_batch, Pins::default())).map_err(context)?;
+    if let (Some(path), Ok(given)) = (&args.output, &given) {
+        emit(&given.to_ron(), Some(path))?;
+    }
+    let out = if args.json { json_report(&given, &best) } else { text_report(&file, &given, &best) };
+    emit(&out, None)?;
+    match (&args.output, given) {
+        (Some(_), Err(_)) => Err(format!("error: {file} as given has no plan: nothing written")),
+        _ => Ok(()),
+    }
+}
+
+/// The configuration's pins, where the command line pins nothing else.
+fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
+    let mut note = |what: &str| notes.push(format!("{what} on the command line overrides the configuration"));
+    if flags.zero_stage.is_some() {
+        note("--zero");
+    }
+    if flags.offload.is_some() {
+        note("--offload");
+    }
+    if flags.recompute.is_some() {
+        note("--recompute");
+    }
+    if flags.micro_batch.is_some() {
+        note("--micro-batch");
+    }
+    Pins {
+        zero_stage: flags.zero_stage.or(config.zero_stage),
+        offload: flags.offload.or(config.offload),
+        recompute: flags.recompute.or(config.recompute),
+        micro_batch: flags.micro_batch.or(config.micro_batch),
+    }
+}
+
+fn json_report(given: &Result<Plan, String>, best: &Plan) -> String {
+    let as_given = match given {
+        Ok(plan) => inspect::value(plan),
+        Err(e) => json!({ "error": e }),
+    };
+    let ratio = given.as_ref().ok().map(|g| best.predicted.tokens_per_second / g.predicted.tokens_per_second);
+    let report = json!({ "as_given": as_given, "best": inspect::value(best), "best_over_given": ratio });
+    format!("{}\n", serde_json::to_string_pretty(&report).expect("serialisable"))
+}
+
+fn text_report(file: &str, given: &Result<Plan, String>, best: &Plan) -> String {
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let mut t = format!("DeepSpeed configuration {file}, as given:\n");
+    let given = match given {
+        Ok(plan) => {
+            t += &inspect::text(plan);
+            plan
+        }
+        Err(e) => {
+            t += &format!("  no plan: {e}\nbest plan found: {}\n", best.strategy);
+            return t;
+        }
+    };
+    t += "against the best plan found\n";
+    for (name, plan) in [("as given", given), ("best found", best)] {
+        let (m, p) = (&plan.memory, &plan.predicted);
+        t += &format!("  {name:<11} {}\n", plan.strategy);
+        t += &format!(
+            "  {:<11} peak {}, step {:.4} s, {:.0} tokens/s\n",
+            "",
+            gib(m.peak_bytes),
+            p.step_seconds,
+            p.tokens_per_second
+        );
+    }
+    let ratio = best.predicted.tokens_per_second / given.predicted.tokens_per_second;
+    t += &if given.strategy == best.strategy {
+        "  the configuration is the best plan found\n".to_string()
+    } else {
+        format!("  the best plan found trains {ratio:.2}× as fast\n")
+    };
+    t
+}
