@@ -103,6 +103,17 @@ fn stacked(plan: &Plan) -> Result<Steps, String> {
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 type Drawn = Result<(), DrawingAreaErrorKind<std::io::Error>>;
 
+/// Both charts' legend: upper left, over a white box.
+fn draw_legend<'a, CT: plotters::coord::CoordTranslate>(chart: &mut ChartContext<'a, SVGBackend<'a>, CT>) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+}
+
 fn over_the_step(area: &Area, plan: &Plan, steps: &Steps) -> Drawn {
     let (s, m) = (&plan.strategy, &plan.memory);
     let budget = m.budget_bytes as f64 / GIB;
@@ -147,13 +158,7 @@ fn over_the_step(area: &Area, plan: &Plan, steps: &Steps) -> Drawn {
             .label(label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], colour.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()
+    draw_legend(&mut chart)
 }
 
 /// A candidate's strategy in a few characters: `Z3 opt+par sel`.
@@ -212,11 +217,5 @@ fn strategies(area: &Area, plan: &Plan) -> Drawn {
         .draw_series(std::iter::empty::<Cross<(f64, f64), i32>>())?
         .label("does not fit (least memory)")
         .legend(|(x, y)| Cross::new((x + 6, y), 5, BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()
+    draw_legend(&mut chart)
 }
