@@ -1,31 +1,19 @@
 //! End-to-end tests of the `zeroplan` binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 #[path = "../runtime/tests/glue_files/mod.rs"]
 mod glue_files;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
 
-fn zeroplan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zeroplan")).args(args).current_dir(root()).output().expect("the binary runs")
-}
+use common::{failure, root, zeroplan};
 
 fn stdout_json(args: &[&str]) -> serde_json::Value {
     let out = zeroplan(args);
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
-
-fn failure(args: &[&str]) -> String {
-    let out = zeroplan(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
 }
 
 #[test]

@@ -3,30 +3,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value as Json;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
 
-fn zeroplan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zeroplan")).args(args).current_dir(root()).output().expect("the binary runs")
-}
+use common::{failure, zeroplan};
 
 fn succeed(args: &[&str]) -> String {
     let out = zeroplan(args);
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn failure(args: &[&str]) -> String {
-    let out = zeroplan(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
 }
 
 /// A scratch directory of this test, removed when dropped.
