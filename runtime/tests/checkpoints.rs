@@ -116,7 +116,7 @@ fn save(dir: &Path, model: &ModelSpec, program: &Program, config: Config, hosts:
     training::begin(dir, step).unwrap();
     let files = hosts.iter().enumerate().map(|(r, h)| training::save_rank(dir, step, r, &h.state()).unwrap()).collect();
     let manifest = Manifest {
-        format: 1,
+        format: training::FORMAT,
         step,
         seed: SEED,
         ranks: hosts.len(),

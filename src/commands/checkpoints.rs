@@ -61,7 +61,7 @@ impl Saver {
             std::thread::sleep(std::time::Duration::from_secs(600));
         }
         let manifest = Manifest {
-            format: 1,
+            format: training::FORMAT,
             step,
             seed: self.seed,
             ranks: ranks.len(),
@@ -127,8 +127,7 @@ pub fn load_weights_with(
     ranks: &mut [HostProgram],
     heads: HeadShapes,
 ) -> Result<(), String> {
-    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
-    let mut logical = layout.consolidate(&states).map_err(|e| format!("error: {e}"))?;
+    let mut logical = logical(layout, ranks)?;
     let (graph, mut weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
     let report = checkpoint::load_weights_with(path, model, &graph, &mut weights, heads).map_err(|e| e.to_string())?;
     if !report.initialised.is_empty() {
@@ -151,8 +150,13 @@ pub fn load_weights_with(
 
 /// Writes the ranks' parameters, joined, as one Hugging Face file.
 pub fn save_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &[HostProgram]) -> Result<(), String> {
-    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
-    let logical = layout.consolidate(&states).map_err(|e| format!("error: {e}"))?;
-    let (graph, weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
+    let (graph, weights) =
+        training::model_weights(model, &logical(layout, ranks)?).map_err(|e| format!("error: {e}"))?;
     checkpoint::save_weights(path, model, &graph, &weights).map_err(|e| e.to_string())
+}
+
+/// The ranks' state joined into the per-parameter view.
+fn logical(layout: &Layout, ranks: &[HostProgram]) -> Result<training::Logical, String> {
+    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
+    layout.consolidate(&states).map_err(|e| format!("error: {e}"))
 }

@@ -153,13 +153,14 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
 /// `states` where given (a resumed run), else initialised from `seed`.
 fn load_ranks(program: Program, seed: u64, states: Option<&[State]>) -> Result<Vec<HostProgram>, String> {
     let ranks = data_parallel_ranks(&program.graph) as usize;
+    let none = State::new();
     InProcess::group(ranks)
         .into_iter()
         .enumerate()
         .map(|(r, comm)| {
             let comm: Arc<dyn Communicator> = Arc::new(comm);
-            let given = states.map(|s| s[r].clone()).unwrap_or_default();
-            HostProgram::load_rank_with(program.clone(), seed, comm, &given).map_err(|e| e.to_string())
+            let given = states.map_or(&none, |s| &s[r]);
+            HostProgram::load_rank_with(program.clone(), seed, comm, given).map_err(|e| e.to_string())
         })
         .collect()
 }

@@ -44,7 +44,7 @@ pub use layout::{Layout, Logical};
 pub const MANIFEST: &str = "manifest.json";
 
 /// The manifest format this build writes and reads.
-const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 1;
 
 /// What a save holds besides the tensors: enough to continue, reshard, or
 /// export it.
