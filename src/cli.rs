@@ -146,7 +146,7 @@ pub struct ExportArgs {
 pub struct CompileArgs {
     /// A `.ron` model spec (see models/) or a Hugging Face `config.json` (or its directory).
     pub spec: PathBuf,
-    /// GPUs in all (data-parallel ranks).
+    /// GPUs in all: data-parallel ranks × tensor-parallel ranks.
     #[arg(long, default_value_t = 1)]
     pub gpus: u64,
     /// Nodes the GPUs are spread over, evenly.
@@ -170,7 +170,11 @@ pub struct CompileArgs {
     /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<zeroplan_ir::spec::Precision>,
-    /// Pin the ZeRO stage (0–3).
+    /// Pin the tensor-parallel degree (Megatron-LM layers over T consecutive GPUs; the search tries
+    /// the divisors of --gpus that fit in a node).
+    #[arg(long, value_name = "T")]
+    pub tp: Option<u64>,
+    /// Pin the ZeRO stage (0–3), over the data-parallel ranks.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u8>,
     /// Pin the recomputation policy: none, selective, full or optimal:SIZE
@@ -398,6 +402,9 @@ pub struct PassArgs {
     pub recompute: zeroplan_passes::recompute::Policy,
     #[command(flatten)]
     pub data_parallel: DataParallelArgs,
+    /// Build training steps for one of T tensor-parallel ranks (Megatron-LM layers).
+    #[arg(long, value_name = "T")]
+    pub tp: Option<u64>,
     /// The per-GPU micro-batch cost models assume.
     #[arg(long, default_value_t = 32)]
     pub batch_size: u64,
@@ -439,6 +446,7 @@ impl PassArgs {
             shape_hint: [("batch".to_string(), self.batch_size), ("seq".to_string(), self.seq_len)].into(),
             recompute: self.recompute,
             data_parallel: self.data_parallel.strategy(),
+            tensor_parallel: self.tp,
         }
     }
 }

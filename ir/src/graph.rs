@@ -277,6 +277,38 @@ impl Graph {
         self.params().iter().filter_map(count).sum()
     }
 
+    /// The model's trainable scalars when this graph is one tensor rank's:
+    /// [`Graph::parameter_count`] with each tensor shard counted as the
+    /// whole tensor it is `1/t` of (the vocabulary padded to a multiple of
+    /// `t` included), so every tensor rank gives the same count.
+    pub fn model_parameter_count(&self) -> u64 {
+        let whole = |init: &Init, len: u64| match init {
+            Init::TensorShard { ranks, .. } => len * ranks,
+            _ => len,
+        };
+        let count = |n: &NodeIndex| match &self.graph[*n].op {
+            Op::Param { init: Init::Flat { members, .. } } => {
+                Some(members.iter().map(|m| whole(&m.init, m.len())).sum())
+            }
+            Op::Param { init } => self.graph[*n].outputs[0].shape.numel().as_constant().map(|len| whole(init, len)),
+            _ => None,
+        };
+        self.params().iter().filter_map(count).sum()
+    }
+
+    /// The tensor-parallel ranks this graph is one rank of (1: none), from
+    /// its tensor-parallel ops and sharded parameters.
+    pub fn tensor_parallel(&self) -> u64 {
+        self.graph
+            .node_weights()
+            .filter_map(|node| match &node.op {
+                Op::Param { init } | Op::State { init } => init.tensor_shard_ranks(),
+                op => op.tensor_ranks(),
+            })
+            .max()
+            .unwrap_or(1)
+    }
+
     /// The nodes that read any output of `n`, each once, in index order.
     pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
         let mut users: Vec<NodeIndex> = self.graph.edges_directed(n, Direction::Outgoing).map(|e| e.target()).collect();

@@ -134,8 +134,11 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             }
             one(scores.clone())
         }
-        Op::AlibiBias => {
+        Op::AlibiBias { ranks } => {
             let scores = operands[0];
+            if *ranks == 0 {
+                return Err("alibi_bias needs at least one tensor rank".into());
+            }
             require_float("the scores", scores)?;
             let [_, h, _, _] = scores4(scores)?;
             if h.as_constant().is_none() {
@@ -232,6 +235,47 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             one(operands[0].clone())
         }
         Op::Copy => one(operands[0].clone()),
+        Op::TensorCopy { ranks } | Op::TensorAllReduce { ranks } => {
+            if *ranks == 0 {
+                return Err(format!("{} needs at least one rank", op.name()));
+            }
+            one(operands[0].clone())
+        }
+        Op::VocabShard { ranks, rows } => {
+            if *ranks == 0 || *rows == 0 || !operands[0].dtype.is_int() {
+                return Err(format!("vocab_shard maps integer ids over ≥ 1 ranks of ≥ 1 rows, got {}", operands[0]));
+            }
+            one(operands[0].clone())
+        }
+        Op::CrossEntropyStats { ranks, vocab } => {
+            let (logits, labels) = (operands[0], operands[1]);
+            let (n, c) = logits_and_labels(logits, labels)?;
+            let covers = c.as_constant().is_some_and(|c| *ranks > 0 && c * ranks >= *vocab && c * (ranks - 1) < *vocab);
+            if !covers {
+                return Err(format!("{ranks} ranks of {logits} do not cover a vocabulary of {vocab}, one shard each"));
+            }
+            let stats = Shape(vec![Dim::constant(*ranks), n, Dim::constant(3)]);
+            one(TensorType::new(stats, logits.dtype))
+        }
+        Op::CrossEntropyCombine { .. } => {
+            let (stats, labels, logits) = (operands[0], operands[1], operands[2]);
+            let (n, _) = logits_and_labels(logits, labels)?;
+            if stats.shape.rank() != 3 || stats.shape.dims()[1] != n || stats.shape.dims()[2] != Dim::constant(3) {
+                return Err(format!("the statistics must be [ranks, {n}, 3], got {stats}"));
+            }
+            one(TensorType::new(Shape(vec![]), DType::F32))
+        }
+        Op::CrossEntropyShardGrad { .. } => {
+            let (logits, labels, stats, dloss) = (operands[0], operands[1], operands[2], operands[3]);
+            let (n, _) = logits_and_labels(logits, labels)?;
+            if stats.shape.rank() != 3 || stats.shape.dims()[1] != n {
+                return Err(format!("the statistics must be [ranks, {n}, 3], got {stats}"));
+            }
+            if dloss.shape.rank() != 0 {
+                return Err(format!("dloss must be a scalar, got {dloss}"));
+            }
+            one(logits.clone())
+        }
         Op::Fused { kernel } => {
             kernel.check()?;
             for (i, (arg, t)) in kernel.inputs.iter().zip(operands).enumerate() {
@@ -396,6 +440,15 @@ fn f32_scalar() -> TensorType {
 
 fn require_f32_scalar(what: &str, t: &TensorType) -> Result<(), String> {
     if *t == f32_scalar() { Ok(()) } else { Err(format!("{what} must be an f32 scalar, got {t}")) }
+}
+
+/// `(N, C)` of float `[N, C]` logits with integer `[N]` labels.
+fn logits_and_labels(logits: &TensorType, labels: &TensorType) -> Result<(Dim, Dim), String> {
+    require_float("the logits", logits)?;
+    match logits.shape.dims() {
+        [n, c] if labels.dtype.is_int() && labels.shape.dims() == [n.clone()] => Ok((n.clone(), c.clone())),
+        _ => Err(format!("logits must be [N, C] with integer labels [N], got {logits} and {labels}")),
+    }
 }
 
 fn require_float(what: &str, t: &TensorType) -> Result<(), String> {

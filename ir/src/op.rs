@@ -31,6 +31,16 @@ pub enum Init {
         members: Vec<FlatMember>,
         shards: u64,
     },
+    /// A tensor-parallel shard: tensor rank `r`'s `1/ranks` along `axis` of
+    /// a whole tensor of shape `whole` initialised as `init` (under this
+    /// parameter's name), so that `ranks` shards start bitwise where the
+    /// unsharded parameter would.
+    TensorShard {
+        whole: Vec<u64>,
+        axis: usize,
+        ranks: u64,
+        init: Box<Init>,
+    },
 }
 
 /// One parameter inside a flat buffer.
@@ -54,6 +64,19 @@ impl FlatMember {
     }
 }
 
+impl Init {
+    /// The tensor-parallel ranks a parameter of this init is split over:
+    /// `Some(t)` for a tensor shard (or a flat buffer of them), `None` for
+    /// a tensor every tensor rank holds whole and computes identically.
+    pub fn tensor_shard_ranks(&self) -> Option<u64> {
+        match self {
+            Init::TensorShard { ranks, .. } => Some(*ranks),
+            Init::Flat { members, .. } => members.first().and_then(|m| m.init.tensor_shard_ranks()),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Init {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -64,6 +87,9 @@ impl fmt::Display for Init {
             Init::Flat { members, shards } => {
                 let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
                 write!(f, "flat([{}], shards={shards})", names.join(", "))
+            }
+            Init::TensorShard { axis, ranks, init, .. } => {
+                write!(f, "tensor_shard({init}, axis={axis}, ranks={ranks})")
             }
         }
     }
@@ -148,8 +174,12 @@ pub enum Op {
     /// become -inf (the padding mask).
     AttentionMask,
     /// `scores[B, H, Sq, Sk] + m_h · -|i - j|` with ALiBi's geometric head
-    /// slopes `m_h` (symmetric distance, for bidirectional encoders).
-    AlibiBias,
+    /// slopes `m_h` (symmetric distance, for bidirectional encoders). Under
+    /// tensor parallelism over `ranks`, the `H` heads are tensor rank `r`'s
+    /// heads `r·H … (r+1)·H − 1` of `ranks·H`, and take those heads' slopes.
+    AlibiBias {
+        ranks: u64,
+    },
 
     // ── Layout ──
     Reshape {
@@ -293,6 +323,55 @@ pub enum Op {
     /// (host ↔ device over PCIe).
     Copy,
 
+    // ── Tensor parallel (Megatron-LM; written by the graph builder) ──
+    /// Megatron's `f`: the identity in the forward, where a replicated
+    /// activation enters a column-parallel region; its adjoint sums the
+    /// gradient over the `ranks` tensor-parallel ranks.
+    TensorCopy {
+        ranks: u64,
+    },
+    /// Megatron's `g`: the sum over the `ranks` tensor-parallel ranks (of a
+    /// row-parallel projection's partial products, say); every rank gets the
+    /// sum, and the adjoint is the identity.
+    TensorAllReduce {
+        ranks: u64,
+    },
+    /// `ids -> local ids` of a vocabulary-parallel table: tensor rank `r`
+    /// holds rows `r·rows … (r+1)·rows − 1` of the whole table; an id there
+    /// becomes its row in the shard, any other id −1, which an `embedding`
+    /// reads as a zero row (and its gradient skips).
+    VocabShard {
+        ranks: u64,
+        rows: u64,
+    },
+    /// `(logits[N, C], labels[N]) -> [ranks, N, 3]`: this tensor rank's
+    /// share of a vocabulary-parallel cross-entropy. Its `C` columns are
+    /// classes `r·C …` of which those below `vocab` are real (the rest pad
+    /// the vocabulary to a multiple of `ranks`). Slot `r` holds per row the
+    /// local maximum, `Σ exp(x − max)` and the label's logit where this rank
+    /// holds the label (else 0); the other slots are 0, so the tensor
+    /// all-reduce of the result gathers every rank's statistics.
+    CrossEntropyStats {
+        ranks: u64,
+        vocab: u64,
+    },
+    /// `(stats[ranks, N, 3], labels[N], logits[N, C]) -> []`: the mean
+    /// negative log-likelihood of the gathered statistics over the rows
+    /// whose label is not `ignore_index`. The logits are not read: they are
+    /// an operand so that the adjoint can reach them
+    /// ([`Op::CrossEntropyShardGrad`]); the statistics get no gradient.
+    CrossEntropyCombine {
+        ignore_index: i64,
+    },
+    /// `(logits[N, C], labels[N], stats[ranks, N, 3], dloss[]) -> dlogits`:
+    /// `dloss · (softmax(logits) − onehot(label)) / count` on this rank's
+    /// columns, the softmax normalised by the gathered statistics.
+    CrossEntropyShardGrad {
+        ignore_index: i64,
+        ranks: u64,
+        vocab: u64,
+    },
+
     // ── Fused (written by the fuse pass) ──
     /// One fused row kernel ([`crate::kernel`]): operands are the kernel's
     /// inputs, outputs its outputs. The text form shows its name; the body is
@@ -349,7 +428,7 @@ impl Op {
             Op::Softmax => "softmax",
             Op::Dropout { .. } => "dropout",
             Op::AttentionMask => "attention_mask",
-            Op::AlibiBias => "alibi_bias",
+            Op::AlibiBias { .. } => "alibi_bias",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Split { .. } => "split",
@@ -382,6 +461,12 @@ impl Op {
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::AllGather { .. } => "all_gather",
             Op::Copy => "copy",
+            Op::TensorCopy { .. } => "tensor_copy",
+            Op::TensorAllReduce { .. } => "tensor_all_reduce",
+            Op::VocabShard { .. } => "vocab_shard",
+            Op::CrossEntropyStats { .. } => "cross_entropy_stats",
+            Op::CrossEntropyCombine { .. } => "cross_entropy_combine",
+            Op::CrossEntropyShardGrad { .. } => "cross_entropy_shard_grad",
             Op::Fused { .. } => "fused",
         }
     }
@@ -398,7 +483,7 @@ impl Op {
             | Op::Cast { .. }
             | Op::Softmax
             | Op::Dropout { .. }
-            | Op::AlibiBias
+            | Op::AlibiBias { .. }
             | Op::Reshape { .. }
             | Op::Transpose { .. }
             | Op::Split { .. }
@@ -411,7 +496,10 @@ impl Op {
             | Op::AllReduce { .. }
             | Op::ReduceScatter { .. }
             | Op::AllGather { .. }
-            | Op::Copy => Exactly(1),
+            | Op::Copy
+            | Op::TensorCopy { .. }
+            | Op::TensorAllReduce { .. }
+            | Op::VocabShard { .. } => Exactly(1),
             Op::Embedding
             | Op::MatMul { .. }
             | Op::Add
@@ -427,27 +515,48 @@ impl Op {
             | Op::SoftmaxGrad
             | Op::AttentionMaskGrad
             | Op::EmbeddingGrad { .. }
-            | Op::GradScale { .. } => Exactly(2),
+            | Op::GradScale { .. }
+            | Op::CrossEntropyStats { .. } => Exactly(2),
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
             | Op::CrossEntropyGrad { .. }
             | Op::MseGrad
-            | Op::LossScaleUpdate { .. } => Exactly(3),
+            | Op::LossScaleUpdate { .. }
+            | Op::CrossEntropyCombine { .. } => Exactly(3),
+            Op::CrossEntropyShardGrad { .. } => Exactly(4),
             Op::AdamW { .. } => Exactly(8),
             Op::Concat { .. } | Op::Flatten { .. } => AtLeast(1),
             Op::Fused { kernel } => Exactly(kernel.inputs.len()),
         }
     }
 
-    /// Collectives: the ops that communicate between ranks.
+    /// Collectives: the ops that communicate between ranks (the
+    /// data-parallel group's and the tensor-parallel group's).
     pub fn is_collective(&self) -> bool {
-        matches!(self, Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. })
+        matches!(
+            self,
+            Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. } | Op::TensorAllReduce { .. }
+        )
+    }
+
+    /// The tensor-parallel ranks an op of a tensor-parallel graph spans;
+    /// `None` for ops that do not depend on the tensor rank.
+    pub fn tensor_ranks(&self) -> Option<u64> {
+        match *self {
+            Op::TensorCopy { ranks }
+            | Op::TensorAllReduce { ranks }
+            | Op::VocabShard { ranks, .. }
+            | Op::CrossEntropyStats { ranks, .. }
+            | Op::CrossEntropyShardGrad { ranks, .. } => Some(ranks),
+            Op::AlibiBias { ranks } if ranks > 1 => Some(ranks),
+            _ => None,
+        }
     }
 
     /// Ops whose result is a view of their first operand's buffer: no copy,
     /// no new memory (contiguous reshapes, leading-axis slices, shards).
     pub fn is_view(&self) -> bool {
-        matches!(self, Op::Reshape { .. } | Op::Shard { .. } | Op::Slice { axis: 0, .. })
+        matches!(self, Op::Reshape { .. } | Op::Shard { .. } | Op::Slice { axis: 0, .. } | Op::TensorCopy { .. })
     }
 
     /// Ops with no operands, whose type is declared rather than inferred.
@@ -531,6 +640,17 @@ impl Op {
             Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
                 vec![("ranks", ranks.to_string())]
             }
+            Op::AlibiBias { ranks } if *ranks > 1 => vec![("ranks", ranks.to_string())],
+            Op::AlibiBias { .. } => Vec::new(),
+            Op::TensorCopy { ranks } | Op::TensorAllReduce { ranks } => vec![("ranks", ranks.to_string())],
+            Op::VocabShard { ranks, rows } => vec![("ranks", ranks.to_string()), ("rows", rows.to_string())],
+            Op::CrossEntropyStats { ranks, vocab } => vec![("ranks", ranks.to_string()), ("vocab", vocab.to_string())],
+            Op::CrossEntropyCombine { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
+            Op::CrossEntropyShardGrad { ignore_index, ranks, vocab } => vec![
+                ("ignore_index", ignore_index.to_string()),
+                ("ranks", ranks.to_string()),
+                ("vocab", vocab.to_string()),
+            ],
             Op::Input
             | Op::Copy
             | Op::Arange
@@ -543,7 +663,6 @@ impl Op {
             | Op::Tanh
             | Op::Softmax
             | Op::AttentionMask
-            | Op::AlibiBias
             | Op::Mse
             | Op::SiluGrad
             | Op::ReluGrad

@@ -51,7 +51,7 @@ fn malformed_graph_files_are_errors() {
 #[test]
 fn bf16_graphs_type_every_float_tensor_bf16() {
     use zeroplan_ir::DType;
-    let options = BuildOptions { dtype: DType::BF16 };
+    let options = BuildOptions::new(DType::BF16);
     let graph = forward(&load_model("tiny/tiny-mosaicbert.ron"), &options).unwrap();
     let text = graph.to_text();
     let params: Vec<&str> = text.lines().filter(|l| l.contains("= param")).collect();

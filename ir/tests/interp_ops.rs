@@ -67,7 +67,7 @@ fn tiny_bert_loss_at_init_is_near_ln_vocab() {
 #[test]
 fn tiny_bert_in_bf16_agrees_with_f64() {
     let spec = load_model("tiny/tiny-bert.ron");
-    let bf16 = forward(&spec, &BuildOptions { dtype: DType::BF16 }).unwrap();
+    let bf16 = forward(&spec, &BuildOptions::new(DType::BF16)).unwrap();
     let state = NATIVE.init_state(&bf16).unwrap();
     assert!(state.values().all(|t| t.dtype() == DType::BF16));
     let native = NATIVE.evaluate(&bf16, &state, &tiny_batch(), 0).unwrap();

@@ -54,6 +54,9 @@ pub struct PassOptions {
     /// Data parallelism for the `partition` pass; without it the pass
     /// leaves the per-parameter optimizer as it is.
     pub data_parallel: Option<zeroplan_ir::plan::DataParallel>,
+    /// Tensor-parallel ranks the training step is built for (Megatron-LM
+    /// layers, [`zeroplan_ir::build`]); `None`: one.
+    pub tensor_parallel: Option<u64>,
 }
 
 /// What passes share while a pipeline runs.

@@ -46,6 +46,25 @@ fn is_norm_or_bias(name: &str) -> bool {
     name.ends_with(".bias") || name.ends_with(".gamma") || name.ends_with(".beta")
 }
 
+/// This tensor rank's share of a squared norm `sq` of gradients of a
+/// parameter initialised as `init`: all of it for a tensor shard, `1/t` of
+/// it for a parameter every one of the `t` tensor ranks holds whole (their
+/// gradients are equal), so that [`tensor_sum`] counts each element once.
+pub(crate) fn norm_share(graph: &mut Graph, name: &str, sq: Value, init: Init, t: u64) -> Result<Value, GraphError> {
+    if t == 1 || init.tensor_shard_ranks().is_some() {
+        return Ok(sq);
+    }
+    graph.add(format!("{name}.tensor_share"), Op::Scale { factor: 1.0 / t as f64 }, &[sq])
+}
+
+/// The sum of `x` over the `t` tensor-parallel ranks (itself with one).
+pub(crate) fn tensor_sum(graph: &mut Graph, name: &str, x: Value, t: u64) -> Result<Value, GraphError> {
+    if t == 1 {
+        return Ok(x);
+    }
+    graph.add(format!("{name}.tensor_all_reduce"), Op::TensorAllReduce { ranks: t }, &[x])
+}
+
 /// Appends accumulation (backward phase) and the optimizer phase for
 /// `grads`, the gradient of each parameter.
 pub fn optimizer(
@@ -86,16 +105,20 @@ pub fn optimizer(
     }
 
     graph.phase = Phase::Optimizer;
+    let tensor_ranks = graph.tensor_parallel();
     let mut squared: Option<Value> = None;
     for (p, grad) in &applied {
         let name = format!("{}.grad_sq", graph.node(*p).name);
-        let sq = graph.add(name, Op::SquaredSum, &[*grad])?;
+        let sq = graph.add(name.clone(), Op::SquaredSum, &[*grad])?;
+        let Op::Param { init } = &graph.node(*p).op else { unreachable!("params() holds parameters") };
+        let sq = norm_share(graph, &name, sq, init.clone(), tensor_ranks)?;
         squared = Some(match squared {
             None => sq,
             Some(total) => graph.add(format!("train.grad_sq.{}", graph.node(*p).name), Op::Add, &[total, sq])?,
         });
     }
     let Some(squared) = squared else { return Ok(()) };
+    let squared = tensor_sum(graph, "train.grad_sq", squared, tensor_ranks)?;
     let one = || Op::Fill { value: 1.0 };
     let loss_scale = match scale.state {
         Some((s, _)) => s,

@@ -60,11 +60,11 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
     let mut cx = PassContext::new(options);
     let (graph, records) = match target {
         Target::Forward(dtype) => {
-            let forward = build::forward(model, &BuildOptions { dtype: *dtype })?;
+            let forward = build::forward(model, &BuildOptions::new(*dtype))?;
             run_passes(forward, &[&Rewrite, &Fuse], &mut cx)
         }
         Target::Training(train) => {
-            let forward = training_forward(model, train)?;
+            let forward = training_forward(model, train, cx.options.tensor_parallel.unwrap_or(1))?;
             let step = TrainingStep { train: (*train).clone() };
             let recompute = Recompute { policy: cx.options.recompute };
             let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &MixedPrecision, &step, &recompute];

@@ -34,9 +34,10 @@ pub enum TrainError {
 }
 
 /// The forward graph of `model` built for training under `train`: its
-/// dropout overridden, in the compute dtype of `train`'s precision. A model
-/// without a loss (the bare encoder) cannot be trained.
-pub fn training_forward(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph, TrainError> {
+/// dropout overridden, in the compute dtype of `train`'s precision, one
+/// rank's of `tensor_parallel`. A model without a loss (the bare encoder)
+/// cannot be trained.
+pub fn training_forward(model: &ModelSpec, train: &TrainingSpec, tensor_parallel: u64) -> Result<Graph, TrainError> {
     train.validate().map_err(|problems| {
         TrainError::Spec(problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; "))
     })?;
@@ -50,7 +51,7 @@ pub fn training_forward(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph
         Precision::Bf16 => DType::BF16,
         Precision::F16(_) => DType::F16,
     };
-    let forward = build::forward(&model, &BuildOptions { dtype })?;
+    let forward = build::forward(&model, &BuildOptions { dtype, tensor_parallel })?;
     if !forward.outputs.iter().any(|(name, _)| name == "loss") {
         return Err(TrainError::NoLoss);
     }
@@ -60,7 +61,7 @@ pub fn training_forward(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph
 /// The training-step graph of `model` under `train`, verified, without
 /// the optimising passes.
 pub fn training_graph(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph, TrainError> {
-    let forward = training_forward(model, train)?;
+    let forward = training_forward(model, train, 1)?;
     let step = TrainingStep { train: train.clone() };
     let mut cx = PassContext::new(PassOptions::default());
     let (graph, _) =

@@ -233,7 +233,7 @@ fn masked_alibi_attention_scores() {
     let mut c = Case::new();
     let scores = c.param("scores", &[2, 2, 3, 3], 1);
     let mask = int_input(&mut c, "mask", &[2, 3], vec![1, 1, 0, 1, 1, 1]);
-    let biased = c.graph.add("biased", Op::AlibiBias, &[scores]).unwrap();
+    let biased = c.graph.add("biased", Op::AlibiBias { ranks: 1 }, &[scores]).unwrap();
     let masked = c.graph.add("masked", Op::AttentionMask, &[biased, mask]).unwrap();
     let probs = c.graph.add("probs", Op::Softmax, &[masked]).unwrap();
     c.finish(probs).check(None);

@@ -59,15 +59,18 @@ fn the_winner_fits_and_is_the_fastest_candidate() {
         assert!(c.min_peak_bytes <= c.peak_bytes);
         assert!(c.tokens_per_second.is_none_or(|t| t <= best), "{c:?} beats the winner");
     }
-    // The search saw every ZeRO stage, offload and fixed policy, and an
-    // optimal one where keeping every activation did not fit.
+    // The search saw every tensor-parallel degree inside a node that splits
+    // bert-base's 12 heads (1, 2, 4), and at each every ZeRO stage, offload
+    // and fixed policy, and an optimal one where keeping every activation
+    // did not fit.
     let fixed = p.candidates.iter().filter(|c| !c.strategy.recompute.starts_with("optimal:")).count();
-    assert_eq!(fixed, 4 * 3 + 3 * 3 + 3);
+    assert_eq!(fixed, 3 * (4 * 3 + 3 * 3 + 3));
+    for t in [1, 2, 4] {
+        assert!(p.candidates.iter().any(|c| c.strategy.tensor_parallel == t && c.strategy.ranks == 8 / t), "TP-{t}");
+    }
     let runner = p.runner_up.as_ref().expect("others fit");
-    assert!(
-        (runner.strategy.zero_stage, runner.strategy.offload, &runner.strategy.recompute)
-            != (s.zero_stage, s.offload, &s.recompute)
-    );
+    let choice = |s: &zeroplan_ir::plan::Strategy| (s.tensor_parallel, s.zero_stage, s.offload, s.recompute.clone());
+    assert_ne!(choice(&runner.strategy), choice(s));
     assert!(runner.reason.contains("fewer tokens/s"), "{}", runner.reason);
     // The program places every tensor inside the arena.
     assert_eq!(p.program.arena_bytes, p.memory.arena_bytes);
@@ -92,16 +95,35 @@ fn a_smaller_budget_buys_memory_with_time() {
 fn pins_are_honoured() {
     let m = model("bert-base.ron");
     let mut req = request(&m, cluster("h100-80gb-sxm", 8, None), 128, 256);
-    req.pins =
-        Pins { zero_stage: Some(3), offload: Some(Offload::None), recompute: Some(Policy::Full), micro_batch: Some(8) };
+    req.pins = Pins {
+        tensor_parallel: Some(1),
+        zero_stage: Some(3),
+        offload: Some(Offload::None),
+        recompute: Some(Policy::Full),
+        micro_batch: Some(8),
+    };
     let p = planned(&req);
     let s = &p.strategy;
     assert_eq!(
-        (s.zero_stage, s.offload, s.recompute.as_str(), s.micro_batch, s.micro_batches),
-        (3, Offload::None, "full", 8, 4)
+        (s.tensor_parallel, s.zero_stage, s.offload, s.recompute.as_str(), s.micro_batch, s.micro_batches),
+        (1, 3, Offload::None, "full", 8, 4)
     );
     assert_eq!(p.candidates.len(), 1, "a pinned policy is the only one tried");
     assert!(p.runner_up.is_none());
+
+    // Tensor parallelism over 2 GPUs leaves 4 data-parallel ranks: each
+    // trains 64 sequences of the 256 per step.
+    req.pins.tensor_parallel = Some(2);
+    let p = planned(&req);
+    let s = &p.strategy;
+    assert_eq!((s.tensor_parallel, s.ranks, s.micro_batch, s.micro_batches), (2, 4, 8, 8));
+    assert_eq!(p.program.graph.tensor_parallel(), 2);
+    for (t, why) in [(3, "do not split into groups of 3"), (8, "12 attention heads do not split evenly")] {
+        req.pins.tensor_parallel = Some(t);
+        let e = plan(&req).unwrap_err();
+        assert!(matches!(e, PlanError::TensorParallel { .. }) && e.to_string().contains(why), "{e}");
+    }
+    req.pins.tensor_parallel = Some(1);
 
     // An optimal policy is searched only when pinned, and named in the plan.
     let optimal = Policy::Optimal { budget_bytes: 200 << 20 };
@@ -132,6 +154,8 @@ fn nothing_fits_names_what_would() {
     let m = model("bert-large.ron");
     let budget = 1536 << 20;
     let mut req = request(&m, cluster("a100-40gb", 2, Some(budget)), 512, 2);
+    // (Split over both GPUs by tensor parallelism, bert-large would fit.)
+    req.pins.tensor_parallel = Some(1);
     let Err(PlanError::NothingFits { shortfalls, .. }) = plan(&req) else { panic!("bert-large fits in 1.5 GiB") };
     assert_eq!(shortfalls.len(), 24);
     assert!(shortfalls.iter().all(|s| s.min_peak_bytes > budget));
@@ -149,8 +173,13 @@ fn nothing_fits_names_what_would() {
     let offload = Offload::from_name(choice.split(' ').nth(2).unwrap()).unwrap();
     req.cluster = cluster("a100-40gb", gpus, Some(budget));
     req.global_batch = gpus;
-    req.pins =
-        Pins { zero_stage: Some(zero_stage), offload: Some(offload), recompute: Some(recompute), micro_batch: None };
+    req.pins = Pins {
+        tensor_parallel: Some(1),
+        zero_stage: Some(zero_stage),
+        offload: Some(offload),
+        recompute: Some(recompute),
+        micro_batch: None,
+    };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
 }
@@ -187,10 +216,10 @@ fn depth_extrapolation_tracks_whole_planning() {
     let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     for choice in [
-        Choice { zero_stage: 0, offload: Offload::None, recompute: Policy::None },
-        Choice { zero_stage: 1, offload: Offload::None, recompute: Policy::Selective },
-        Choice { zero_stage: 3, offload: Offload::None, recompute: Policy::Full },
-        Choice { zero_stage: 2, offload: Offload::Optimizer, recompute: Policy::None },
+        Choice { tensor_parallel: 1, zero_stage: 0, offload: Offload::None, recompute: Policy::None },
+        Choice { tensor_parallel: 1, zero_stage: 1, offload: Offload::None, recompute: Policy::Selective },
+        Choice { tensor_parallel: 1, zero_stage: 3, offload: Offload::None, recompute: Policy::Full },
+        Choice { tensor_parallel: 1, zero_stage: 2, offload: Offload::Optimizer, recompute: Policy::None },
     ] {
         let (b, micro_batches) = (8, 4);
         let probe = Probe::compile(&req, choice, 8, b, micro_batches).unwrap();
@@ -230,7 +259,7 @@ fn sharding_costs_time_when_memory_is_ample() {
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     req.pins.micro_batch = Some(16);
     let time = |zero_stage| {
-        let choice = Choice { zero_stage, offload: Offload::None, recompute: Policy::None };
+        let choice = Choice { tensor_parallel: 1, zero_stage, offload: Offload::None, recompute: Policy::None };
         let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
         probe.predict(&req, &machine, 16, 1).unwrap()
     };

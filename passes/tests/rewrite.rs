@@ -16,7 +16,7 @@ fn model(path: &str) -> spec::ModelSpec {
 }
 
 fn tiny_in(name: &str, dtype: DType) -> Graph {
-    forward(&model(&format!("models/tiny/{name}.ron")), &BuildOptions { dtype }).unwrap()
+    forward(&model(&format!("models/tiny/{name}.ron")), &BuildOptions::new(dtype)).unwrap()
 }
 
 fn tiny(name: &str) -> Graph {
@@ -85,7 +85,7 @@ fn stats_are_reported() {
 
 #[test]
 fn saturation_does_not_grow_with_depth() {
-    let large = forward(&model("models/bert-large.ron"), &BuildOptions { dtype: DType::BF16 }).unwrap();
+    let large = forward(&model("models/bert-large.ron"), &BuildOptions::new(DType::BF16)).unwrap();
     let options = PassOptions { explain: ["rewrite".to_string()].into(), ..Default::default() };
     let (g, stats, lines) = rewrite(large, options);
     eprintln!("bert-large: {stats:?}\n{}", lines[0]);

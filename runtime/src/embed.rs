@@ -105,7 +105,7 @@ impl Embedder {
         spec.head = Head::Pooler;
         spec.hidden_dropout = 0.0;
         spec.attention_dropout = 0.0;
-        let graph = forward(&spec, &BuildOptions { dtype: DType::F32 })
+        let graph = forward(&spec, &BuildOptions::new(DType::F32))
             .map_err(|e| EmbedError::File { path: config.clone(), message: e.to_string() })?;
         // `load_weights` replaces every encoder weight and needs a value only
         // for the head's, which a sentence-transformers checkpoint may lack

@@ -20,7 +20,7 @@ fn spec(file: &str) -> ModelSpec {
 }
 
 fn graph(spec: &ModelSpec, dtype: DType) -> Graph {
-    forward(spec, &BuildOptions { dtype }).expect("the graph builds")
+    forward(spec, &BuildOptions::new(dtype)).expect("the graph builds")
 }
 
 /// Every parameter of `graph` at `value`.

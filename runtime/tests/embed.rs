@@ -64,7 +64,7 @@ fn tiny_model(dir: &Path) {
 
     let mut model = spec::load(&config_path).unwrap_or_else(|e| panic!("{e}"));
     model.head = Head::Pooler;
-    let graph = forward(&model, &BuildOptions { dtype: DType::F32 }).unwrap();
+    let graph = forward(&model, &BuildOptions::new(DType::F32)).unwrap();
     let mut weights = Interpreter::new(Precision::Native, 7).init_state(&graph).unwrap();
     for (k, tensor) in weights.values_mut().enumerate() {
         let values = tensor.floats().unwrap();

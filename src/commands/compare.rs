@@ -45,9 +45,10 @@ pub fn run(
             )
         })?,
     };
+    let ranks = gpus / pins.tensor_parallel.unwrap_or(1).max(1);
     let pins = match (pins.micro_batch, imported.accumulation) {
-        (None, Some(steps)) if steps > 0 && global_batch.is_multiple_of(steps * gpus) => {
-            Pins { micro_batch: Some(global_batch / (steps * gpus)), ..pins }
+        (None, Some(steps)) if steps > 0 && global_batch.is_multiple_of(steps * ranks) => {
+            Pins { micro_batch: Some(global_batch / (steps * ranks)), ..pins }
         }
         _ => pins,
     };
@@ -71,6 +72,9 @@ pub fn run(
 /// The configuration's pins, where the command line pins nothing else.
 fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
     let mut note = |what: &str| notes.push(format!("{what} on the command line overrides the configuration"));
+    if flags.tensor_parallel.is_some() {
+        note("--tp");
+    }
     if flags.zero_stage.is_some() {
         note("--zero");
     }
@@ -84,6 +88,7 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
         note("--micro-batch");
     }
     Pins {
+        tensor_parallel: flags.tensor_parallel.or(config.tensor_parallel),
         zero_stage: flags.zero_stage.or(config.zero_stage),
         offload: flags.offload.or(config.offload),
         recompute: flags.recompute.or(config.recompute),

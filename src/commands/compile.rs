@@ -56,9 +56,15 @@ fn cluster(args: &CompileArgs) -> Result<Cluster, String> {
     Ok(Cluster { nodes: args.nodes, gpus_per_node: args.gpus / args.nodes, gpu, memory_budget: args.memory })
 }
 
-/// What `--zero`, `--offload`, `--recompute` and `--micro-batch` pin.
+/// What `--tp`, `--zero`, `--offload`, `--recompute` and `--micro-batch` pin.
 pub fn pins(args: &CompileArgs) -> Pins {
-    Pins { zero_stage: args.zero, offload: args.offload, recompute: args.recompute, micro_batch: args.micro_batch }
+    Pins {
+        tensor_parallel: args.tp,
+        zero_stage: args.zero,
+        offload: args.offload,
+        recompute: args.recompute,
+        micro_batch: args.micro_batch,
+    }
 }
 
 pub fn request<'a>(

@@ -84,15 +84,20 @@ pub fn text(plan: &Plan) -> String {
         "{} ({:.1}M parameters) on {} × {} ({} node{} × {}), budget {} per GPU\n",
         plan.model,
         plan.params as f64 / 1e6,
-        s.ranks,
+        s.world(),
         c.gpu.name,
         c.nodes,
         if c.nodes == 1 { "" } else { "s" },
         c.gpus_per_node,
         gib(c.budget_bytes)
     );
+    let groups = if s.tensor_parallel > 1 {
+        format!(" ({} tensor-parallel × {} data-parallel ranks)", s.tensor_parallel, s.ranks)
+    } else {
+        String::new()
+    };
     t += &format!(
-        "workload   {} sequences × {} tokens per step, {}\nstrategy   {s}\n",
+        "workload   {} sequences × {} tokens per step, {}\nstrategy   {s}{groups}\n",
         w.global_batch, w.seq, w.precision
     );
     let fragmentation =
@@ -153,8 +158,10 @@ pub fn text(plan: &Plan) -> String {
         let strategy = if candidate.fits {
             candidate.strategy.to_string()
         } else {
+            let tp = candidate.strategy.tensor_parallel;
             format!(
-                "ZeRO-{} offload {} recompute {}",
+                "{}ZeRO-{} offload {} recompute {}",
+                if tp > 1 { format!("TP-{tp} ") } else { String::new() },
                 candidate.strategy.zero_stage,
                 candidate.strategy.offload.name(),
                 candidate.strategy.recompute

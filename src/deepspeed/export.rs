@@ -25,6 +25,9 @@ struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     fp16: Option<Json>,
     zero_optimization: Json,
+    /// DeepSpeed's AutoTP training: Megatron-style layers over `autotp_size` GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensor_parallel: Option<Json>,
     #[serde(skip_serializing_if = "Option::is_none")]
     activation_checkpointing: Option<Json>,
     #[serde(rename = "zeroplan", skip_serializing_if = "Option::is_none")]
@@ -81,6 +84,7 @@ pub fn config(plan: &Plan) -> Result<(String, Vec<String>), String> {
         bf16,
         fp16,
         zero_optimization: zero(plan),
+        tensor_parallel: (s.tensor_parallel > 1).then(|| json!({ "autotp_size": s.tensor_parallel })),
         activation_checkpointing: (recompute != "none").then(|| {
             json!({ "partition_activations": false, "cpu_checkpointing": false, "contiguous_memory_optimization": false })
         }),

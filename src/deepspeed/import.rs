@@ -147,8 +147,10 @@ impl Reader {
                         format!("remove `{path}` to plan the rest"),
                     ));
                 }
-                "tensor_parallel" if v.get("autotp_size").and_then(Json::as_u64).is_some_and(|n| n > 1) => {
-                    return Err(Problem::new(path, "tensor parallelism is not planned", "remove `tensor_parallel`"));
+                // DeepSpeed's AutoTP training: Megatron-style layers over `autotp_size` GPUs.
+                "tensor_parallel" => {
+                    let size = v.get("autotp_size").map(|n| count(n, "tensor_parallel.autotp_size")).transpose()?;
+                    self.imported.pins.tensor_parallel = size.flatten().or(Some(1));
                 }
                 "sequence_parallel_size" if count(v, path)?.is_some_and(|n| n > 1) => {
                     return Err(Problem::new(path, "sequence parallelism is not planned", "remove it, or set it to 1"));
@@ -158,13 +160,17 @@ impl Reader {
             }
         }
         self.imported.pins.recompute = Some(recompute.unwrap_or(Policy::None));
+        // A configuration without AutoTP trains every GPU as a data-parallel rank.
+        self.imported.pins.tensor_parallel.get_or_insert(1);
         self.offload()?;
         self.precision()?;
-        self.batch(batch, gpus)
+        let tensor_parallel = self.imported.pins.tensor_parallel.unwrap_or(1).max(1);
+        self.batch(batch, gpus / tensor_parallel)
     }
 
-    /// `train_batch_size` = micro-batch × accumulation × GPUs; DeepSpeed
-    /// infers any one of the three from the other two.
+    /// `train_batch_size` = micro-batch × accumulation × data-parallel GPUs
+    /// (all of them without tensor parallelism); DeepSpeed infers any one
+    /// of the three from the other two.
     fn batch(&mut self, batch: Option<u64>, gpus: u64) -> Read<()> {
         let (micro, steps) = (self.micro_batch, self.imported.accumulation);
         if let (Some(t), Some(m), Some(g)) = (batch, micro, steps)

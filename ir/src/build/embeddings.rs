@@ -18,8 +18,7 @@ impl Builder<'_> {
         let e = spec.embedding_width();
         let input_ids = self.token_input("input_ids")?;
         let normal = self.normal();
-        let word_table = self.param("embeddings.word.weight", &[spec.vocab_size, e], normal.clone())?;
-        let mut x = self.graph.add("embeddings.word", Op::Embedding, &[word_table, input_ids])?;
+        let mut x = self.word_embeddings(input_ids)?;
         if spec.position == PositionEncoding::Learned {
             let ids = TensorType::new(Shape(vec![seq()]), DType::I64);
             let positions = self.graph.source("embeddings.position_ids", Op::Arange, ids)?;
@@ -45,5 +44,20 @@ impl Builder<'_> {
             x = self.linear("embeddings.project", x, w, Some(b))?;
         }
         Ok(x)
+    }
+
+    /// The word embeddings of `ids`: one table, or with tensor parallelism a
+    /// vocabulary shard per rank whose rows the ranks sum (each id's row is
+    /// on exactly one rank; the others contribute zeros).
+    fn word_embeddings(&mut self, ids: Value) -> Result<Value, GraphError> {
+        let (e, normal) = (self.spec.embedding_width(), self.normal());
+        let rows = self.vocab_rows();
+        let table = self.sharded_param("embeddings.word.weight", &[rows * self.t, e], 0, normal)?;
+        if self.t == 1 {
+            return self.graph.add("embeddings.word", Op::Embedding, &[table, ids]);
+        }
+        let local = self.graph.add("embeddings.word.ids", Op::VocabShard { ranks: self.t, rows }, &[ids])?;
+        let partial = self.graph.add("embeddings.word.partial", Op::Embedding, &[table, local])?;
+        self.reduce_parallel("embeddings.word", partial)
     }
 }

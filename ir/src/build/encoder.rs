@@ -26,29 +26,45 @@ impl Builder<'_> {
     /// A LayerNorm of layer `l` named `name` with parameters `slot.gamma/beta`.
     fn layer_norm_of(&mut self, l: u64, slot: &str, name: &str, x: Value) -> Result<Value, GraphError> {
         let h = self.spec.hidden;
-        let gamma = self.layer_vector(l, &format!("{slot}.gamma"), h, Init::Ones)?;
-        let beta = self.layer_vector(l, &format!("{slot}.beta"), h, Init::Zeros)?;
+        let gamma = self.layer_vector(l, &format!("{slot}.gamma"), h, Init::Ones, false)?;
+        let beta = self.layer_vector(l, &format!("{slot}.beta"), h, Init::Zeros, false)?;
         self.layer_norm(name, x, gamma, beta)
     }
 
-    /// Layer `l`'s dense projection `slot`: `[in] → [out]`, with bias.
-    fn layer_linear(&mut self, l: u64, slot: &str, x: Value, out: u64, inp: u64) -> Result<Value, GraphError> {
-        let w = self.layer_weight(l, slot, out, inp)?;
-        let b = self.layer_vector(l, &format!("{slot}.bias"), out, Init::Zeros)?;
+    /// Layer `l`'s column-parallel dense projection `slot`: `[in] → [out]`
+    /// with bias, each tensor rank computing `out/t` of the outputs.
+    fn column_linear(&mut self, l: u64, slot: &str, x: Value, out: u64, inp: u64) -> Result<Value, GraphError> {
+        let w = self.layer_weight(l, slot, out, inp, Some(0))?;
+        let b = self.layer_vector(l, &format!("{slot}.bias"), out, Init::Zeros, true)?;
         self.linear(&format!("layer{l}.{slot}"), x, w, Some(b))
+    }
+
+    /// Layer `l`'s row-parallel dense projection `slot`: each tensor rank
+    /// multiplies its `in/t` inputs, the partial products are summed over
+    /// the ranks, then the (replicated) bias is added.
+    fn row_linear(&mut self, l: u64, slot: &str, x: Value, out: u64, inp: u64) -> Result<Value, GraphError> {
+        let w = self.layer_weight(l, slot, out, inp, Some(1))?;
+        let b = self.layer_vector(l, &format!("{slot}.bias"), out, Init::Zeros, false)?;
+        let name = format!("layer{l}.{slot}");
+        let product = self.linear(&format!("{name}.mm"), x, w, None)?;
+        let summed = self.reduce_parallel(&name, product)?;
+        self.graph.add(name, Op::Add, &[summed, b])
     }
 
     /// Multi-head self-attention with its residual (and norm).
     fn attention_block(&mut self, l: u64, x: Value, mask: Value) -> Result<Value, GraphError> {
         let spec = self.spec;
-        let (h, heads, dh) = (spec.hidden, spec.heads, spec.head_dim());
+        // This tensor rank's heads and their width.
+        let (h, heads, dh) = (spec.hidden, spec.heads / self.t, spec.head_dim());
+        let local = heads * dh;
         let p = format!("layer{l}.attn");
         let input = match spec.norm {
             NormPlacement::Pre => self.layer_norm_of(l, "attn.norm_in", &format!("{p}.norm_in"), x)?,
             NormPlacement::Post => x,
         };
+        let input = self.enter_parallel(&p, input)?;
         let split = |b: &mut Self, which: &str| -> Result<Value, GraphError> {
-            let projected = b.layer_linear(l, &format!("attn.{which}"), input, h, h)?;
+            let projected = b.column_linear(l, &format!("attn.{which}"), input, h, h)?;
             let shape = Shape(vec![batch(), seq(), Dim::constant(heads), Dim::constant(dh)]);
             let heads_last = b.graph.add(format!("{p}.{which}.heads"), Op::Reshape { shape }, &[projected])?;
             b.graph.add(format!("{p}.{which}.bhsd"), Op::Transpose { perm: vec![0, 2, 1, 3] }, &[heads_last])
@@ -60,7 +76,7 @@ impl Builder<'_> {
         let mut s = self.graph.add(format!("{p}.scores"), scores_op, &[q, k])?;
         s = self.graph.add(format!("{p}.scaled"), Op::Scale { factor: 1.0 / (dh as f64).sqrt() }, &[s])?;
         if spec.position == PositionEncoding::Alibi {
-            s = self.graph.add(format!("{p}.alibi"), Op::AlibiBias, &[s])?;
+            s = self.graph.add(format!("{p}.alibi"), Op::AlibiBias { ranks: self.t }, &[s])?;
         }
         s = self.graph.add(format!("{p}.masked"), Op::AttentionMask, &[s, mask])?;
         let mut probs = self.graph.add(format!("{p}.probs"), Op::Softmax, &[s])?;
@@ -68,9 +84,9 @@ impl Builder<'_> {
         let pv = Op::MatMul { transpose_a: false, transpose_b: false };
         let context = self.graph.add(format!("{p}.context"), pv, &[probs, v])?;
         let bshd = self.graph.add(format!("{p}.context.bshd"), Op::Transpose { perm: vec![0, 2, 1, 3] }, &[context])?;
-        let merged_shape = Shape(vec![batch(), seq(), Dim::constant(h)]);
+        let merged_shape = Shape(vec![batch(), seq(), Dim::constant(local)]);
         let merged = self.graph.add(format!("{p}.context.merged"), Op::Reshape { shape: merged_shape }, &[bshd])?;
-        let out = self.layer_linear(l, "attn.out", merged, h, h)?;
+        let out = self.row_linear(l, "attn.out", merged, h, h)?;
         let out = self.dropout(&format!("{p}.out_dropout"), out, spec.hidden_dropout)?;
         self.residual(l, "attn", x, out)
     }
@@ -88,22 +104,23 @@ impl Builder<'_> {
             NormPlacement::Pre => self.layer_norm_of(l, "ffn.norm_in", &format!("{p}.norm_in"), x)?,
             NormPlacement::Post => x,
         };
+        let input = self.enter_parallel(&p, input)?;
         let out = match spec.feed_forward {
             FeedForward::Mlp => {
-                let up = self.layer_linear(l, "ffn.up", input, i, h)?;
+                let up = self.column_linear(l, "ffn.up", input, i, h)?;
                 let act = self.activation(&format!("{p}.act"), up)?;
-                let down = self.layer_linear(l, "ffn.down", act, h, i)?;
+                let down = self.row_linear(l, "ffn.down", act, h, i)?;
                 self.dropout(&format!("{p}.dropout"), down, spec.hidden_dropout)?
             }
             FeedForward::Glu => {
-                let wg = self.layer_weight(l, "ffn.gate", i, h)?;
+                let wg = self.layer_weight(l, "ffn.gate", i, h, Some(0))?;
                 let gate = self.linear(&format!("{p}.gate"), input, wg, None)?;
-                let wu = self.layer_weight(l, "ffn.up", i, h)?;
+                let wu = self.layer_weight(l, "ffn.up", i, h, Some(0))?;
                 let up = self.linear(&format!("{p}.up"), input, wu, None)?;
                 let act = self.activation(&format!("{p}.act"), gate)?;
                 let glu = self.graph.add(format!("{p}.glu"), Op::Mul, &[act, up])?;
                 let glu = self.dropout(&format!("{p}.dropout"), glu, spec.hidden_dropout)?;
-                self.layer_linear(l, "ffn.down", glu, h, i)?
+                self.row_linear(l, "ffn.down", glu, h, i)?
             }
         };
         self.residual(l, "ffn", x, out)

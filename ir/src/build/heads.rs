@@ -38,19 +38,36 @@ impl Builder<'_> {
         let gamma = self.param("mlm.norm.gamma", &[e], Init::Ones)?;
         let beta = self.param("mlm.norm.beta", &[e], Init::Zeros)?;
         let t = self.layer_norm("mlm.norm", t, gamma, beta)?;
-        // The decoder is tied to the word embeddings: the same parameter node.
-        let word = self.param("embeddings.word.weight", &[v, e], Init::Zeros)?;
-        let bias = self.param("mlm.decoder.bias", &[v], Init::Zeros)?;
+        let t = self.enter_parallel("mlm.decoder", t)?;
+        // The decoder is tied to the word embeddings: the same parameter node
+        // (with tensor parallelism, each rank's vocabulary shard of it).
+        let columns = self.vocab_rows();
+        let word = self.param("embeddings.word.weight", &[columns, e], Init::Zeros)?;
+        let bias = self.sharded_param("mlm.decoder.bias", &[columns * self.t], 0, Init::Zeros)?;
         let logits = self.linear("mlm.logits", t, word, Some(bias))?;
         let rows = batch().product(&seq());
-        let flat = Op::Reshape { shape: Shape(vec![rows.clone(), Dim::constant(v)]) };
+        let flat = Op::Reshape { shape: Shape(vec![rows.clone(), Dim::constant(columns)]) };
         let flat_logits = self.graph.add("mlm.logits.flat", flat, &[logits])?;
         let labels = self.token_input("labels")?;
         let flat_labels = self.graph.add("mlm.labels.flat", Op::Reshape { shape: Shape(vec![rows]) }, &[labels])?;
-        let loss = self.graph.add("loss", Op::CrossEntropy { ignore_index: -100 }, &[flat_logits, flat_labels])?;
+        let loss = self.vocab_cross_entropy(flat_logits, flat_labels, v)?;
         self.graph.set_output("logits", logits);
         self.graph.set_output("loss", loss);
         Ok(())
+    }
+
+    /// Cross-entropy of `[N, C]` logits against `[N]` labels ignoring -100;
+    /// with tensor parallelism, of each rank's vocabulary columns, through
+    /// the ranks' per-row statistics (the logits are never gathered).
+    fn vocab_cross_entropy(&mut self, logits: Value, labels: Value, vocab: u64) -> Result<Value, GraphError> {
+        let ignore_index = -100;
+        if self.t == 1 {
+            return self.graph.add("loss", Op::CrossEntropy { ignore_index }, &[logits, labels]);
+        }
+        let stats = Op::CrossEntropyStats { ranks: self.t, vocab };
+        let local = self.graph.add("loss.stats", stats, &[logits, labels])?;
+        let all = self.reduce_parallel("loss.stats", local)?;
+        self.graph.add("loss", Op::CrossEntropyCombine { ignore_index }, &[all, labels, logits])
     }
 
     /// The first token's state through dense + tanh: `[batch, hidden]`.

@@ -11,6 +11,20 @@
 //! - A dropout of probability 0 is left out of the graph.
 //! - Inputs: `input_ids`, `token_type_ids` (when `type_vocab > 0`) and
 //!   `attention_mask`, all `i64[batch, seq]`, and `labels`.
+//!
+//! With tensor parallelism over `t` ranks ([`BuildOptions::tensor_parallel`])
+//! the graph is one tensor rank's (Shoeybi et al., Megatron-LM, 2019): Q, K,
+//! V and the feed-forward up (and gate) projections are column-parallel
+//! (`1/t` of the heads and of the intermediate width per rank, behind a
+//! `tensor_copy`), the attention output and feed-forward down projections
+//! row-parallel (a `tensor_all_reduce` of the partial products, then the
+//! bias); the word embeddings are vocabulary-parallel (`vocab_shard` ids,
+//! a `tensor_all_reduce` of the rows), and so is the tied MLM decoder with a
+//! cross-entropy that exchanges three numbers per row instead of the logits.
+//! The vocabulary is padded up to a multiple of `t`. LayerNorms, biases after
+//! a reduction, position and token-type embeddings and the pooler and
+//! classifier are replicated: every tensor rank computes them identically.
+//! Sharded parameters carry [`Init::TensorShard`].
 
 mod embeddings;
 mod encoder;
@@ -29,11 +43,20 @@ pub struct BuildOptions {
     /// Dtype of parameters and activations in the forward graph. Mixed
     /// precision (fp32 master weights) is the training graph's concern.
     pub dtype: DType,
+    /// Tensor-parallel ranks `t` (1: none); the graph built is one tensor rank's.
+    pub tensor_parallel: u64,
+}
+
+impl BuildOptions {
+    /// One rank's whole model in `dtype`.
+    pub fn new(dtype: DType) -> BuildOptions {
+        BuildOptions { dtype, tensor_parallel: 1 }
+    }
 }
 
 impl Default for BuildOptions {
     fn default() -> BuildOptions {
-        BuildOptions { dtype: DType::F32 }
+        BuildOptions::new(DType::F32)
     }
 }
 
@@ -44,6 +67,28 @@ pub enum BuildError {
     InvalidSpec(Vec<crate::spec::FieldProblem>),
     #[error("building the graph failed at {0}")]
     Graph(#[from] GraphError),
+    #[error("tensor parallelism over {ranks} ranks: {why}")]
+    TensorParallel { ranks: u64, why: String },
+}
+
+/// Why `spec` cannot be split over `t` tensor-parallel ranks, if it cannot.
+pub fn check_tensor_parallel(spec: &ModelSpec, t: u64) -> Result<(), String> {
+    if t == 0 {
+        return Err("at least one rank is needed".into());
+    }
+    if t == 1 {
+        return Ok(());
+    }
+    if !spec.heads.is_multiple_of(t) {
+        return Err(format!("the {} attention heads do not split evenly; use a divisor of {}", spec.heads, spec.heads));
+    }
+    if !spec.intermediate.is_multiple_of(t) {
+        return Err(format!("the feed-forward width {} does not split evenly; use a divisor of it", spec.intermediate));
+    }
+    if let crate::spec::Sharing::TemplateBank { .. } = spec.sharing {
+        return Err("template-bank weights are computed whole from the bank; they are not split (use t = 1)".into());
+    }
+    Ok(())
 }
 
 /// The forward graph of `spec`, verified. Symbols: `batch` and `seq`.
@@ -57,7 +102,9 @@ pub fn forward(spec: &ModelSpec, options: &BuildOptions) -> Result<Graph, BuildE
         }
         .into());
     }
-    let mut b = Builder { spec, graph: Graph::new(spec.name.clone()), dtype: options.dtype, next_stream: 0 };
+    let t = options.tensor_parallel;
+    check_tensor_parallel(spec, t).map_err(|why| BuildError::TensorParallel { ranks: t, why })?;
+    let mut b = Builder { spec, graph: Graph::new(spec.name.clone()), dtype: options.dtype, next_stream: 0, t };
     let x = b.embeddings()?;
     let x = b.encoder(x)?;
     b.head(x)?;
@@ -72,6 +119,8 @@ struct Builder<'a> {
     dtype: DType,
     /// The next dropout site's random stream.
     next_stream: u32,
+    /// Tensor-parallel ranks (1: none).
+    t: u64,
 }
 
 fn batch() -> Dim {
@@ -95,6 +144,40 @@ impl Builder<'_> {
         }
         let ty = self.float(dims.iter().map(|&d| Dim::constant(d)).collect());
         self.graph.param(name, ty, init)
+    }
+
+    /// A parameter whose whole shape is `whole`, split along `axis` over
+    /// the tensor-parallel ranks (whole when there is one).
+    fn sharded_param(&mut self, name: &str, whole: &[u64], axis: usize, init: Init) -> Result<Value, GraphError> {
+        if self.t == 1 {
+            return self.param(name, whole, init);
+        }
+        let mut local = whole.to_vec();
+        local[axis] /= self.t;
+        let init = Init::TensorShard { whole: whole.to_vec(), axis, ranks: self.t, init: Box::new(init) };
+        self.param(name, &local, init)
+    }
+
+    /// Megatron's `f` before a column-parallel region (nothing with one rank).
+    fn enter_parallel(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
+        if self.t == 1 {
+            return Ok(x);
+        }
+        self.graph.add(format!("{name}.tensor_copy"), Op::TensorCopy { ranks: self.t }, &[x])
+    }
+
+    /// Megatron's `g`: the sum of the ranks' partial results (nothing with one rank).
+    fn reduce_parallel(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
+        if self.t == 1 {
+            return Ok(x);
+        }
+        self.graph.add(format!("{name}.tensor_all_reduce"), Op::TensorAllReduce { ranks: self.t }, &[x])
+    }
+
+    /// Rows of the word embedding table per tensor rank: the vocabulary
+    /// padded up to a multiple of the ranks, split evenly.
+    fn vocab_rows(&self) -> u64 {
+        self.spec.vocab_size.div_ceil(self.t)
     }
 
     fn normal(&self) -> Init {

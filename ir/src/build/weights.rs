@@ -21,19 +21,31 @@ impl Builder<'_> {
         }
     }
 
-    /// Layer `l`'s weight matrix `slot` (e.g. `attn.q`), `[out, in]`.
+    /// Layer `l`'s weight matrix `slot` (e.g. `attn.q`), `[out, in]`;
+    /// split along `split` over the tensor-parallel ranks when given.
     ///
     /// With a template bank, `W_l = reshape(α_l @ T)` where `T` is the bank
     /// `[templates, out·in]` shared by all layers and `α_l` `[1, templates]`
     /// is layer l's learned mixing row, initialised N(0, 1/templates) so that
     /// `W_l` starts with the spread of an ordinary weight.
-    pub(super) fn layer_weight(&mut self, l: u64, slot: &str, out: u64, inp: u64) -> Result<Value, GraphError> {
+    pub(super) fn layer_weight(
+        &mut self,
+        l: u64,
+        slot: &str,
+        out: u64,
+        inp: u64,
+        split: Option<usize>,
+    ) -> Result<Value, GraphError> {
         match self.spec.sharing {
             Sharing::Independent | Sharing::CrossLayer { .. } => {
                 let name = format!("{}.{slot}.weight", self.param_prefix(l));
                 let init = self.normal();
-                self.param(&name, &[out, inp], init)
+                match split {
+                    Some(axis) => self.sharded_param(&name, &[out, inp], axis, init),
+                    None => self.param(&name, &[out, inp], init),
+                }
             }
+            // `check_tensor_parallel` refuses banks with more than one rank.
             Sharing::TemplateBank { templates } => {
                 let init = self.normal();
                 let bank = self.param(&format!("bank.{slot}.templates"), &[templates, out * inp], init)?;
@@ -47,9 +59,17 @@ impl Builder<'_> {
         }
     }
 
-    /// Layer `l`'s vector parameter `slot.name` (a bias, a norm's gamma or beta).
-    pub(super) fn layer_vector(&mut self, l: u64, slot: &str, len: u64, init: Init) -> Result<Value, GraphError> {
+    /// Layer `l`'s vector parameter `slot.name` (a bias, a norm's gamma or
+    /// beta), split over the tensor-parallel ranks when `split`.
+    pub(super) fn layer_vector(
+        &mut self,
+        l: u64,
+        slot: &str,
+        len: u64,
+        init: Init,
+        split: bool,
+    ) -> Result<Value, GraphError> {
         let name = format!("{}.{slot}", self.param_prefix(l));
-        self.param(&name, &[len], init)
+        if split { self.sharded_param(&name, &[len], 0, init) } else { self.param(&name, &[len], init) }
     }
 }

@@ -71,11 +71,17 @@ pub fn alibi_slopes(heads: usize) -> Vec<f64> {
     slopes
 }
 
-/// `scores[b,h,i,j] − m_h·|i − j|`: the symmetric ALiBi bias of bidirectional encoders.
-pub(super) fn alibi_bias(scores: &Tensor) -> Result<Tensor, String> {
+/// The slopes of tensor rank `rank`'s `heads` heads of `ranks·heads`.
+pub fn alibi_slopes_of_rank(heads: usize, rank: u64, ranks: u64) -> Vec<f64> {
+    alibi_slopes(heads * ranks as usize).into_iter().skip(heads * rank as usize).take(heads).collect()
+}
+
+/// `scores[b,h,i,j] − m_h·|i − j|`: the symmetric ALiBi bias of
+/// bidirectional encoders, on tensor rank `rank`'s heads of `ranks`.
+pub(super) fn alibi_bias(scores: &Tensor, rank: u64, ranks: u64) -> Result<Tensor, String> {
     let [_, h, sq, sk] = score_dims(scores, None)?;
     let s = nd::floats(scores, "the scores")?;
-    let slopes = alibi_slopes(h);
+    let slopes = alibi_slopes_of_rank(h, rank, ranks);
     let out = s
         .iter()
         .enumerate()
@@ -115,7 +121,7 @@ mod tests {
     fn bias_is_minus_slope_times_distance() {
         // B = 1, H = 2 (slopes 1/16, 1/256), Sq = Sk = 3, zero scores.
         let scores = nd::float(vec![1, 2, 3, 3], DType::F32, vec![0.0; 18]);
-        let out = alibi_bias(&scores).unwrap();
+        let out = alibi_bias(&scores, 0, 1).unwrap();
         let d = [0.0, 1.0, 2.0, 1.0, 0.0, 1.0, 2.0, 1.0, 0.0];
         let want: Vec<f64> = d.iter().map(|x| -x / 16.0).chain(d.iter().map(|x| -x / 256.0)).collect();
         assert_eq!(out.floats().unwrap(), want.as_slice());

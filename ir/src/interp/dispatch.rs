@@ -5,6 +5,7 @@
 //! the driver ([`super::Pass`]) checks the shapes against the node's type and
 //! rounds in `Native` mode.
 
+use super::tensor_parallel::on_tensors as tp;
 use super::{attention, bind, elementwise as ew, embedding, kernel, layout, loss, matmul, nd, optimizer, random, rows};
 use crate::op::Op;
 use crate::shape::Bindings;
@@ -29,6 +30,12 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
         return Err(format!("{} takes {} operands, got {}", op.name(), op.arity(), x.len()));
     }
     let one = |t: Result<Tensor, String>| t.map(|t| vec![t]);
+    if let Some(ranks) = op.tensor_ranks().filter(|&r| r != 1) {
+        return Err(format!(
+            "{} over {ranks} tensor-parallel ranks needs the multi-rank runtime; this interpreter runs a single rank",
+            op.name()
+        ));
+    }
     match op {
         Op::Input | Op::Param { .. } | Op::Arange | Op::State { .. } | Op::Fill { .. } => {
             Err(format!("{} is a source, evaluated by the driver", op.name()))
@@ -61,7 +68,7 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
         Op::Dropout { p, stream } => one(random::dropout(x[0], *p, *stream, ctx.seed, ctx.offset)),
         Op::AttentionMask => one(attention::attention_mask(x[0], x[1])),
         Op::AttentionMaskGrad => one(attention::attention_mask_grad(x[0], x[1])),
-        Op::AlibiBias => one(attention::alibi_bias(x[0])),
+        Op::AlibiBias { ranks } => one(attention::alibi_bias(x[0], 0, *ranks)),
         Op::Reshape { shape } => one(layout::reshape(x[0], bind::concrete_shape(shape, ctx.bindings)?)),
         Op::Transpose { perm } => one(layout::transpose(x[0], perm)),
         Op::Split { axis, sizes } => {
@@ -111,6 +118,14 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
             Ok(vec![x[0].clone()])
         }
         Op::Copy => Ok(vec![x[0].clone()]),
+        // One tensor rank (checked above): these are the whole ops' forms.
+        Op::TensorCopy { .. } | Op::TensorAllReduce { .. } => Ok(vec![x[0].clone()]),
+        Op::VocabShard { ranks, rows } => one(tp::vocab_shard(x[0], 0, *ranks, *rows)),
+        Op::CrossEntropyStats { ranks, vocab } => one(tp::stats(x[0], x[1], 0, *ranks, *vocab)),
+        Op::CrossEntropyCombine { ignore_index } => one(tp::combine(x[0], x[1], x[2], *ignore_index)),
+        Op::CrossEntropyShardGrad { ignore_index, vocab, .. } => {
+            one(tp::shard_grad(x[0], x[1], x[2], x[3], *ignore_index, 0, *vocab))
+        }
     }
 }
 

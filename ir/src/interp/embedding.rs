@@ -3,16 +3,20 @@
 use super::nd;
 use crate::tensor::Tensor;
 
-/// `table[ids[...]]`: shape `ids.shape + [E]`. An id outside `[0, V)` is an
-/// error that names it and its position.
+/// `table[ids[...]]`: shape `ids.shape + [E]`. An id of −1 reads a zero row
+/// (a token another tensor rank's vocabulary shard holds, see
+/// [`crate::Op::VocabShard`]); any other id outside `[0, V)` is an error
+/// that names it and its position.
 pub(super) fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor, String> {
     let (rows, width) = table_shape(table.shape())?;
     let t = nd::floats(table, "the table")?;
     let ids_v = nd::ints(ids, "the ids")?;
     let mut out = Vec::with_capacity(ids_v.len() * width);
     for (position, &id) in ids_v.iter().enumerate() {
-        let row = checked_row(id, rows, position)?;
-        out.extend_from_slice(&t[row * width..][..width]);
+        match checked_row(id, rows, position)? {
+            Some(row) => out.extend_from_slice(&t[row * width..][..width]),
+            None => out.extend(std::iter::repeat_n(0.0, width)),
+        }
     }
     let mut shape = ids.shape().to_vec();
     shape.push(width);
@@ -20,7 +24,8 @@ pub(super) fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor, String> 
 }
 
 /// `(dy[..., E], ids[...]) → [rows, E]`: each row of `dy` added into the
-/// table row its id names, in element order. Ids must be in `[0, rows)`.
+/// table row its id names, in element order. Ids must be in `[0, rows)`,
+/// or −1 (no row: nothing added).
 pub(super) fn embedding_grad(dy: &Tensor, ids: &Tensor, rows: usize) -> Result<Tensor, String> {
     let g = nd::floats(dy, "the gradient")?;
     let ids_v = nd::ints(ids, "the ids")?;
@@ -30,7 +35,7 @@ pub(super) fn embedding_grad(dy: &Tensor, ids: &Tensor, rows: usize) -> Result<T
     }
     let mut out = vec![0.0; rows * width];
     for (position, &id) in ids_v.iter().enumerate() {
-        let row = checked_row(id, rows, position)?;
+        let Some(row) = checked_row(id, rows, position)? else { continue };
         for (o, &d) in out[row * width..][..width].iter_mut().zip(&g[position * width..][..width]) {
             *o += d;
         }
@@ -45,10 +50,15 @@ fn table_shape(shape: &[usize]) -> Result<(usize, usize), String> {
     }
 }
 
-fn checked_row(id: i64, rows: usize, position: usize) -> Result<usize, String> {
+/// The row of `id`; `None` for −1, the id of a row on another tensor rank.
+fn checked_row(id: i64, rows: usize, position: usize) -> Result<Option<usize>, String> {
+    if id == -1 {
+        return Ok(None);
+    }
     usize::try_from(id)
         .ok()
         .filter(|&r| r < rows)
+        .map(Some)
         .ok_or_else(|| format!("id {id} at position {position} is outside the table's rows [0, {rows})"))
 }
 
@@ -73,7 +83,7 @@ mod tests {
     #[test]
     fn bad_ids_are_named() {
         let table = Tensor::float(vec![3, 2], DType::F32, vec![0.0; 6]).unwrap();
-        for bad in [3, -1] {
+        for bad in [3, -2] {
             let ids = Tensor::int(vec![2], DType::I64, vec![0, bad]).unwrap();
             let err = embedding(&table, &ids).unwrap_err();
             assert!(err.contains(&format!("id {bad} at position 1")), "{err}");

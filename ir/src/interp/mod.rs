@@ -179,6 +179,7 @@ mod pass;
 pub mod philox;
 pub mod random;
 mod rows;
+pub mod tensor_parallel;
 
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
@@ -189,7 +190,7 @@ use crate::shape::Bindings;
 use crate::tensor::Tensor;
 use pass::{Pass, Why};
 
-pub use attention::alibi_slopes;
+pub use attention::{alibi_slopes, alibi_slopes_of_rank};
 pub use elementwise::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, silu, silu_grad};
 pub use loss::label_classes;
 pub use optimizer::{grad_scale, loss_scale_update, lr_schedule};

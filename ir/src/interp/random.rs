@@ -104,6 +104,9 @@ pub(super) fn init(
             let at = rank as usize * n;
             Ok(nd::float(shape, dtype, values[at..at + n].to_vec()))
         }
+        Init::TensorShard { .. } => Err(format!(
+            "a tensor-parallel shard ({init}) is initialised per tensor rank: load the program on each rank"
+        )),
         Init::Flat { members, .. } => {
             let mut flat = vec![0.0; n];
             for m in members {

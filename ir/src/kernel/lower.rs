@@ -117,7 +117,8 @@ pub fn fusible(g: &Graph, n: NodeIndex, kshape: &Shape) -> bool {
         | Op::LayerNorm { .. }
         | Op::Softmax
         | Op::SoftmaxGrad => true,
-        Op::AlibiBias => kshape.rank() == 4 && kshape.dims()[1].as_constant().is_some(),
+        // A tensor rank's heads take slopes by the rank, which a kernel does not know.
+        Op::AlibiBias { ranks: 1 } => kshape.rank() == 4 && kshape.dims()[1].as_constant().is_some(),
         _ => false,
     };
     supported
@@ -329,7 +330,7 @@ fn expr(k: &mut KernelBuilder, op: &Op, x: &[ExprId]) -> Option<ExprId> {
             let fill = if *op == Op::AttentionMask { k.constant(f64::NEG_INFINITY) } else { zero };
             k.select(masked, fill, x[0])
         }
-        Op::AlibiBias => {
+        Op::AlibiBias { .. } => {
             let penalty = k.push(Expr::AlibiPenalty);
             k.binary(Sub, x[0], penalty)
         }

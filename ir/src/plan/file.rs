@@ -62,10 +62,17 @@ pub struct Workload {
     pub precision: String,
 }
 
-/// The choices the search made.
+/// The choices the search made. The cluster's `world = ranks ×
+/// tensor_parallel` GPUs form `ranks` data-parallel replicas of
+/// `tensor_parallel` tensor ranks each (a replica's tensor ranks are
+/// consecutive, so inside a node where they fit).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Strategy {
+    /// Data-parallel ranks: what ZeRO partitions over.
     pub ranks: u64,
+    /// Tensor-parallel ranks per replica (Megatron-LM layers); 1: none.
+    #[serde(default = "one")]
+    pub tensor_parallel: u64,
     pub zero_stage: u8,
     pub offload: Offload,
     /// The recomputation policy's name (`none`, `selective`, `full`, …).
@@ -76,8 +83,23 @@ pub struct Strategy {
     pub micro_batches: u64,
 }
 
+/// Plans written before tensor parallelism have none.
+fn one() -> u64 {
+    1
+}
+
+impl Strategy {
+    /// GPUs the strategy runs on.
+    pub fn world(&self) -> u64 {
+        self.ranks * self.tensor_parallel
+    }
+}
+
 impl std::fmt::Display for Strategy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.tensor_parallel > 1 {
+            write!(f, "TP-{} ", self.tensor_parallel)?;
+        }
         write!(
             f,
             "ZeRO-{} offload {} recompute {} micro-batch {}×{}",

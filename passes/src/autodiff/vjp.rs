@@ -96,7 +96,24 @@ pub(super) fn vjp(
         }
         Op::AttentionMask => grads[0] = Some(g.add(back(0), Op::AttentionMaskGrad, &[dy(), operands[1]])?),
         // The bias is a constant of the positions: the gradient passes unchanged.
-        Op::AlibiBias => grads[0] = Some(dy()),
+        Op::AlibiBias { .. } => grads[0] = Some(dy()),
+        // Megatron's conjugate pair: `f`'s adjoint is `g` and `g`'s is `f`.
+        Op::TensorCopy { ranks } => grads[0] = Some(g.add(back(0), Op::TensorAllReduce { ranks: *ranks }, &[dy()])?),
+        Op::TensorAllReduce { .. } => grads[0] = Some(dy()),
+        // Integer ids: nothing to differentiate.
+        Op::VocabShard { .. } => {}
+        // The statistics' gradient reaches the logits through the combine's
+        // third operand (below), in one op: they get none of their own.
+        Op::CrossEntropyStats { .. } => {}
+        Op::CrossEntropyCombine { ignore_index } => {
+            if want(2) {
+                let Some(Op::CrossEntropyStats { ranks, vocab }) = statistics_of(g, operands[0]) else {
+                    return Err(not_differentiable("its first operand is not the gathered cross_entropy_stats"));
+                };
+                let op = Op::CrossEntropyShardGrad { ignore_index: *ignore_index, ranks, vocab };
+                grads[2] = Some(g.add(back(2), op, &[operands[2], operands[1], operands[0], dy()])?);
+            }
+        }
         Op::Reshape { .. } => {
             let shape = g.value_type(operands[0]).shape.clone();
             grads[0] = Some(g.add(back(0), Op::Reshape { shape }, &[dy()])?);
@@ -158,6 +175,7 @@ pub(super) fn vjp(
         | Op::SliceGrad { .. }
         | Op::EmbeddingGrad { .. }
         | Op::CrossEntropyGrad { .. }
+        | Op::CrossEntropyShardGrad { .. }
         | Op::MseGrad
         | Op::SquaredSum
         | Op::LrSchedule { .. }
@@ -179,6 +197,18 @@ pub(super) fn vjp(
         }
     }
     Ok(grads)
+}
+
+/// The `cross_entropy_stats` op behind a combine's statistics (through the
+/// tensor all-reduce that gathers them).
+fn statistics_of(g: &Graph, mut v: Value) -> Option<Op> {
+    loop {
+        match &g.node(v.node).op {
+            Op::TensorAllReduce { .. } => v = g.operands(v.node)[0],
+            op @ Op::CrossEntropyStats { .. } => return Some(op.clone()),
+            _ => return None,
+        }
+    }
 }
 
 fn constant(d: Dim, err: impl FnOnce() -> AutodiffError) -> Result<u64, AutodiffError> {

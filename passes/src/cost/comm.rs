@@ -13,7 +13,7 @@ use zeroplan_ir::{Graph, Op, Phase, Value};
 /// `None` for ops that do not communicate.
 pub fn ring_share(op: &Op) -> Option<f64> {
     let (ranks, passes) = match *op {
-        Op::AllReduce { ranks } => (ranks, 2.0),
+        Op::AllReduce { ranks } | Op::TensorAllReduce { ranks } => (ranks, 2.0),
         Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, 1.0),
         _ => return None,
     };

@@ -51,6 +51,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         model_flops: 0.0,
         hardware_flops: 0.0,
     };
+    let tensor_parallel = graph.tensor_parallel();
     for &n in order {
         let node = graph.node(n);
         let w = work(graph, n, bindings)?;
@@ -59,7 +60,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         let (start, finish) = match stream {
             None => (inputs_ready, inputs_ready),
             Some(stream) => {
-                let seconds = machine.seconds(&node.op, &w);
+                let seconds = machine.seconds(&node.op, &w, tensor_parallel);
                 let start = inputs_ready.max(free.get(&stream).copied().unwrap_or(0.0));
                 free.insert(stream, start + seconds);
                 p.busy.entry(stream).or_default()[usize::from(node.phase == Phase::Optimizer)] += seconds;

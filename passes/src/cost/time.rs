@@ -60,8 +60,11 @@ impl Machine {
         self.cluster.gpu.peak_flops(self.dtype).unwrap_or(self.cluster.gpu.peak_tflops.f32 * 1e12)
     }
 
-    /// Seconds `work` (of node op `op`) takes.
-    pub fn seconds(&self, op: &Op, work: &Work) -> f64 {
+    /// Seconds `work` (of node op `op`) takes on one of `tensor_parallel`
+    /// tensor ranks: a replica's tensor ranks are consecutive GPUs, so a
+    /// data-parallel group of `r` ranks spreads over `r·tensor_parallel`
+    /// of them and leaves a node sooner than a tensor-parallel group does.
+    pub fn seconds(&self, op: &Op, work: &Work, tensor_parallel: u64) -> f64 {
         let gpu = &self.cluster.gpu;
         let hbm = gpu.hbm_gbps * 1e9;
         match work.engine {
@@ -75,22 +78,25 @@ impl Machine {
             Engine::Host => work.bytes / HOST_BYTES_PER_SECOND,
             Engine::Collective => {
                 let share = super::comm::ring_share(op).unwrap_or(0.0);
-                let (ranks, steps) = match *op {
-                    Op::AllReduce { ranks } => (ranks, 2 * (ranks - 1)),
-                    Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, ranks - 1),
-                    _ => (1, 0),
+                // (ring steps, consecutive GPUs the group spans)
+                let (steps, span) = match *op {
+                    Op::AllReduce { ranks } => (2 * (ranks - 1), ranks * tensor_parallel),
+                    Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks - 1, ranks * tensor_parallel),
+                    Op::TensorAllReduce { ranks } => (2 * (ranks - 1), ranks),
+                    _ => (0, 1),
                 };
                 LAUNCH_SECONDS
                     + steps as f64 * gpu.collective_latency_us * 1e-6
-                    + share * work.bytes / self.ring_bandwidth(ranks)
+                    + share * work.bytes / self.ring_bandwidth(span)
             }
         }
     }
 
-    /// Bytes/s per direction on the slowest link of a ring over `ranks`.
-    pub fn ring_bandwidth(&self, ranks: u64) -> f64 {
+    /// Bytes/s per direction on the slowest link of a ring whose ranks
+    /// lie among `span` consecutive GPUs.
+    pub fn ring_bandwidth(&self, span: u64) -> f64 {
         let gpu = &self.cluster.gpu;
-        let inside_a_node = ranks <= self.cluster.gpus_per_node;
+        let inside_a_node = span <= self.cluster.gpus_per_node;
         let gbps = match (inside_a_node, gpu.nvlink_gbps > 0.0) {
             (true, true) => gpu.nvlink_gbps,
             (true, false) => gpu.host_gbps,

@@ -1,7 +1,8 @@
 //! Buckets: the flat buffers ZeRO shards, communicates and updates whole.
 //!
 //! One bucket per layer (the name's first component, `layer3`, `embeddings`,
-//! `mlm`) and weight-decay group, in the order the forward first reads its
+//! `mlm`), weight-decay group and, with tensor parallelism, whether its
+//! parameters are tensor shards, in the order the forward first reads its
 //! parameters — so stage 3 gathers one bucket per layer, in forward order,
 //! and backward reduces them in reverse. Each bucket is padded to a multiple
 //! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
@@ -55,19 +56,24 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
     let mut by_use: Vec<usize> = (0..slots.len()).collect();
     by_use.sort_by_key(|&i| (first_use(&slots[i]), position[&slots[i].param]));
     let mut buckets: Vec<Bucket> = Vec::new();
-    let mut index: HashMap<(String, u64), usize> = HashMap::new();
+    let mut index: HashMap<(String, u64, bool), usize> = HashMap::new();
     let mut layers: HashMap<String, usize> = HashMap::new();
     for i in by_use {
         let slot = &slots[i];
         let node = graph.node(slot.param);
         let layer = group(&node.name).to_string();
-        let key = (layer.clone(), slot.weight_decay.to_bits());
+        let Op::Param { init } = &node.op else { unreachable!("slots hold parameters") };
+        // Tensor shards and replicated parameters count differently in the
+        // global norm (`optimizer::norm_share`): never in one bucket.
+        let sharded = init.tensor_shard_ranks().is_some();
+        let key = (layer.clone(), slot.weight_decay.to_bits(), sharded);
         let next_layer = layers.len();
         let layer_index = *layers.entry(layer.clone()).or_insert(next_layer);
         let b = *index.entry(key).or_insert_with(|| {
             let suffix = if slot.weight_decay > 0.0 { "decay" } else { "no_decay" };
+            let split = if sharded { ".tensor_shard" } else { "" };
             buckets.push(Bucket {
-                name: format!("{layer}.{suffix}"),
+                name: format!("{layer}.{suffix}{split}"),
                 layer: layer_index,
                 slots: Vec::new(),
                 members: Vec::new(),
@@ -76,7 +82,6 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
             });
             buckets.len() - 1
         });
-        let Op::Param { init } = &node.op else { unreachable!("slots hold parameters") };
         let shape: Vec<u64> = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0)).collect();
         let bucket = &mut buckets[b];
         let offset = bucket.used();

@@ -43,6 +43,7 @@ use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Place, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
+use crate::optimizer::{norm_share, tensor_sum};
 use crate::rebuild::{ValueMap, copy_node_as};
 pub use buckets::SHARD_ALIGN;
 use buckets::{Bucket, flat_init, flat_zeros};
@@ -113,6 +114,8 @@ struct Builder<'a> {
     /// The dtype the forward computes in.
     compute: DType,
     micro_batches: u64,
+    /// The tensor-parallel ranks the graph is one rank of (1: none).
+    tensor_ranks: u64,
 }
 
 impl<'a> Builder<'a> {
@@ -149,6 +152,7 @@ impl<'a> Builder<'a> {
             grad_of,
             compute,
             micro_batches,
+            tensor_ranks: graph.tensor_parallel(),
         }
     }
 
@@ -385,6 +389,8 @@ impl<'a> Builder<'a> {
             };
             self.made[b].applied = Some(applied);
             let sq = self.out.add(format!("{name}.sq"), Op::SquaredSum, &[applied])?;
+            let init = flat_init(&self.buckets[b], 1);
+            let sq = norm_share(&mut self.out, &format!("{name}.sq"), sq, init, self.tensor_ranks)?;
             total = Some(match total {
                 None => sq,
                 Some(t) => self.out.add(format!("train.grad_sq.{}", self.buckets[b].name), Op::Add, &[t, sq])?,
@@ -394,6 +400,7 @@ impl<'a> Builder<'a> {
         if self.dp.zero_stage >= 1 && ranks > 1 {
             total = self.out.add("train.grad_sq.all_reduce", Op::AllReduce { ranks }, &[total])?;
         }
+        total = tensor_sum(&mut self.out, "train.grad_sq", total, self.tensor_ranks)?;
         let old = self.graph.operands(self.step.grad_scale)[0];
         self.map.insert(old, total);
         Ok(())

@@ -58,14 +58,16 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
     }
     let Some(((beta1, beta2, eps), scalars)) = shared else { return Ok(None) };
     let grad_scale = scalars[2].node;
-    // The squared global norm: a squared_sum per gradient, and the adds
-    // that total them.
+    // The squared global norm: a squared_sum per gradient, the adds that
+    // total them and, with tensor parallelism, the shares of replicated
+    // parameters and the sum over the tensor ranks.
     for &n in &order {
         let node = graph.node(n);
         let operands = graph.operands(n);
+        let of_replaced = || node.phase == Phase::Optimizer && operands.iter().all(|v| replaced.contains(&v.node));
         let total = match node.op {
             Op::SquaredSum => applied.contains(&operands[0]),
-            Op::Add => node.phase == Phase::Optimizer && operands.iter().all(|v| replaced.contains(&v.node)),
+            Op::Add | Op::Scale { .. } | Op::TensorAllReduce { .. } => of_replaced(),
             _ => false,
         };
         if total {

@@ -13,19 +13,28 @@ use crate::memory::{self, Category, MemoryPlan};
 use crate::pipeline::{Target, compile};
 use crate::recompute::Policy;
 
-/// A strategy less its micro-batch: what `--zero`, `--offload` and
-/// `--recompute` pin, and what the runner-up differs from the winner in.
+/// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`
+/// and `--recompute` pin, and what the runner-up differs from the winner in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Choice {
+    /// Tensor-parallel ranks per data-parallel replica.
+    pub tensor_parallel: u64,
     pub zero_stage: u8,
     pub offload: Offload,
     pub recompute: Policy,
 }
 
 impl Choice {
-    pub fn strategy(&self, ranks: u64, micro_batch: u64, micro_batches: u64) -> Strategy {
+    /// The data-parallel ranks (ZeRO's `N_d`) of `world` GPUs.
+    pub fn data_ranks(&self, world: u64) -> u64 {
+        world / self.tensor_parallel
+    }
+
+    /// The strategy on `world` GPUs.
+    pub fn strategy(&self, world: u64, micro_batch: u64, micro_batches: u64) -> Strategy {
         Strategy {
-            ranks,
+            ranks: self.data_ranks(world),
+            tensor_parallel: self.tensor_parallel,
             zero_stage: self.zero_stage,
             offload: self.offload,
             recompute: self.recompute.name(),
@@ -37,6 +46,9 @@ impl Choice {
 
 impl std::fmt::Display for Choice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.tensor_parallel > 1 {
+            write!(f, "TP-{} ", self.tensor_parallel)?;
+        }
         write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())
     }
 }
@@ -58,7 +70,7 @@ pub struct Step {
 
 impl Step {
     /// Compiles `model`'s step for `choice` over `ranks` data-parallel
-    /// ranks, accumulating `micro_batches` micro-batches (the graph only
+    /// ranks (of `choice.tensor_parallel` tensor ranks each), accumulating `micro_batches` micro-batches (the graph only
     /// depends on whether there is more than one), its cost decisions
     /// (matmul merging) made for `hint_batch` sequences per micro-batch.
     pub fn compile(
@@ -74,6 +86,7 @@ impl Step {
             recompute: choice.recompute,
             shape_hint: bindings(hint_batch, req.seq),
             data_parallel: Some(DataParallel { ranks, zero_stage: choice.zero_stage, offload: choice.offload }),
+            tensor_parallel: Some(choice.tensor_parallel),
             ..PassOptions::default()
         };
         let graph = compile(model, &Target::Training(&train), options)
@@ -84,14 +97,21 @@ impl Step {
     }
 
     /// The stored activation bytes of the whole model's step without
-    /// recomputation at `micro_batch` sequences (the step before the
-    /// `recompute` pass: the same for every ZeRO stage).
-    pub fn before_recompute(req: &Request, micro_batch: u64, micro_batches: u64) -> Result<u64, PlanError> {
+    /// recomputation at `micro_batch` sequences, on one of
+    /// `tensor_parallel` tensor ranks (the step before the `recompute`
+    /// pass: the same for every ZeRO stage).
+    pub fn before_recompute(
+        req: &Request,
+        tensor_parallel: u64,
+        micro_batch: u64,
+        micro_batches: u64,
+    ) -> Result<u64, PlanError> {
         let train = TrainingSpec { micro_batches, ..req.train.clone() };
         let hint = bindings(micro_batch, req.seq);
         let options = PassOptions {
             disabled: ["recompute", "partition", "fuse"].map(String::from).into(),
             shape_hint: hint.clone(),
+            tensor_parallel: Some(tensor_parallel),
             ..PassOptions::default()
         };
         let graph = compile(req.model, &Target::Training(&train), options)

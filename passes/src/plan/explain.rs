@@ -25,18 +25,21 @@ pub struct Shortfall {
 
 /// The error for a search where nothing fits.
 pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, PlanError> {
-    let ranks = req.cluster.world_size();
-    let per_rank = req.global_batch / ranks;
-    let micro_batches = per_rank.max(1);
+    let world = req.cluster.world_size();
     let mut shortfalls = Vec::new();
     for o in outcomes {
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
         if o.choice.zero_stage > 0 {
+            // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
+            let (t, ranks) = (o.choice.tensor_parallel, o.choice.data_ranks(world));
+            let micro_batches = super::search::per_rank(req, o.choice).max(1);
             let at = |n: u64| -> Result<f64, PlanError> {
                 Ok(Probe::compile(req, o.choice, n, 1, micro_batches)?.memory(req, 1)?.peak_bytes as f64)
             };
             let (p1, p2) = (at(ranks)?, at(2 * ranks)?);
-            gpus_to_fit = gpus_for_budget(p1, p2, ranks, req.cluster.budget_bytes() as f64, req.cluster.gpus_per_node);
+            let budget = req.cluster.budget_bytes() as f64;
+            let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
+            gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
         }
         shortfalls.push(Shortfall {
@@ -46,7 +49,7 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             floor_bytes,
         });
     }
-    Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: ranks, shortfalls })
+    Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: world, shortfalls })
 }
 
 /// The GPU count at which `peak(N) = A + B/N`, fitted through `p1` at `n`

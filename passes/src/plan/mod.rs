@@ -29,6 +29,7 @@ use search::Outcome;
 /// Choices the user fixed; the search varies the rest.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Pins {
+    pub tensor_parallel: Option<u64>,
     pub zero_stage: Option<u8>,
     pub offload: Option<Offload>,
     pub recompute: Option<Policy>,
@@ -72,6 +73,8 @@ pub enum PlanError {
     Precision { gpu: String, precision: &'static str, instead: &'static str },
     #[error("--zero {0}: ZeRO has stages 0 to 3")]
     Stage(u8),
+    #[error("--tp {tensor_parallel}: {why}")]
+    TensorParallel { tensor_parallel: u64, why: String },
     #[error("the pins leave nothing to search: {0}")]
     Pins(String),
     #[error("{}", explain::nothing_fits_text(.budget_bytes, .gpus, .shortfalls))]
@@ -120,7 +123,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             strategy: o
                 .best
                 .as_ref()
-                .map_or_else(|| o.choice.strategy(winner.strategy.ranks, 1, 0), |b| b.strategy.clone()),
+                .map_or_else(|| o.choice.strategy(req.cluster.world_size(), 1, 0), |b| b.strategy.clone()),
             peak_bytes: o.best.as_ref().map_or(o.min_peak_bytes, |b| b.memory.peak_bytes),
             min_peak_bytes: o.min_peak_bytes,
             fits: o.best.is_some(),
@@ -131,7 +134,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     Ok(Plan {
         format: PLAN_FORMAT,
         model: req.model.name.clone(),
-        params: graph.parameter_count(),
+        params: graph.model_parameter_count(),
         cluster: ClusterDescription {
             gpu: req.cluster.gpu.clone(),
             nodes: req.cluster.nodes,
@@ -156,7 +159,19 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
 
 /// The request's own errors, before any search; the machine it runs on.
 fn check(req: &Request) -> Result<Machine, PlanError> {
-    let ranks = req.cluster.world_size();
+    let world = req.cluster.world_size();
+    if let Some(t) = req.pins.tensor_parallel {
+        let why = if t == 0 || !world.is_multiple_of(t) {
+            Some(format!("the {world} GPUs do not split into groups of {t}: use a divisor of {world}"))
+        } else {
+            zeroplan_ir::build::check_tensor_parallel(req.model, t).err()
+        };
+        if let Some(why) = why {
+            return Err(PlanError::TensorParallel { tensor_parallel: t, why });
+        }
+    }
+    // The data-parallel ranks split the batch.
+    let ranks = world / req.pins.tensor_parallel.unwrap_or(1).max(1);
     if ranks == 0 || req.global_batch == 0 || !req.global_batch.is_multiple_of(ranks) {
         return Err(PlanError::Batch { global_batch: req.global_batch, ranks: ranks.max(1) });
     }
@@ -191,19 +206,19 @@ fn exact_winner(
     machine: &Machine,
     outcomes: &[Outcome],
 ) -> Result<(Evaluation, (evaluate::Choice, Step), crate::memory::MemoryPlan), PlanError> {
-    let ranks = req.cluster.world_size();
-    let per_rank = req.global_batch / ranks;
+    let world = req.cluster.world_size();
     let budget = req.cluster.budget_bytes();
     let mut smallest_peak = u64::MAX;
     for outcome in outcomes {
         let Some(best) = &outcome.best else { continue };
+        let (ranks, per_rank) = (outcome.choice.data_ranks(world), search::per_rank(req, outcome.choice));
         let sizes: Vec<u64> = search::divisors(per_rank)
             .into_iter()
             .filter(|&b| b <= best.strategy.micro_batch && req.pins.micro_batch.is_none_or(|p| p == b))
             .rev()
             .collect();
         for b in sizes {
-            let strategy = outcome.choice.strategy(ranks, b, per_rank / b);
+            let strategy = outcome.choice.strategy(world, b, per_rank / b);
             let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
             let (evaluation, memory_plan) = step.evaluate(req, machine, strategy)?;
             if evaluation.memory.peak_bytes <= budget {

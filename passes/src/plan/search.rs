@@ -18,6 +18,7 @@ use super::evaluate::{Choice, Evaluation, Step};
 use super::{PlanError, Request};
 use crate::cost::Machine;
 use crate::recompute::Policy;
+use zeroplan_ir::build::check_tensor_parallel;
 
 /// What the search found for one choice.
 pub struct Outcome {
@@ -28,8 +29,31 @@ pub struct Outcome {
     pub best: Option<Evaluation>,
 }
 
+/// The tensor-parallel degrees the search tries: the pinned one, or each
+/// divisor of the GPU count that fits inside a node (Megatron-LM keeps
+/// tensor parallelism on NVLink: its all-reduces sit on the critical path)
+/// and splits the model's heads and feed-forward evenly.
+pub fn tensor_degrees(req: &Request) -> Vec<u64> {
+    if let Some(t) = req.pins.tensor_parallel {
+        return vec![t];
+    }
+    divisors(req.cluster.world_size())
+        .into_iter()
+        .filter(|&t| t <= req.cluster.gpus_per_node.max(1) && check_tensor_parallel(req.model, t).is_ok())
+        .collect()
+}
+
 /// The choices the pins leave, in a fixed order.
 pub fn choices(req: &Request) -> Vec<Choice> {
+    let mut out = Vec::new();
+    for tensor_parallel in tensor_degrees(req) {
+        out.extend(data_parallel_choices(req, tensor_parallel));
+    }
+    out
+}
+
+/// The ZeRO × offload × recomputation choices at one tensor-parallel degree.
+fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
     let mut out = Vec::new();
     for zero_stage in 0..=3u8 {
         for offload in [Offload::None, Offload::Optimizer, Offload::OptimizerAndParams] {
@@ -43,7 +67,7 @@ pub fn choices(req: &Request) -> Vec<Choice> {
             // The search tries the fixed policies; an `optimal` one only when pinned.
             let policies = req.pins.recompute.map_or(vec![Policy::None, Policy::Selective, Policy::Full], |r| vec![r]);
             for recompute in policies {
-                let choice = Choice { zero_stage, offload, recompute };
+                let choice = Choice { tensor_parallel, zero_stage, offload, recompute };
                 let pins = &req.pins;
                 if allowed
                     && pins.zero_stage.is_none_or(|z| z == zero_stage)
@@ -75,16 +99,20 @@ pub fn divisors(n: u64) -> Vec<u64> {
     small
 }
 
-/// Runs the search over `choices` on `ranks` ranks; outcomes best first
-/// (fitting ones by throughput, then the others by least memory).
+/// Sequences each data-parallel rank trains on per step under `choice`.
+pub fn per_rank(req: &Request, choice: Choice) -> u64 {
+    req.global_batch / choice.data_ranks(req.cluster.world_size())
+}
+
+/// Runs the search over `choices`; outcomes best first (fitting ones by
+/// throughput, then the others by least memory).
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
-    let per_rank = req.global_batch / req.cluster.world_size();
     let mut outcomes = Vec::with_capacity(choices.len());
     for &choice in choices {
-        outcomes.push(search_choice(req, machine, choice, per_rank)?);
+        outcomes.push(search_choice(req, machine, choice)?);
     }
     if req.pins.recompute.is_none() {
-        let optimal = optimal_outcomes(req, machine, &outcomes, per_rank)?;
+        let optimal = optimal_outcomes(req, machine, &outcomes)?;
         outcomes.extend(optimal);
     }
     outcomes.sort_by(|a, b| match (&a.best, &b.best) {
@@ -102,19 +130,15 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
 /// corrected by the measured overshoot until the whole plan fits (a few
 /// tries). It recomputes the least that fits, so at that micro-batch it is
 /// never slower than `full`.
-fn optimal_outcomes(
-    req: &Request,
-    machine: &Machine,
-    outcomes: &[Outcome],
-    per_rank: u64,
-) -> Result<Vec<Outcome>, PlanError> {
-    let ranks = req.cluster.world_size();
+fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<Vec<Outcome>, PlanError> {
+    let world = req.cluster.world_size();
     let budget = req.cluster.budget_bytes();
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
-    let mut stored_none: HashMap<u64, u64> = HashMap::new();
+    let mut stored_none: HashMap<(u64, u64), u64> = HashMap::new();
     let mut out = Vec::new();
     for o in outcomes.iter().filter(|o| o.choice.recompute == Policy::Full) {
         let Some(full) = &o.best else { continue };
+        let (ranks, per_rank) = (o.choice.data_ranks(world), per_rank(req, o.choice));
         let b = full.strategy.micro_batch;
         let keep = Choice { recompute: Policy::None, ..o.choice };
         if best_of_choice(keep).is_some_and(|e| e.strategy.micro_batch >= b) {
@@ -122,11 +146,12 @@ fn optimal_outcomes(
         }
         let micro_batches = per_rank / b;
         let peak_none = Probe::compile(req, keep, ranks, b, micro_batches)?.memory(req, b)?.peak_bytes;
-        let stored = match stored_none.get(&b) {
+        let key = (o.choice.tensor_parallel, b);
+        let stored = match stored_none.get(&key) {
             Some(&s) => s,
             None => {
-                let s = Step::before_recompute(req, b, micro_batches)?;
-                stored_none.insert(b, s);
+                let s = Step::before_recompute(req, o.choice.tensor_parallel, b, micro_batches)?;
+                stored_none.insert(key, s);
                 s
             }
         };
@@ -139,7 +164,7 @@ fn optimal_outcomes(
             let (_, memory) = step.memory(req, b)?;
             if memory.peak_bytes <= budget {
                 let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;
-                let strategy = choice.strategy(ranks, b, micro_batches);
+                let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
                 out.push(Outcome { choice, min_peak_bytes, best });
@@ -153,8 +178,8 @@ fn optimal_outcomes(
     Ok(out)
 }
 
-fn search_choice(req: &Request, machine: &Machine, choice: Choice, per_rank: u64) -> Result<Outcome, PlanError> {
-    let ranks = req.cluster.world_size();
+fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Outcome, PlanError> {
+    let (ranks, per_rank) = (choice.data_ranks(req.cluster.world_size()), per_rank(req, choice));
     let budget = req.cluster.budget_bytes();
     let sizes: Vec<u64> =
         divisors(per_rank).into_iter().filter(|b| req.pins.micro_batch.is_none_or(|p| p == *b)).collect();
@@ -206,7 +231,7 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice, per_rank: u64
 
 /// The one micro-batch without accumulation: all of a rank's sequences.
 fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64) -> Result<Outcome, PlanError> {
-    let probe = Probe::compile(req, choice, req.cluster.world_size(), per_rank, 1)?;
+    let probe = Probe::compile(req, choice, choice.data_ranks(req.cluster.world_size()), per_rank, 1)?;
     let memory = probe.memory(req, per_rank)?;
     let min_peak_bytes = memory.peak_bytes;
     let fits = memory.peak_bytes <= req.cluster.budget_bytes();
