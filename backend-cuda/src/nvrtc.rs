@@ -57,7 +57,7 @@ impl Nvrtc {
         let include_dir = include_dir.or_else(|| {
             let candidates = ["CUDA_HOME", "CUDA_PATH"]
                 .iter()
-                .filter_map(|v| std::env::var_os(v))
+                .filter_map(std::env::var_os)
                 .map(|root| PathBuf::from(root).join("include"))
                 .chain([PathBuf::from("/usr/local/cuda/include")]);
             candidates.into_iter().find(|d| d.join("cuda_bf16.h").is_file())
@@ -126,7 +126,9 @@ fn preload(dir: &Path) -> Result<Vec<libloading::Library>, String> {
     let find = |prefix: &str| {
         files
             .iter()
-            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && !n.contains(".alt.")))
+            .find(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && !n.contains(".alt."))
+            })
             .cloned()
             .ok_or_else(|| format!("no {prefix}* in {}", dir.display()))
     };

@@ -88,7 +88,17 @@ struct Emitter<'a> {
 
 /// Comment text that cannot end a `//` comment early or splice lines.
 fn comment(text: &str) -> String {
-    text.chars().map(|c| if c == '\\' { '/' } else if c.is_control() { '?' } else { c }).collect()
+    text.chars()
+        .map(|c| {
+            if c == '\\' {
+                '/'
+            } else if c.is_control() {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 impl Emitter<'_> {
@@ -161,7 +171,10 @@ impl Emitter<'_> {
             let slopes = zeroplan_ir::interp::alibi_slopes(l.shape[1]);
             let list: Vec<String> = slopes.iter().map(|&m| Precision::Float.literal(m)).collect();
             self.line(0, "// ALiBi's slope per head.");
-            self.line(0, format!("__constant__ float zp_alibi_slopes[{}] = {{{}}};", slopes.len().max(1), list.join(", ")));
+            self.line(
+                0,
+                format!("__constant__ float zp_alibi_slopes[{}] = {{{}}};", slopes.len().max(1), list.join(", ")),
+            );
         }
         self.out.push('\n');
     }
@@ -279,7 +292,10 @@ impl Emitter<'_> {
         self.line(1, "// This block's partial sums of the cross-row outputs (added up in block order by _finish).");
         for (k, len) in slots {
             self.line(1, format!("double* part{k} = partials + ({base}LL + (long long)blockIdx.x * {len});"));
-            self.line(1, format!("for (long long i = threadIdx.x; i < {len}; i += {}) part{k}[i] = 0.0;", self.launch.block));
+            self.line(
+                1,
+                format!("for (long long i = threadIdx.x; i < {len}; i += {}) part{k}[i] = 0.0;", self.launch.block),
+            );
             base += len * self.launch.grid as usize;
         }
         self.line(1, "__syncthreads();");
@@ -308,8 +324,10 @@ impl Emitter<'_> {
         let l = self.layout;
         let mut pointers = Vec::new();
         // ALiBi reads the head (axis 1) and the query position (axis 2).
-        let mut coords: BTreeSet<usize> = if self.has(|e| *e == Expr::AlibiPenalty) { [1, 2].into() } else { BTreeSet::new() };
-        for (k, a) in l.inputs.iter().enumerate() {
+        let mut coords: BTreeSet<usize> =
+            if self.has(|e| *e == Expr::AlibiPenalty) { [1, 2].into() } else { BTreeSet::new() };
+        // Scalars are read once, with the launch-uniform values.
+        for (k, a) in l.inputs.iter().enumerate().filter(|(_, a)| !a.scalar) {
             let (offset, axes) = self.row_offset(a);
             coords.extend(axes);
             pointers.push((format!("const {}* in{k}_r = in{k}", expr::c_type(a.dtype)), offset));
@@ -445,13 +463,20 @@ impl Emitter<'_> {
         if l.main > 0 {
             self.line(
                 2,
-                format!("for (long long col = (long long)threadIdx.x * {v}; col < {}; col += {}) {{", l.main, threads as usize * v),
+                format!(
+                    "for (long long col = (long long)threadIdx.x * {v}; col < {}; col += {}) {{",
+                    l.main,
+                    threads as usize * v
+                ),
             );
             self.lanes(Step::Vector, actions, defined);
             self.line(2, "}");
         }
         if l.width > l.main {
-            self.line(2, format!("for (long long col = {} + threadIdx.x; col < {}; col += {threads}) {{", l.main, l.width));
+            self.line(
+                2,
+                format!("for (long long col = {} + threadIdx.x; col < {}; col += {threads}) {{", l.main, l.width),
+            );
             self.lanes(Step::Scalar, actions, defined);
             self.line(2, "}");
         }
@@ -536,18 +561,31 @@ impl Emitter<'_> {
         let outputs: Vec<(usize, ArgLayout)> = self.cross_rows().map(|(k, o)| (k, o.clone())).collect();
         let mut params = vec!["const double* partials".to_string()];
         for (k, o) in &outputs {
-            params.push(format!("{}* out{k} /* %{} */", expr::c_type(o.dtype), comment_safe(&self.kernel.outputs[*k].name)));
+            params.push(format!(
+                "{}* out{k} /* %{} */",
+                expr::c_type(o.dtype),
+                comment_safe(&self.kernel.outputs[*k].name)
+            ));
         }
         self.out.push('\n');
         self.line(0, "// Each cross-row output: its blocks' partial sums added in block order, rounded once.");
-        self.line(0, format!("extern \"C\" __global__ void __launch_bounds__({FINISH_THREADS}) {finish}({}) {{", params.join(", ")));
+        self.line(
+            0,
+            format!(
+                "extern \"C\" __global__ void __launch_bounds__({FINISH_THREADS}) {finish}({}) {{",
+                params.join(", ")
+            ),
+        );
         self.line(1, format!("long long i = (long long)blockIdx.x * {FINISH_THREADS} + threadIdx.x;"));
         let mut base = 0usize;
         for (n, (k, o)) in outputs.iter().enumerate() {
             let len = o.len;
             self.line(1, format!("if (i < {len}) {{"));
             self.line(2, "double total = 0.0;");
-            self.line(2, format!("for (long long b = 0; b < {grid}; ++b) total += partials[{base}LL + b * {len} + i];"));
+            self.line(
+                2,
+                format!("for (long long b = 0; b < {grid}; ++b) total += partials[{base}LL + b * {len} + i];"),
+            );
             self.line(2, format!("zp_st(out{k} + i, total);"));
             self.line(2, "return;");
             self.line(1, "}");

@@ -111,8 +111,8 @@ pub(crate) fn launch_config(
     }
     let slot: usize = layout.outputs.iter().filter(|o| o.cross_row).map(|o| o.len * 8).sum();
     let mut grid = layout.rows.min(device.max_grid_x.max(1) as usize);
-    if slot > 0 {
-        let by_memory = (SCRATCH_BYTES / slot).max(1);
+    if let Some(by_memory) = SCRATCH_BYTES.checked_div(slot) {
+        let by_memory = by_memory.max(1);
         grid = grid.min((device.multiprocessors.max(1) * CROSS_ROW_BLOCKS_PER_SM) as usize).min(by_memory);
     }
     let rows_per_block = layout.rows.checked_div(grid).map_or(0, |_| layout.rows.div_ceil(grid));

@@ -33,6 +33,8 @@ pub(crate) struct ArgLayout {
     pub along_row: bool,
     /// A cross-row output: the sum over the kernel axes it omits.
     pub cross_row: bool,
+    /// A scalar (no axes): a launch-uniform value.
+    pub scalar: bool,
 }
 
 /// The kernel with its shape bound.
@@ -76,6 +78,7 @@ impl ArgLayout {
             strides,
             along_row: arg.axes.last() == Some(&(rank - 1)),
             cross_row,
+            scalar: arg.axes.is_empty(),
         }
     }
 
@@ -155,10 +158,7 @@ pub(crate) fn layout(kernel: &Kernel, dims: &[usize]) -> Result<Layout, String> 
     // the vector (or there is one row); then vector steps cover the row up
     // to the last whole vector and the tail is scalar.
     let aligned_rows = width.is_multiple_of(vector) || rows <= 1;
-    let (vector, main) = if vector > 1 && aligned_rows && width >= vector {
-        (vector, width / vector * vector)
-    } else {
-        (1, 0)
-    };
+    let (vector, main) =
+        if vector > 1 && aligned_rows && width >= vector { (vector, width / vector * vector) } else { (1, 0) };
     Ok(Layout { shape: dims.to_vec(), width, rows, inputs, outputs, class, level, reduction_sweeps, vector, main })
 }

@@ -82,7 +82,8 @@ pub struct GeneratedKernel {
 pub fn generate(kernel: &Kernel, dims: &[usize], device: &DeviceProperties) -> Result<GeneratedKernel, CodegenError> {
     let name = kernel.name.clone();
     kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
-    let layout = layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+    let layout =
+        layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
     let has_reduction = kernel.body.iter().any(|e| matches!(e, Expr::ReduceSum(_) | Expr::ReduceMax(_)));
     let launch = launch::launch_config(&layout, device, has_reduction)
         .map_err(|launch::LaunchError::Device(message)| CodegenError::Device { kernel: name.clone(), message })?;

@@ -41,7 +41,7 @@ fn one_block_per_row_with_a_thread_per_vector_step() {
     // A width that is not a multiple of the vector: scalar rows, a warp at least.
     let g = generate(&centre(30, DType::F32, false), &[7, 30], &DeviceProperties::H100_SXM).unwrap();
     assert_eq!((g.launch.block, g.inputs[0].alignment), (32, 4));
-    assert!(!g.source.contains("zp_ld4"));
+    assert!(!g.source.contains("zp_ld4(in0_r"), "{}", g.source);
 }
 
 #[test]
@@ -96,6 +96,8 @@ fn names_cannot_break_out_of_comments_or_symbols() {
     k.inputs[0].name = "x */ int oops; /*".into();
     let g = generate(&k, &[1, 8], &DeviceProperties::H100_SXM).unwrap();
     assert!(g.entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{}", g.entry);
-    assert!(!g.source.contains("*/ int oops"), "{}", g.source);
+    // Outside `//` comments, the name's `*/` is defused.
+    let code = g.source.lines().filter(|l| !l.trim_start().starts_with("//"));
+    assert!(code.clone().all(|l| !l.contains("*/ int oops")), "{}", g.source);
     assert!(g.source.lines().filter(|l| l.starts_with("//")).all(|l| !l.ends_with('\\')));
 }

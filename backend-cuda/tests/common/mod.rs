@@ -42,11 +42,7 @@ pub fn tiny_model(name: &str) -> PathBuf {
 
 /// The training precisions kernels are generated for.
 pub fn precisions() -> [(&'static str, spec::Precision); 3] {
-    [
-        ("f32", spec::Precision::F32),
-        ("bf16", spec::Precision::Bf16),
-        ("f16", spec::Precision::F16(Default::default())),
-    ]
+    [("f32", spec::Precision::F32), ("bf16", spec::Precision::Bf16), ("f16", spec::Precision::F16(Default::default()))]
 }
 
 /// The kernels of the fused training graph of `model` (dropout on), in node
