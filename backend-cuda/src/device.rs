@@ -1,0 +1,235 @@
+//! The GPU side: finding GPUs, their properties, loading PTX modules and
+//! launching generated kernels through cudarc's driver API.
+//!
+//! cudarc loads the CUDA driver at run time (`dynamic-loading`), so this
+//! crate builds and its callers run on machines without CUDA; every entry
+//! point here looks for the driver library ([`probe`]) before making any
+//! CUDA call, since cudarc's calls panic when the library is missing.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, PushKernelArg, result, sys};
+use cudarc::nvrtc::Ptx;
+
+use crate::codegen::{DeviceProperties, GeneratedKernel};
+use crate::compiler::CompiledPtx;
+
+/// One GPU as the driver reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpu {
+    pub ordinal: usize,
+    pub name: String,
+    pub memory_bytes: u64,
+    /// `(major, minor)`: `(9, 0)` is Hopper.
+    pub compute_capability: (i32, i32),
+}
+
+/// What the probe found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// No CUDA driver library could be loaded.
+    NoDriver,
+    /// The driver loaded but failed to initialise or enumerate (the message says why).
+    DriverError(String),
+    Gpus(Vec<Gpu>),
+}
+
+/// Looks for CUDA GPUs without ever panicking on a machine without CUDA.
+pub fn probe() -> Probe {
+    // SAFETY: `is_culib_present` only tries to open the driver library.
+    if !unsafe { sys::is_culib_present() } {
+        return Probe::NoDriver;
+    }
+    match enumerate() {
+        Ok(gpus) => Probe::Gpus(gpus),
+        Err(e) => Probe::DriverError(format!("{e:?}")),
+    }
+}
+
+fn enumerate() -> Result<Vec<Gpu>, DriverError> {
+    result::init()?;
+    let count = result::device::get_count()?;
+    (0..count)
+        .map(|ordinal| {
+            let dev = result::device::get(ordinal)?;
+            let attribute = |a| unsafe { result::device::get_attribute(dev, a) };
+            Ok(Gpu {
+                ordinal: ordinal as usize,
+                name: result::device::get_name(dev)?,
+                // SAFETY: `dev` is a device handle the driver just returned.
+                memory_bytes: unsafe { result::device::total_mem(dev)? } as u64,
+                compute_capability: (
+                    attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                    attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Why a GPU could not be used or a kernel run.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("no CUDA driver library found")]
+    NoDriver,
+    #[error("the CUDA driver failed: {0:?}")]
+    Driver(#[from] DriverError),
+    /// The buffers handed to a kernel do not match its operands.
+    #[error("kernel `{kernel}`: {message}")]
+    Buffers { kernel: String, message: String },
+}
+
+/// One GPU, ready to load modules: its context, a stream, its properties.
+pub struct CudaDevice {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    properties: DeviceProperties,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` (never panics without a driver).
+    pub fn open(ordinal: usize) -> Result<CudaDevice, DeviceError> {
+        // SAFETY: only tries to open the driver library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(DeviceError::NoDriver);
+        }
+        let context = CudaContext::new(ordinal)?;
+        use sys::CUdevice_attribute as A;
+        let attribute = |a| context.attribute(a).map(|v| v.max(0) as u32);
+        let properties = DeviceProperties {
+            compute_capability: context.compute_capability()?,
+            multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            max_threads_per_block: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            shared_memory_per_block: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            max_grid_x: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+            warp_size: attribute(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+        };
+        let stream = context.default_stream();
+        Ok(CudaDevice { context, stream, properties })
+    }
+
+    pub fn properties(&self) -> &DeviceProperties {
+        &self.properties
+    }
+
+    /// Loads a compiled kernel's module and finds its entry points.
+    pub fn load(&self, compiled: &CompiledPtx) -> Result<LoadedKernel, DeviceError> {
+        let module = self.context.load_module(Ptx::from_src(compiled.ptx.clone()))?;
+        let main = module.load_function(&compiled.kernel.entry)?;
+        let finish = compiled.kernel.finish_entry.as_deref().map(|f| module.load_function(f)).transpose()?;
+        Ok(LoadedKernel { kernel: compiled.kernel.clone(), main, finish })
+    }
+}
+
+/// A kernel's functions in a loaded module.
+pub struct LoadedKernel {
+    kernel: GeneratedKernel,
+    main: CudaFunction,
+    finish: Option<CudaFunction>,
+}
+
+/// `(grid, block)` as cudarc's launch configuration (static shared memory only).
+fn config(grid: u32, block: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl LoadedKernel {
+    /// Runs the kernel on host buffers (copied to the GPU and back): the
+    /// storage bytes of each input; returns each output's bytes. For checks
+    /// against the CPU backend, not for training (which keeps data on the GPU).
+    pub fn run_host(
+        &self,
+        device: &CudaDevice,
+        inputs: &[&[u8]],
+        seed: u64,
+        offset: u64,
+    ) -> Result<Vec<Vec<u8>>, DeviceError> {
+        let k = &self.kernel;
+        let bytes = |b: &crate::codegen::Buffer| b.len * b.dtype.size_bytes() as usize;
+        if inputs.len() != k.inputs.len() {
+            return Err(DeviceError::Buffers {
+                kernel: k.name.clone(),
+                message: format!("{} inputs for {} operands", inputs.len(), k.inputs.len()),
+            });
+        }
+        for (i, (data, b)) in inputs.iter().zip(&k.inputs).enumerate() {
+            if data.len() != bytes(b) {
+                return Err(DeviceError::Buffers {
+                    kernel: k.name.clone(),
+                    message: format!("input {i} has {} bytes, not {}", data.len(), bytes(b)),
+                });
+            }
+        }
+        let stream = &device.stream;
+        // Never a zero-byte allocation (the driver refuses them).
+        let upload = |data: &[u8]| -> Result<CudaSlice<u8>, DriverError> {
+            let mut slice = stream.alloc_zeros::<u8>(data.len().max(1))?;
+            if !data.is_empty() {
+                stream.memcpy_htod(data, &mut slice)?;
+            }
+            Ok(slice)
+        };
+        let ins: Vec<CudaSlice<u8>> = inputs.iter().map(|d| upload(d)).collect::<Result<_, _>>()?;
+        let outs: Vec<CudaSlice<u8>> =
+            k.outputs.iter().map(|b| stream.alloc_zeros::<u8>(bytes(b).max(1))).collect::<Result<_, _>>()?;
+        let partials = stream.alloc_zeros::<u8>(k.launch.scratch_bytes.max(8))?;
+        if k.launch.grid > 0 {
+            let mut launch = stream.launch_builder(&self.main);
+            for s in &ins {
+                launch.arg(s);
+            }
+            for (s, b) in outs.iter().zip(&k.outputs) {
+                if !b.cross_row {
+                    launch.arg(s);
+                }
+            }
+            if k.outputs.iter().any(|b| b.cross_row) {
+                launch.arg(&partials);
+            }
+            launch.arg(&seed);
+            launch.arg(&offset);
+            // SAFETY: the arguments match the generated signature (see
+            // `GeneratedKernel`) and every buffer has its operand's size.
+            unsafe { launch.launch(config(k.launch.grid, k.launch.block)) }?;
+        }
+        if let (Some(finish), Some((grid, block))) = (&self.finish, k.launch.finish) {
+            let mut launch = stream.launch_builder(finish);
+            launch.arg(&partials);
+            for (s, b) in outs.iter().zip(&k.outputs) {
+                if b.cross_row {
+                    launch.arg(s);
+                }
+            }
+            // SAFETY: as above, for the finish kernel's signature.
+            unsafe { launch.launch(config(grid, block)) }?;
+        }
+        let mut results = Vec::with_capacity(outs.len());
+        for (s, b) in outs.iter().zip(&k.outputs) {
+            let mut host = stream.clone_dtoh(s)?;
+            host.truncate(bytes(b));
+            results.push(host);
+        }
+        Ok(results)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probing_never_panics() {
+        // Without CUDA this is NoDriver; on a GPU machine it lists the GPUs.
+        match probe() {
+            Probe::Gpus(gpus) => assert!(gpus.iter().all(|g| g.memory_bytes > 0 && g.compute_capability.0 > 0)),
+            Probe::NoDriver | Probe::DriverError(_) => {}
+        }
+    }
+
+    #[test]
+    fn opening_a_gpu_without_a_driver_is_an_error() {
+        if probe() == Probe::NoDriver {
+            assert!(matches!(CudaDevice::open(0), Err(DeviceError::NoDriver)));
+        }
+    }
+}

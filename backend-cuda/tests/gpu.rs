@@ -1,0 +1,98 @@
+//! On a GPU: every kernel of every tiny model compiled, loaded and run, its
+//! outputs checked against the reference interpreter on fresh random inputs
+//! (the exact `f64` answer the CPU backend is measured against, with the
+//! same metric and tolerances: fp32 1e-5, bf16 1e-2 relative to the output's
+//! largest magnitude), dropout masks bit for bit.
+//!
+//! Ignored by default (no GPU in CI):
+//! `cargo test -p zeroplan-backend-cuda --test gpu -- --ignored --nocapture`
+//! on a machine with a CUDA 13 driver and NVRTC (`scripts/fetch-nvrtc.sh`
+//! or the toolkit's). They fail, rather than skip, when there is no GPU.
+
+mod common;
+
+use common::{dims, error, from_bytes, fused_kernels, interpret, random_inputs, tiny_models, to_bytes};
+use zeroplan_backend_cuda::{CudaDevice, CudaKernelCompiler};
+use zeroplan_ir::interp::random::dropout_keeps;
+use zeroplan_ir::kernel::{Expr, KernelBuilder};
+use zeroplan_ir::spec::Precision;
+use zeroplan_ir::{DType, Shape, TensorType};
+
+const F32_TOLERANCE: f64 = 1e-5;
+const BF16_TOLERANCE: f64 = 1e-2;
+
+fn gpu() -> (CudaDevice, CudaKernelCompiler) {
+    let device = CudaDevice::open(0).unwrap_or_else(|e| panic!("these tests need a GPU: {e}"));
+    let nvrtc = common::nvrtc().expect("NVRTC (scripts/fetch-nvrtc.sh or the CUDA toolkit)");
+    let compiler = CudaKernelCompiler::new(*device.properties(), nvrtc, None);
+    (device, compiler)
+}
+
+/// Runs every kernel of every tiny model at `batch × seq`; the number checked.
+fn check_models(precision: Precision, batch: u64, seq: u64, tolerance: f64) -> usize {
+    let (device, mut compiler) = gpu();
+    let (mut failures, mut count, mut worst) = (Vec::new(), 0, 0.0f64);
+    for model in tiny_models() {
+        for (i, kernel) in fused_kernels(&model, precision).iter().enumerate() {
+            let d = dims(kernel, batch, seq);
+            let compiled = compiler.compile(kernel, &d).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+            let loaded = device.load(&compiled).unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+            let inputs = random_inputs(kernel, &d, 1000 + i as u64);
+            let (seed, offset) = (0x1234_5678_9ABC_DEF0, 3);
+            let want = interpret(kernel, &inputs, seed, offset);
+            let bytes: Vec<Vec<u8>> = inputs.iter().map(to_bytes).collect();
+            let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+            let got = loaded.run_host(&device, &slices, seed, offset).unwrap_or_else(|e| panic!("{e}"));
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = error(&from_bytes(g, kernel.outputs[k].ty.dtype), w.floats().unwrap());
+                worst = worst.max(e);
+                if e > tolerance {
+                    failures.push(format!("{}: {} out{k}: error {e:e}", model.display(), kernel.name));
+                }
+            }
+            count += 1;
+        }
+    }
+    println!("{precision:?} {batch}×{seq}: {count} kernels, worst error {worst:e}");
+    assert!(failures.is_empty(), "{} of {count} kernels differ:\n{}", failures.len(), failures.join("\n"));
+    count
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn every_tiny_model_kernel_matches_the_interpreter_on_the_gpu() {
+    // seq 5: rows of 5 keys run scalar; seq 8: whole vectors.
+    assert!(check_models(Precision::F32, 2, 5, F32_TOLERANCE) > 50);
+    check_models(Precision::F32, 3, 8, F32_TOLERANCE);
+    // Many rows per block for the cross-row partials.
+    check_models(Precision::F32, 64, 128, F32_TOLERANCE);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn bf16_and_f16_kernels_match_the_interpreter_on_the_gpu() {
+    check_models(Precision::Bf16, 2, 6, BF16_TOLERANCE);
+    check_models(Precision::F16(Default::default()), 2, 6, BF16_TOLERANCE);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn dropout_masks_are_bit_exact_on_the_gpu() {
+    let (device, mut compiler) = gpu();
+    let dims = [3u64, 5, 37];
+    let shape = || Shape::new(dims.iter().map(|&d| d.into()));
+    for (p, stream, seed, offset) in
+        [(0.1, 0, 0u64, 0u64), (0.5, 7, 0xDEAD_BEEF_0123_4567, 99), (0.9999, 3, 42, 1 << 40)]
+    {
+        let mut k = KernelBuilder::new("keep", shape());
+        let keep = k.push(Expr::Keep { p, stream });
+        k.store("mask", TensorType::new(shape(), DType::F32), keep);
+        let kernel = k.finish().unwrap();
+        let compiled = compiler.compile(&kernel, &[3, 5, 37]).unwrap();
+        let got = device.load(&compiled).unwrap().run_host(&device, &[], seed, offset).unwrap();
+        for (e, g) in from_bytes(&got[0], DType::F32).into_iter().enumerate() {
+            let want = dropout_keeps(seed, stream, offset, e as u64, p);
+            assert_eq!(g, if want { 1.0 } else { 0.0 }, "p {p} stream {stream} element {e}");
+        }
+    }
+}
