@@ -34,6 +34,8 @@ pub enum Command {
     Predict(PredictArgs),
     /// Write the DeepSpeed configuration (ds_config.json) that trains as a plan does.
     ExportDeepspeed(ExportDeepspeedArgs),
+    /// The largest model of a family that trains on a cluster, by model states alone and with a full plan.
+    Capacity(Box<CapacityArgs>),
 }
 
 /// The task and model `finetune`, `eval` and `predict` share.
@@ -146,18 +148,8 @@ pub struct ExportArgs {
 pub struct CompileArgs {
     /// A `.ron` model spec (see models/) or a Hugging Face `config.json` (or its directory).
     pub spec: PathBuf,
-    /// GPUs in all: data-parallel ranks × tensor-parallel ranks.
-    #[arg(long, default_value_t = 1)]
-    pub gpus: u64,
-    /// Nodes the GPUs are spread over, evenly.
-    #[arg(long, default_value_t = 1)]
-    pub nodes: u64,
-    /// GPU profile: a bundled name (v100-32gb, a100-40gb, a100-80gb, h100-80gb-sxm, h200) or a RON file.
-    #[arg(long)]
-    pub gpu: String,
-    /// Per-GPU memory budget (`40GiB`, `38000MiB`, `40GB`); the card's memory by default.
-    #[arg(long, value_parser = parse_bytes)]
-    pub memory: Option<u64>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Tokens per sequence.
     #[arg(long, default_value_t = 512)]
     pub seq: u64,
@@ -199,6 +191,56 @@ pub struct CompileArgs {
     #[arg(short, long, value_name = "PLAN.ron")]
     pub output: Option<PathBuf>,
     /// Print the inspection as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The cluster a plan is for.
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// GPUs in all: data-parallel ranks × tensor-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u64,
+    /// Nodes the GPUs are spread over, evenly.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    /// GPU profile: a bundled name (v100-32gb, a100-40gb, a100-80gb, h100-80gb-sxm, h200) or a RON file.
+    #[arg(long)]
+    pub gpu: String,
+    /// Per-GPU memory budget (`40GiB`, `38000MiB`, `40GB`); the card's memory by default.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct CapacityArgs {
+    /// The family: a `.ron` model spec or a Hugging Face `config.json`, scaled in depth and width along
+    /// GPT-3's sizes (125M to 175B) with its head width, feed-forward ratio and layer kind kept.
+    pub spec: PathBuf,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub seq: u64,
+    /// A RON training spec (optimizer, precision…); `--precision` overrides it.
+    #[arg(long, value_name = "TRAIN.ron")]
+    pub train: Option<PathBuf>,
+    /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<zeroplan_ir::spec::Precision>,
+    /// Pin the tensor-parallel degree (default: the search's, up to a node).
+    #[arg(long, value_name = "T")]
+    pub tp: Option<u64>,
+    /// Pin the ZeRO stage (default: the search's; stage 3 for the model-states figure).
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<u8>,
+    /// Pin ZeRO-Offload: none, optimizer or optimizer+params (default: the search's).
+    #[arg(long, value_parser = parse_offload)]
+    pub offload: Option<zeroplan_ir::plan::Offload>,
+    /// Write the largest size's plan (RON) here, atomically.
+    #[arg(short, long, value_name = "PLAN.ron")]
+    pub output: Option<PathBuf>,
+    /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         cli::Command::Eval(args) => commands::eval::run(args),
         cli::Command::Predict(args) => commands::predict::run(args),
         cli::Command::ExportDeepspeed(args) => commands::export_deepspeed::run(args),
+        cli::Command::Capacity(args) => commands::capacity::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

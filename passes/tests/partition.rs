@@ -139,7 +139,7 @@ fn each_rank_sends_two_psi_below_stage_three_and_three_psi_at_it() {
     for stage in 0..=3 {
         let graph = bert_large_bf16(ranks, stage);
         let psi = graph.parameter_count() as f64;
-        let traffic = zeroplan_passes::cost::comm::traffic(&graph, 1);
+        let traffic = zeroplan_passes::cost::comm::traffic(&graph, 1, &Default::default());
         let sent: f64 = traffic.values().map(|t| t.elements).sum();
         // Ring collectives send (r−1)/r of the whole per pass.
         let passes = if stage == 3 { 3.0 } else { 2.0 };

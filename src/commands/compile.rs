@@ -1,22 +1,17 @@
 //! `zeroplan compile SPEC --gpus N --gpu PROFILE --global-batch G`: the
 //! planner's search, its plan written atomically and shown.
 
-use crate::cli::CompileArgs;
+use crate::cli::{ClusterArgs, CompileArgs};
 use crate::commands::{compare, inspect};
 use crate::output::emit;
+use std::path::Path;
 use zeroplan_ir::spec::{self, Cluster, ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::plan::{Pins, Request, plan};
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
     let model = spec::load(&args.spec).map_err(|e| e.to_string())?;
-    let mut train = match &args.train {
-        Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
-        None => TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
-    };
-    if let Some(precision) = args.precision {
-        train.precision = precision;
-    }
-    let cluster = cluster(args)?;
+    let train = training(args.train.as_deref(), args.precision)?;
+    let cluster = cluster(&args.cluster)?;
     if args.seq == 0 || args.seq > model.max_position {
         return Err(format!(
             "error: --seq {}: {} takes sequences of 1 to {} tokens (its max_position)",
@@ -36,8 +31,20 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
     emit(&text, None)
 }
 
+/// The training spec `--train` names (bf16 defaults without one), `--precision` overriding it.
+pub fn training(path: Option<&Path>, precision: Option<Precision>) -> Result<TrainingSpec, String> {
+    let mut train = match path {
+        Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
+        None => TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
+    };
+    if let Some(precision) = precision {
+        train.precision = precision;
+    }
+    Ok(train)
+}
+
 /// The cluster `--gpus`, `--nodes`, `--gpu` and `--memory` describe.
-fn cluster(args: &CompileArgs) -> Result<Cluster, String> {
+pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
     let gpu = crate::gpus::profile(&args.gpu)?;
     if args.gpus == 0 || args.nodes == 0 || !args.gpus.is_multiple_of(args.nodes) {
         return Err(format!(

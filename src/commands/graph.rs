@@ -51,7 +51,7 @@ pub fn run(args: &GraphArgs) -> Result<(), String> {
             zeroplan_passes::memory::plan(&graph, &hint).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
         let mut summary = Summary::new(&spec, &graph, MemoryReport::new(&memory, &hint));
         let micro_batches = train.as_ref().map_or(1, |t| t.micro_batches);
-        summary.comm = zeroplan_passes::cost::comm::traffic(&graph, micro_batches);
+        summary.comm = zeroplan_passes::cost::comm::traffic(&graph, micro_batches, &hint);
         if args.json {
             format!("{}\n", serde_json::to_string_pretty(&summary).expect("serialisable"))
         } else {

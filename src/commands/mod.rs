@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod capacity;
 pub mod checkpoints;
 pub mod compare;
 pub mod compile;

@@ -7,7 +7,7 @@
 //! `n` is the whole (unsharded) tensor's length.
 
 use std::collections::BTreeMap;
-use zeroplan_ir::{Graph, Op, Phase, Value};
+use zeroplan_ir::{Bindings, Graph, Op, Phase, Value};
 
 /// The fraction of the whole tensor each rank sends in a ring collective;
 /// `None` for ops that do not communicate.
@@ -20,15 +20,16 @@ pub fn ring_share(op: &Op) -> Option<f64> {
     Some(passes * (ranks - 1) as f64 / ranks as f64)
 }
 
-/// The unsharded length of a collective's tensor: the all-gather's output,
-/// the reduce-scatter's or all-reduce's input.
-pub fn whole_elements(graph: &Graph, value: Value) -> u64 {
+/// The unsharded length of a collective's tensor under `bindings`: the
+/// all-gather's output, the reduce-scatter's or all-reduce's input (a
+/// tensor all-reduce's is an activation, sized by `batch` and `seq`).
+pub fn whole_elements(graph: &Graph, value: Value, bindings: &Bindings) -> Option<u64> {
     let node = graph.node(value.node);
     let whole = match node.op {
         Op::AllGather { .. } => value,
         _ => graph.operands(value.node)[0],
     };
-    graph.value_type(whole).shape.numel().as_constant().unwrap_or(0)
+    graph.value_type(whole).shape.numel().eval(bindings)
 }
 
 /// Traffic of one collective kind over a step.
@@ -43,14 +44,16 @@ pub struct Traffic {
 }
 
 /// Per collective kind (`all_reduce`, …), what each rank sends in one step
-/// of `micro_batches` micro-batches: forward and backward collectives run
-/// once per micro-batch, optimizer ones once.
-pub fn traffic(graph: &Graph, micro_batches: u64) -> BTreeMap<&'static str, Traffic> {
+/// of `micro_batches` micro-batches of the sizes `bindings` gives:
+/// forward and backward collectives run once per micro-batch, optimizer
+/// ones once. A collective whose size is unbound counts as empty.
+pub fn traffic(graph: &Graph, micro_batches: u64, bindings: &Bindings) -> BTreeMap<&'static str, Traffic> {
     let mut by_kind: BTreeMap<&'static str, Traffic> = BTreeMap::new();
     for n in graph.petgraph().node_indices() {
         let node = graph.node(n);
         let Some(share) = ring_share(&node.op) else { continue };
-        let elements = share * whole_elements(graph, Value { node: n, output: 0 }) as f64;
+        let whole = whole_elements(graph, Value { node: n, output: 0 }, bindings).unwrap_or(0);
+        let elements = share * whole as f64;
         let times = if node.phase == Phase::Optimizer { 1 } else { micro_batches };
         let t = by_kind.entry(node.op.name()).or_default();
         t.count += times;

@@ -125,8 +125,8 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
         op if op.is_collective() => {
             work.engine = Engine::Collective;
             work.flops = 0.0;
-            work.bytes =
-                super::comm::whole_elements(graph, outputs[0]) as f64 * node.outputs[0].dtype.size_bytes() as f64;
+            work.bytes = super::comm::whole_elements(graph, outputs[0], bindings)? as f64
+                * node.outputs[0].dtype.size_bytes() as f64;
         }
         Op::Copy => {
             work.engine = Engine::Copy;

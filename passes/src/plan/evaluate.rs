@@ -156,7 +156,7 @@ impl Step {
         let tokens = req.global_batch * req.seq;
         let predicted = cost::simulate(&self.graph, &self.order, &bindings, machine, micro_batches, tokens)
             .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
-        let traffic = cost::comm::traffic(&self.graph, micro_batches);
+        let traffic = cost::comm::traffic(&self.graph, micro_batches, &bindings);
         let by_collective: BTreeMap<String, CollectiveTraffic> = traffic
             .iter()
             .map(|(kind, t)| (kind.to_string(), CollectiveTraffic { count: t.count, bytes: t.bytes }))

@@ -8,8 +8,10 @@
 //! The winner is then compiled and planned whole — its figures in the plan
 //! are exact, not extrapolated — and [`program`] lays out what the runtime
 //! executes. [`explain`] says why the runner-up lost, or, when nothing
-//! fits, what budget or GPU count would make each choice fit.
+//! fits, what budget or GPU count would make each choice fit. [`capacity`]
+//! asks the reverse question: the largest model of a family that fits.
 
+pub mod capacity;
 pub mod depth;
 pub mod evaluate;
 pub mod explain;
