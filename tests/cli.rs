@@ -364,6 +364,31 @@ fn training_on_the_cpu_backend_logs_the_reference_backends_steps() {
     assert!(cpu.iter().all(|l| l["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)));
 }
 
+/// fp16 with a loss scale far too large: the first steps overflow, and the
+/// cpu backend skips them, backs the scale off and then trains, logging the
+/// reference backend's steps: the same skips, the scale each step ran with.
+#[test]
+fn fp16_overflows_are_skipped_on_the_cpu_backend_as_on_the_reference() {
+    let spec = std::env::temp_dir().join(format!("zeroplan-fp16-{}.ron", std::process::id()));
+    std::fs::write(&spec, "(precision: F16((initial_scale: 16777216.0, growth_interval: 3)))").unwrap();
+    let train = spec.to_str().unwrap();
+    let args = ["train", "models/tiny/tiny-bert.ron", "--train", train, "--steps", "12", "--log-json", "--lr", "1e-2"];
+    let args = [&args[..], &["--dropout", "0"]].concat();
+    let reference = json_lines(&args);
+    let cpu = json_lines(&[&args[..], &["--backend", "cpu"]].concat());
+    std::fs::remove_file(&spec).unwrap();
+    let skipped = |lines: &[serde_json::Value]| -> Vec<bool> {
+        lines.iter().map(|l| l["skipped"].as_bool().expect("a flag")).collect()
+    };
+    assert_eq!(skipped(&cpu), skipped(&reference), "the steps skipped");
+    assert!(skipped(&cpu)[0] && !skipped(&cpu)[11], "overflows first, trains at the end: {:?}", skipped(&cpu));
+    assert_eq!(field(&cpu, "loss_scale"), field(&reference, "loss_scale"), "the scale each step ran with");
+    // fp16 roundings differ inside fused kernels (see runtime/tests/host.rs).
+    for (c, r) in field(&cpu, "loss").iter().zip(field(&reference, "loss")) {
+        assert!((c - r).abs() <= 1e-3 * r.abs(), "loss {c} against the reference's {r}");
+    }
+}
+
 #[test]
 fn data_parallel_ranks_train_as_one_rank_accumulating_their_batches() {
     // The synthetic batch is the same on every rank: two ranks see what one

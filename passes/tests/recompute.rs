@@ -122,6 +122,28 @@ fn a_recomputed_step_is_the_same_step() {
     }
 }
 
+/// Every recomputed value is read. A pre-LN layer's last dropout (its
+/// gradient needs only the mask, redrawn) was once cloned all the same: a
+/// dead clone, which `fuse` made a kernel with no output that the host
+/// runtime could not load (`runtime/tests/planner_invariants.rs` found it).
+#[test]
+fn every_recomputed_value_is_read() {
+    let train = TrainingSpec::default();
+    for file in tiny_models() {
+        let m = model(&file);
+        for policy in [Policy::Full, Policy::Selective] {
+            for disabled in [&["fuse"][..], &[]] {
+                let g = compiled_at(&m, &train, policy, disabled, &hint(2, 8));
+                for n in g.petgraph().node_indices().filter(|&n| g.node(n).name.contains(".recompute")) {
+                    let name = &g.node(n).name;
+                    assert!(!g.node(n).outputs.is_empty(), "{file} {policy:?} {disabled:?}: {name} has no output");
+                    assert!(!g.users(n).is_empty(), "{file} {policy:?} {disabled:?}: nothing reads {name}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn recomputation_lowers_activation_memory() {
     let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };

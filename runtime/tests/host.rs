@@ -156,6 +156,9 @@ fn recomputation_and_accumulation_agree() {
         agree(name, &[], Policy::None, 2);
         agree(name, &["fuse"], Policy::None, 2);
     }
+    // Pre-LN: a layer's last dropout is needed by no backward node, so it is
+    // not recomputed (its clone was once a kernel with no output).
+    agree("tiny-megatron-bert", &[], Policy::Full, 1);
 }
 
 #[test]

@@ -227,7 +227,8 @@ impl KernelArg {
 
 impl Kernel {
     /// Checks the kernel's structure: SSA order, loads and stores in range,
-    /// argument axes and shapes against the kernel shape, float outputs.
+    /// argument axes and shapes against the kernel shape, at least one
+    /// output, float outputs.
     pub fn check(&self) -> Result<(), String> {
         let rank = self.shape.rank();
         if rank == 0 {
@@ -254,6 +255,11 @@ impl Kernel {
                     }
                 }
             }
+        }
+        // A kernel that stores nothing computes nothing: a node with no
+        // output, which no runtime can place or run.
+        if self.outputs.is_empty() {
+            return Err(format!("kernel `{}` has no output", self.name));
         }
         for (i, out) in self.outputs.iter().enumerate() {
             if !out.ty.dtype.is_float() {

@@ -156,6 +156,11 @@ fn check_rejects_malformed_kernels() {
     let mut k = bias_layer_norm();
     k.stores.pop();
     assert!(k.check().is_err());
+    // No output: `fuse` once made such a kernel of a dead recomputed value,
+    // and the host runtime panicked loading it.
+    let mut k = bias_layer_norm();
+    (k.outputs, k.stores) = (Vec::new(), Vec::new());
+    assert!(k.check().unwrap_err().contains("has no output"), "{:?}", k.check());
     // A wrong operand type is a type error of the node.
     let mut g = Graph::new("k");
     let x = g.input("x", f32t(shape![2, 5])).unwrap();

@@ -27,7 +27,7 @@
 pub mod optimal;
 pub mod regions;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use zeroplan_ir::{Graph, NodeIndex, Phase, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
@@ -233,8 +233,12 @@ impl Pass for Recompute {
     }
 }
 
-/// Clones region `r`'s forward nodes into the backward phase, reading the
-/// clones of each other and the original values of everything else.
+/// Clones region `r`'s forward nodes that the backward needs into the
+/// backward phase, reading the clones of each other and the original values
+/// of everything else. A region node no backward node reads, directly or
+/// through another clone (a pre-LN layer's last dropout: its gradient needs
+/// only the mask, redrawn), is not cloned: its clone would be dead code,
+/// computed and given memory for nothing.
 fn clone_region(
     graph: &Graph,
     order: &[NodeIndex],
@@ -243,8 +247,15 @@ fn clone_region(
     map: &ValueMap,
     out: &mut Graph,
 ) -> Result<ValueMap, zeroplan_ir::GraphError> {
+    let members: Vec<NodeIndex> = order.iter().filter(|n| region.get(n) == Some(&r)).copied().collect();
+    let mut needed = HashSet::new();
+    for &n in members.iter().rev() {
+        if graph.users(n).iter().any(|u| graph.node(*u).phase == Phase::Backward || needed.contains(u)) {
+            needed.insert(n);
+        }
+    }
     let mut made = ValueMap::new();
-    for &n in order.iter().filter(|n| region.get(n) == Some(&r)) {
+    for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
         let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
         let copy = out.add_node(format!("{}.recompute", node.name), node.op.clone(), &operands, Vec::new())?;

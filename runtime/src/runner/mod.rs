@@ -310,6 +310,15 @@ impl<D: Device> Runner<D> {
         let read = |v: Value| read_value(device, g, bindings, bufs, v);
         let fetched = |name: &str| fetches.as_ref().is_none_or(|f| f.contains(name));
         let phase = |v: &Value| g.node(v.node).phase;
+        // A param or state output (fp16's `loss_scale`) is the value the
+        // micro-batch ran with, as the interpreter gives it: read before the
+        // micro-batch runs, since the optimizer updates it in place.
+        let persistent = |v: &Value| matches!(g.node(v.node).op, Op::Param { .. } | Op::State { .. });
+        let micro_batch_outputs = |state: bool| {
+            g.outputs
+                .iter()
+                .filter(move |(name, v)| phase(v) != Phase::Optimizer && persistent(v) == state && fetched(name))
+        };
         let fail = |at: usize, message: String| {
             // The peers must not wait for this rank's next collective.
             comm.abort();
@@ -337,6 +346,8 @@ impl<D: Device> Runner<D> {
                 let global = steps_done.wrapping_mul(comm.ranks() as u64) + comm.rank() as u64;
                 let cx = Ctx { feeds, seed: *seed, offset: global.wrapping_mul(k as u64) + i as u64, comm };
                 let mut captured = BTreeMap::new();
+                let mut results: BTreeMap<String, Tensor> =
+                    micro_batch_outputs(true).map(|(name, v)| (name.clone(), read(*v))).collect();
                 for (at, step) in steps.iter().enumerate() {
                     if step.optimizer && !last {
                         continue;
@@ -380,12 +391,8 @@ impl<D: Device> Runner<D> {
                     }
                 }
                 finish(stream.drain(), profile)?;
-                let results = g
-                    .outputs
-                    .iter()
-                    .filter(|(name, v)| phase(v) != Phase::Optimizer && fetched(name))
-                    .map(|(name, v)| (name.clone(), read(*v)));
-                out.outputs.micro_batches.push(results.collect());
+                results.extend(micro_batch_outputs(false).map(|(name, v)| (name.clone(), read(*v))));
+                out.outputs.micro_batches.push(results);
                 out.captured.push(captured);
             }
             finish(stream.drain(), profile)

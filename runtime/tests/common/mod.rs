@@ -1,5 +1,7 @@
 //! What the runtime's integration tests share: the tiny models and a
 //! seeded batch for any head.
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,31 +20,37 @@ pub fn model(name: &str) -> ModelSpec {
     spec::load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A batch with labels for `model`'s head (a third of the tokens for MLM)
-/// and one masked key; `salt` varies the tokens and labels.
+/// A [`BATCH`] × [`SEQ`] batch of [`batch_of`].
 pub fn batch(model: &ModelSpec, salt: i64) -> Feeds {
+    batch_of(model, BATCH, SEQ, salt)
+}
+
+/// A `batch` × `seq` batch with labels for `model`'s head (a third of the
+/// tokens for MLM) and one masked key; `salt` varies the tokens and labels.
+/// Token ids are below 64, the tiny models' vocabulary.
+pub fn batch_of(model: &ModelSpec, batch: usize, seq: usize, salt: i64) -> Feeds {
     let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).unwrap();
-    let ids: Vec<i64> = (0..(BATCH * SEQ) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
+    let ids: Vec<i64> = (0..(batch * seq) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
     let labels = match model.head {
         Head::Mlm => ints(
             ids.iter().enumerate().map(|(i, &t)| if (i + salt as usize) % 3 == 1 { t } else { -100 }).collect(),
-            vec![BATCH, SEQ],
+            vec![batch, seq],
         ),
         Head::Classification { num_labels: 1 } => {
-            Tensor::float(vec![BATCH], DType::F32, (0..BATCH).map(|i| (i as f64 + salt as f64) * 0.7 - 0.3).collect())
+            Tensor::float(vec![batch], DType::F32, (0..batch).map(|i| (i as f64 + salt as f64) * 0.7 - 0.3).collect())
                 .unwrap()
         }
         Head::Classification { num_labels } => {
-            ints((0..BATCH as i64).map(|i| (i + salt) % num_labels as i64).collect(), vec![BATCH])
+            ints((0..batch as i64).map(|i| (i + salt) % num_labels as i64).collect(), vec![batch])
         }
         Head::Pooler => ints(Vec::new(), vec![0]),
     };
-    let mut mask = vec![1; BATCH * SEQ];
-    mask[SEQ - 1] = 0;
+    let mut mask = vec![1; batch * seq];
+    mask[seq - 1] = 0;
     BTreeMap::from([
-        ("input_ids".to_string(), ints(ids, vec![BATCH, SEQ])),
-        ("token_type_ids".to_string(), ints((0..(BATCH * SEQ) as i64).map(|i| i % 2).collect(), vec![BATCH, SEQ])),
-        ("attention_mask".to_string(), ints(mask, vec![BATCH, SEQ])),
+        ("input_ids".to_string(), ints(ids, vec![batch, seq])),
+        ("token_type_ids".to_string(), ints((0..(batch * seq) as i64).map(|i| i % 2).collect(), vec![batch, seq])),
+        ("attention_mask".to_string(), ints(mask, vec![batch, seq])),
         ("labels".to_string(), labels),
     ])
 }
