@@ -112,7 +112,10 @@ fn pins() -> impl Strategy<Value = Pins> {
             (1u64..=256).prop_map(|kib| Policy::Optimal { budget_bytes: kib << 10 }),
         ],
     );
+    // One tensor rank: plans the host runtime executes as one thread per
+    // GPU (tensor-parallel plans run there with issue 10's runtime part).
     (stage, offload, recompute).prop_map(|(zero_stage, offload, recompute)| Pins {
+        tensor_parallel: Some(1),
         zero_stage,
         offload,
         recompute,
@@ -204,7 +207,10 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
                 prop_assert!(s.min_peak_bytes > *budget_bytes, "{}: its least memory fits, yet nothing fits", s.choice);
             }
         }
-        PlanError::Batch { .. } | PlanError::Precision { .. } | PlanError::Compile(_) => {
+        PlanError::Batch { .. }
+        | PlanError::Precision { .. }
+        | PlanError::Compile(_)
+        | PlanError::TensorParallel { .. } => {
             prop_assert!(false, "not a reason the request deserves: {err}")
         }
     }
