@@ -188,13 +188,16 @@ fn compile_tiny(plan: &str, extra: &[&str]) -> Json {
 fn deepspeed_config_round_trips_the_plan() {
     let scratch = Scratch::new("deepspeed");
     let cases = [
-        ("3", "optimizer+params", "selective", "f16"),
-        ("2", "optimizer", "full", "bf16"),
-        ("1", "none", "none", "f32"),
+        ("3", "optimizer+params", "selective", "f16", "1"),
+        ("2", "optimizer", "full", "bf16", "1"),
+        ("1", "none", "none", "f32", "1"),
+        // Tensor parallelism over both GPUs is DeepSpeed's AutoTP.
+        ("1", "optimizer", "none", "bf16", "2"),
     ];
-    for (zero, offload, recompute, precision) in cases {
+    for (zero, offload, recompute, precision, tp) in cases {
         let (plan, config) = (scratch.path("plan.ron"), scratch.path("ds_config.json"));
-        let pins = ["--zero", zero, "--offload", offload, "--recompute", recompute, "--precision", precision];
+        let pins =
+            ["--zero", zero, "--offload", offload, "--recompute", recompute, "--precision", precision, "--tp", tp];
         let original = compile_tiny(&plan, &[&pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
         succeed(&["export-deepspeed", &plan, "-o", &config]);
         let ds = read_json(&config);
@@ -207,7 +210,10 @@ fn deepspeed_config_round_trips_the_plan() {
             (ds["train_batch_size"].as_u64(), ds["train_micro_batch_size_per_gpu"].as_u64()),
             (Some(8), Some(2))
         );
-        assert_eq!(ds["gradient_accumulation_steps"].as_u64(), Some(2), "8 sequences = 2 per micro-batch × 2 × 2 GPUs");
+        // 8 sequences = 2 per micro-batch × accumulation × 2 / TP data-parallel GPUs.
+        let data_parallel = 2 / tp.parse::<u64>().unwrap();
+        assert_eq!(ds["gradient_accumulation_steps"].as_u64(), Some(8 / (2 * data_parallel)));
+        assert_eq!(ds["tensor_parallel"]["autotp_size"].as_u64(), (tp != "1").then(|| tp.parse().unwrap()), "{ds}");
         assert_eq!(ds["bf16"]["enabled"] == true, precision == "bf16");
         assert_eq!(ds["fp16"]["enabled"] == true, precision == "f16");
         assert_eq!(ds["activation_checkpointing"].is_object(), recompute != "none");
