@@ -67,13 +67,13 @@ fn close(what: &str, got: f64, want: f64) -> f64 {
 /// Trains `model` on `t` tensor × `d` data ranks at ZeRO `stage` for three
 /// steps and checks it against one rank; returns every rank's final state
 /// (global rank order) and the worst errors.
-fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8) -> (Vec<State>, Worst) {
+fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> (Vec<State>, Worst) {
     let train = TrainingSpec { lr: LR, dropout: Some(0.0), ..TrainingSpec::default() };
     let accumulated = TrainingSpec { micro_batches: d as u64, ..train.clone() };
-    let dp = DataParallel { ranks: d as u64, zero_stage: stage, offload: Offload::None };
-    let what = format!("{} on {t} tensor × {d} data ranks, ZeRO-{stage}", model.name);
+    let dp = DataParallel { ranks: d as u64, zero_stage: stage, offload };
+    let what = format!("{} on {t} tensor × {d} data ranks, ZeRO-{stage}, offload {offload:?}", model.name);
     let plan = program(model, &train, t as u64, Some(dp));
-    let arena = plan.arena_bytes;
+    let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
     let mut reference =
         ReferenceTrainer::new(program(model, &accumulated, 1, None).graph, 7, Exactness::Native).unwrap();
     let mut hosts: Vec<HostProgram> = InProcess::grid(d, t)
@@ -119,6 +119,11 @@ fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8) -> (Vec<State>, Worst
     for (r, host) in hosts.iter().enumerate() {
         let peak = host.high_water_bytes();
         assert!(peak <= arena && peak + 256 > arena, "{what}: rank {r}'s peak {peak} B, the plan's arena {arena} B");
+        let host_peak = host.host_high_water_bytes();
+        assert!(
+            host_peak <= host_arena && (host_arena == 0 || host_peak + 256 > host_arena),
+            "{what}: rank {r}'s host peak {host_peak} B, the plan's host arena {host_arena} B"
+        );
     }
     let states: Vec<State> = hosts.iter().map(HostProgram::state).collect();
     worst.weight = final_weights_agree(&what, &plan.graph, &states, t, reference.state());
@@ -202,7 +207,7 @@ fn join(parts: &[&[f64]], whole: &[u64], axis: usize, len: usize) -> Vec<f64> {
 
 fn report(model: &ModelSpec, t: usize, d: usize, stage: u8, worst: &Worst) {
     println!(
-        "{} t={t} d={d} ZeRO-{stage}: loss {:.2e}, grad norm {:.2e}, weights {:.2e} ({})",
+        "{} t={t} d={d} ZeRO-{stage}: worst relative errors: loss {:.2e}, grad norm {:.2e}, weights {:.2e} ({})",
         model.name, worst.loss, worst.grad_norm, worst.weight.0, worst.weight.1
     );
 }
@@ -213,7 +218,7 @@ fn tiny_bert_on_every_grid_and_stage_trains_as_one_rank() {
     for t in [2, 4] {
         for d in [1, 2] {
             for stage in 0..=3 {
-                let (_, worst) = agree(&model, t, d, stage);
+                let (_, worst) = agree(&model, t, d, stage, Offload::None);
                 report(&model, t, d, stage, &worst);
             }
         }
@@ -231,8 +236,17 @@ fn every_family_trains_as_one_rank() {
         ("tiny-albert", 4, 1, 0),
     ] {
         let model = model(name);
-        let (_, worst) = agree(&model, t, d, stage);
+        let (_, worst) = agree(&model, t, d, stage, Offload::None);
         report(&model, t, d, stage, &worst);
+    }
+}
+
+#[test]
+fn offloaded_optimizer_and_parameters_train_as_one_rank() {
+    let model = model("tiny-bert");
+    for (stage, offload) in [(2, Offload::Optimizer), (3, Offload::OptimizerAndParams)] {
+        let (_, worst) = agree(&model, 2, 2, stage, offload);
+        report(&model, 2, 2, stage, &worst);
     }
 }
 
@@ -241,7 +255,7 @@ fn a_vocabulary_padded_to_the_ranks_trains_as_one_rank() {
     // 62 rows over 4 ranks: 16 each, the last two padding.
     let model = ModelSpec { vocab_size: 62, ..model("tiny-bert") };
     for (t, d, stage) in [(4, 1, 0), (4, 2, 3)] {
-        let (_, worst) = agree(&model, t, d, stage);
+        let (_, worst) = agree(&model, t, d, stage, Offload::None);
         report(&model, t, d, stage, &worst);
     }
 }
@@ -249,8 +263,8 @@ fn a_vocabulary_padded_to_the_ranks_trains_as_one_rank() {
 #[test]
 fn two_runs_are_bitwise_identical() {
     let model = model("tiny-mosaicbert");
-    let (a, _) = agree(&model, 2, 2, 2);
-    let (b, _) = agree(&model, 2, 2, 2);
+    let (a, _) = agree(&model, 2, 2, 2, Offload::None);
+    let (b, _) = agree(&model, 2, 2, 2, Offload::None);
     assert!(a == b, "two runs of tiny-mosaicbert on 2 × 2 ranks differ");
 }
 
