@@ -341,6 +341,11 @@ pub struct TrainArgs {
     /// (the global batch is ranks × micro-batches × --batch-size).
     #[command(flatten)]
     pub data_parallel: DataParallelArgs,
+    /// `--backend cpu`: tensor-parallel ranks per model replica (Megatron-LM
+    /// layers, the vocabulary split over them); the run is --ranks × T
+    /// threads, a replica's T ranks sharing its batch.
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
+    pub tp: Option<u64>,
     /// Seed of the initialisation, the synthetic batch and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -407,6 +407,65 @@ fn data_parallel_ranks_train_as_one_rank_accumulating_their_batches() {
     assert!(err.contains("--backend cpu"), "{err}");
 }
 
+#[test]
+fn tensor_parallel_ranks_train_as_one_rank() {
+    // Dropout off: Megatron-LM's attention dropout draws other masks per tensor rank.
+    let common = ["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "3", "--log-json"];
+    let common = [&common[..], &["--lr", "1e-2", "--dropout", "0"]].concat();
+    let one = json_lines(&common);
+    let tp = json_lines(&[&common[..], &["--tp", "2"]].concat());
+    assert_close(&field(&tp, "loss"), &field(&one, "loss"), "--tp 2 loss");
+    assert_close(&field(&tp, "grad_norm"), &field(&one, "grad_norm"), "--tp 2 norm");
+    // Two replicas of four tensor ranks each see the synthetic batch once: one rank accumulating it twice.
+    let accumulated = json_lines(&[&common[..], &["--micro-batches", "2"]].concat());
+    let grid = json_lines(&[&common[..], &["--tp", "4", "--ranks", "2", "--zero", "3"]].concat());
+    assert_close(&field(&grid, "loss"), &field(&accumulated, "loss"), "--tp 4 --ranks 2 loss");
+    assert_close(&field(&grid, "grad_norm"), &field(&accumulated, "grad_norm"), "--tp 4 --ranks 2 norm");
+    let dir = std::env::temp_dir().join(format!("zeroplan-tp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let weights = dir.join("w.safetensors");
+    for refused in [&["--save", weights.to_str().unwrap()][..], &["--resume", dir.to_str().unwrap()]] {
+        let err = failure(&[&common[..], &["--tp", "2"], refused].concat());
+        assert!(err.contains("do not split or join tensor-parallel shards") && err.contains("--tp 1"), "{err}");
+    }
+    assert!(!weights.exists(), "a refused run wrote {}", weights.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_tensor_parallel_plan_runs_its_ranks() {
+    use zeroplan_ir::{DType, Tensor};
+    let dir = std::env::temp_dir().join(format!("zeroplan-tp-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (train, plan, batch) = (dir.join("T.ron"), dir.join("plan.ron"), dir.join("batch.safetensors"));
+    std::fs::write(&train, "(lr: 0.01, warmup_steps: 0, precision: F32, dropout: Some(0.0))").unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let (train, plan, batch) = (path(&train), path(&plan), path(&batch));
+    // 4 GPUs as 2 data × 2 tensor ranks, 4 sequences of 16 tokens per rank.
+    let compile = ["compile", "models/tiny/tiny-bert.ron", "--gpu", "a100-40gb", "--gpus", "4", "--tp", "2"];
+    let pins = ["--zero", "1", "--offload", "none", "--recompute", "none", "--seq", "16", "--global-batch", "8"];
+    let out = zeroplan(&[&compile[..], &pins, &["--train", &train, "-o", &plan]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ints = |v: Vec<i64>| Tensor::int(vec![4, 16], DType::I64, v).unwrap();
+    let ids: Vec<i64> = (0..64).map(|i| (i * 29 + 3) % 64).collect();
+    let labels = ids.iter().enumerate().map(|(i, &t)| if i % 5 == 2 { t } else { -100 }).collect();
+    let feeds = std::collections::BTreeMap::from([
+        ("input_ids".to_string(), ints(ids)),
+        ("token_type_ids".to_string(), ints(vec![0; 64])),
+        ("attention_mask".to_string(), ints(vec![1; 64])),
+        ("labels".to_string(), ints(labels)),
+    ]);
+    zeroplan_runtime::checkpoint::save_batch(Path::new(&batch), &feeds).unwrap();
+    let run = ["--backend", "cpu", "--steps", "3", "--log-json", "--batch", &batch];
+    let ranks = json_lines(&[&["train", &plan][..], &run].concat());
+    // Each of the two replicas trains on the batch: one rank accumulating it twice.
+    let spec = ["train", "models/tiny/tiny-bert.ron", "--train", &train, "--micro-batches", "2"];
+    let one = json_lines(&[&spec[..], &run].concat());
+    assert_close(&field(&ranks, "loss"), &field(&one, "loss"), "the TP-2 × 2 plan's loss");
+    assert_close(&field(&ranks, "grad_norm"), &field(&one, "grad_norm"), "the TP-2 × 2 plan's norm");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A WordPiece `tokenizer.json` of a few words (BERT's specials first) and a
 /// text of them, for `--data` on tiny-bert's 64-token vocabulary.
 fn tiny_corpus(dir: &Path) -> (PathBuf, PathBuf) {

@@ -147,6 +147,12 @@ pub fn data_parallel_ranks(graph: &Graph) -> u64 {
         .unwrap_or(1)
 }
 
+/// The tensor-parallel ranks a program was built for (1 without tensor
+/// parallelism): the ranks of its Megatron-LM ops.
+pub fn tensor_parallel_ranks(graph: &Graph) -> u64 {
+    graph.petgraph().node_weights().filter_map(|n| n.op.tensor_ranks()).max().unwrap_or(1)
+}
+
 impl StepLog {
     /// The outputs [`StepLog::from_outputs`] reads (`loss_scale` only
     /// where the program scales the loss).

@@ -23,7 +23,7 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     if args.backend == Backend::Cpu {
         return super::train_host::run(args, &model, &train);
     }
-    if args.data_parallel.ranks.is_some_and(|r| r > 1) {
+    if args.data_parallel.ranks.is_some_and(|r| r > 1) || args.tp.is_some_and(|t| t > 1) {
         return Err(context("the reference interpreter runs one rank: train several with --backend cpu".into()));
     }
     if args.profile.is_some() {

@@ -3,7 +3,6 @@
 //! synthetic batch, a batch file, or `--data` (MLM text or a GLUE TSV).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::checkpoints;
@@ -16,10 +15,10 @@ use zeroplan_ir::{Bindings, Graph, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::checkpoint;
-use zeroplan_runtime::comm::{Communicator, InProcess};
+use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::data::{Dataset, Tokenizer, glue, mlm};
 use zeroplan_runtime::host::HostProgram;
-use zeroplan_runtime::reference::{StepLog, data_parallel_ranks};
+use zeroplan_runtime::reference::{StepLog, data_parallel_ranks, tensor_parallel_ranks};
 use zeroplan_runtime::runner::RunError;
 
 /// Whether `path` is a plan file (as `zeroplan compile -o` writes them).
@@ -57,7 +56,11 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
     };
     let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
     let data_parallel = args.data_parallel.strategy();
-    let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
+    if args.tp.is_some_and(|t| t > 1) && (args.save.is_some() || args.resume.is_some() || args.weights.is_some()) {
+        return Err(context(TENSOR_PARALLEL_CHECKPOINTS.into()));
+    }
+    let options =
+        PassOptions { shape_hint: bindings.clone(), data_parallel, tensor_parallel: args.tp, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
@@ -123,6 +126,11 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
     Ok(())
 }
 
+/// Why `--save`, `--resume` and `--weights` are refused with `--tp` > 1.
+const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not split or join tensor-parallel \
+     shards yet (a rank holds 1/T of each split matrix and of the padded vocabulary): train with --tp 1 to save \
+     or load weights";
+
 /// Trains the program of a plan file, with its batch and sequence length.
 pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
@@ -148,27 +156,27 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
     train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None)
 }
 
-/// The program loaded once per data-parallel rank it was planned for, the
-/// ranks joined by an in-process communicator; each rank's state from
-/// `states` where given (a resumed run), else initialised from `seed`.
+/// The program loaded once per rank it was planned for, `d` data-parallel
+/// × `t` tensor-parallel ranks in global rank order (`data·t + tensor`),
+/// joined by in-process groups; each rank's state from `states` where given
+/// (a resumed run), else initialised from `seed`.
 fn load_ranks(program: Program, seed: u64, states: Option<&[State]>) -> Result<Vec<HostProgram>, String> {
-    let ranks = data_parallel_ranks(&program.graph) as usize;
+    let d = data_parallel_ranks(&program.graph) as usize;
+    let t = tensor_parallel_ranks(&program.graph) as usize;
     let none = State::new();
-    InProcess::group(ranks)
+    InProcess::grid(d, t)
         .into_iter()
         .enumerate()
-        .map(|(r, comm)| {
-            let comm: Arc<dyn Communicator> = Arc::new(comm);
+        .map(|(r, groups)| {
             let given = states.map_or(&none, |s| &s[r]);
-            HostProgram::load_rank_with(program.clone(), seed, comm, given).map_err(|e| e.to_string())
+            HostProgram::load_groups_with(program.clone(), seed, groups, given).map_err(|e| e.to_string())
         })
         .collect()
 }
 
 /// The head a training graph ends in, and its vocabulary size.
 fn head_of(g: &Graph) -> Option<(Head, u64)> {
-    let vocab = g.petgraph().node_weights().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0]
-        .as_constant()?;
+    let vocab = vocab_of(g)?;
     let labels = g.petgraph().node_weights().find(|n| n.name == "labels" && n.op == Op::Input)?;
     let head = match (labels.outputs[0].shape.rank(), labels.outputs[0].dtype.is_float()) {
         (2, _) => Head::Mlm,
@@ -179,6 +187,25 @@ fn head_of(g: &Graph) -> Option<(Head, u64)> {
         }
     };
     Some((head, vocab))
+}
+
+/// The vocabulary of a training graph's word embeddings. A tensor rank
+/// holds `1/t` of the table, padded to a multiple of `t`: its cross-entropy
+/// knows the real size; without an MLM head, the padded table is the bound.
+fn vocab_of(g: &Graph) -> Option<u64> {
+    let nodes = || g.petgraph().node_weights();
+    let parallel = nodes()
+        .find_map(|n| match n.op {
+            Op::CrossEntropyStats { vocab, .. } => Some(vocab),
+            _ => None,
+        })
+        .or_else(|| {
+            nodes().find_map(|n| match n.op {
+                Op::VocabShard { ranks, rows } => Some(ranks * rows),
+                _ => None,
+            })
+        });
+    parallel.or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
 }
 
 /// Why training stops at a step whose loss or gradients are not finite
@@ -291,6 +318,9 @@ fn train_loop(
     });
     // Only the scalars the log needs come back, not the logits.
     let graph = &ranks[0].program().graph;
+    // A replica's tensor ranks share its batches; the data ranks draw their own.
+    let t = tensor_parallel_ranks(graph) as usize;
+    let replicas = ranks.len() / t;
     let logged: Vec<&str> =
         StepLog::OUTPUTS.into_iter().filter(|name| graph.outputs.iter().any(|(o, _)| o == name)).collect();
     for host in ranks.iter_mut() {
@@ -301,7 +331,8 @@ fn train_loop(
         host.set_profiling(args.profile.is_some());
     }
     for _ in first..args.steps {
-        let feeds: Vec<Vec<Feeds>> = (0..world).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
+        let drawn: Vec<Vec<Feeds>> = (0..replicas).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
+        let feeds: Vec<Vec<Feeds>> = (0..world).map(|r| drawn[r / t].clone()).collect();
         let started = Instant::now();
         let outputs: Vec<_> = std::thread::scope(|s| {
             let running: Vec<_> =
@@ -313,13 +344,13 @@ fn train_loop(
         for out in outputs {
             let out = out.map_err(|e| format!("error: {e}"))?;
             logs.push(
-                StepLog::from_rank_outputs(ranks[0].steps_done(), &out.outputs, world as u64)
+                StepLog::from_rank_outputs(ranks[0].steps_done(), &out.outputs, replicas as u64)
                     .map_err(|e| format!("error: {e}"))?,
             );
         }
         let mut log = logs[0].clone();
         log.loss = logs.iter().map(|l| l.loss).sum::<f64>() / world as f64;
-        let tokens_per_s = (batch * seq * k * world) as f64 / seconds;
+        let tokens_per_s = (batch * seq * k * replicas) as f64 / seconds;
         match &bar {
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");

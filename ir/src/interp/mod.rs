@@ -194,6 +194,7 @@ pub use attention::{alibi_slopes, alibi_slopes_of_rank};
 pub use elementwise::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, silu, silu_grad};
 pub use loss::label_classes;
 pub use optimizer::{grad_scale, loss_scale_update, lr_schedule};
+pub use random::InitRank;
 
 /// How float results are rounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -301,14 +302,16 @@ impl Interpreter {
     /// the value the whole buffer would have, so every rank count starts
     /// from the same model.
     pub fn init_rank_state(&self, graph: &Graph, rank: Option<u64>) -> Result<State, InterpError> {
-        self.init_missing(graph, rank, &State::new())
+        self.init_missing(graph, InitRank { data: rank, tensor: None }, &State::new())
     }
 
     /// As [`Interpreter::init_rank_state`], for the params and states *not*
     /// in `given` only: a caller about to load a checkpoint does not pay for
     /// drawing the values it overwrites (1.6 s of Box–Muller at MiniLM's
-    /// 22 M parameters).
-    pub fn init_missing(&self, graph: &Graph, rank: Option<u64>, given: &State) -> Result<State, InterpError> {
+    /// 22 M parameters). `rank` also names the tensor-parallel rank whose
+    /// [`crate::Init::TensorShard`]s to draw (the interpreter itself runs
+    /// one tensor rank, but the runtimes initialise through here).
+    pub fn init_missing(&self, graph: &Graph, rank: InitRank, given: &State) -> Result<State, InterpError> {
         let mut state = State::new();
         for n in topo_order(graph)? {
             let node = graph.node(n);

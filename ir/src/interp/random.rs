@@ -70,17 +70,29 @@ pub fn standard_normal(seed: u64, ordinal: u32, index: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
+/// Which shards a rank initialises: its data-parallel rank (a ZeRO flat
+/// buffer's slice) and its tensor-parallel rank (an [`Init::TensorShard`]'s
+/// slice). `None` where the run has no such rank: a value sharded that way
+/// is then an error, not a guess.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InitRank {
+    pub data: Option<u64>,
+    pub tensor: Option<u64>,
+}
+
 /// The initial value of a parameter or state of `shape` and `dtype`,
 /// unrounded (the interpreter rounds in `Native` mode). A flat buffer
-/// sharded over ranks is rank `rank`'s slice of the whole buffer's value
-/// (`None`: a single-rank run, which cannot hold a shard).
+/// sharded over ranks is data rank `rank.data`'s slice of the whole buffer's
+/// value; a tensor shard is tensor rank `rank.tensor`'s slice of the whole
+/// tensor's value, drawn under the same name (`ordinal`), so the shards of
+/// every rank count start where the unsharded parameter does.
 pub(super) fn init(
     init: &Init,
     shape: Vec<usize>,
     dtype: DType,
     seed: u64,
     ordinal: u32,
-    rank: Option<u64>,
+    rank: InitRank,
 ) -> Result<Tensor, String> {
     let n: usize = shape.iter().product();
     match init {
@@ -92,26 +104,39 @@ pub(super) fn init(
         }
         Init::Normal { .. } => Err(format!("a normal initialiser needs a float dtype, not {dtype}")),
         Init::Flat { shards, members } if *shards > 1 => {
-            let rank = rank.ok_or_else(|| {
+            let data = rank.data.ok_or_else(|| {
                 format!("a flat buffer sharded over {shards} ranks needs a rank: initialise it per rank")
             })?;
-            if rank >= *shards {
-                return Err(format!("rank {rank} of a buffer sharded over {shards} ranks"));
+            if data >= *shards {
+                return Err(format!("rank {data} of a buffer sharded over {shards} ranks"));
             }
             let whole = Init::Flat { members: members.clone(), shards: 1 };
-            let all = self::init(&whole, vec![n * *shards as usize], dtype, seed, ordinal, None)?;
+            let all =
+                self::init(&whole, vec![n * *shards as usize], dtype, seed, ordinal, InitRank { data: None, ..rank })?;
             let values = all.floats().ok_or("a flat buffer is float")?;
-            let at = rank as usize * n;
+            let at = data as usize * n;
             Ok(nd::float(shape, dtype, values[at..at + n].to_vec()))
         }
-        Init::TensorShard { .. } => Err(format!(
-            "a tensor-parallel shard ({init}) is initialised per tensor rank: load the program on each rank"
-        )),
+        Init::TensorShard { whole, axis, ranks, init: of } => {
+            let tensor = rank.tensor.ok_or_else(|| {
+                format!(
+                    "a tensor-parallel shard ({init}) is initialised per tensor rank: load the program on each rank"
+                )
+            })?;
+            let whole: Vec<usize> = whole.iter().map(|&d| d as usize).collect();
+            let all = self::init(of, whole.clone(), dtype, seed, ordinal, rank)?;
+            let part = tensor_slice(&all, &whole, *axis, tensor, *ranks)?;
+            if part.len() != n {
+                return Err(format!("a tensor shard of {init} has {} elements, its node {n}", part.len()));
+            }
+            Ok(nd::float(shape, dtype, part))
+        }
         Init::Flat { members, .. } => {
             let mut flat = vec![0.0; n];
             for m in members {
                 let shape = m.shape.iter().map(|&d| d as usize).collect();
-                let part = self::init(&m.init, shape, dtype, seed, name_stream(&m.name), None)?;
+                let part =
+                    self::init(&m.init, shape, dtype, seed, name_stream(&m.name), InitRank { data: None, ..rank })?;
                 let values = part.floats().ok_or_else(|| format!("flat member `{}` is not a float", m.name))?;
                 let at = m.offset as usize;
                 flat.get_mut(at..at + values.len())
@@ -121,6 +146,23 @@ pub(super) fn init(
             Ok(nd::float(shape, dtype, flat))
         }
     }
+}
+
+/// Tensor rank `rank`'s `1/ranks` slice along `axis` of `all` (shape `whole`).
+fn tensor_slice(all: &Tensor, whole: &[usize], axis: usize, rank: u64, ranks: u64) -> Result<Vec<f64>, String> {
+    let values = all.floats().ok_or("a tensor shard is a float")?;
+    let along = *whole.get(axis).ok_or_else(|| format!("axis {axis} of a {whole:?} tensor"))?;
+    if ranks == 0 || rank >= ranks || !along.is_multiple_of(ranks as usize) {
+        return Err(format!("tensor rank {rank} of {ranks}: axis {axis} of {whole:?} does not split so"));
+    }
+    let (outer, inner): (usize, usize) = (whole[..axis].iter().product(), whole[axis + 1..].iter().product());
+    let part = along / ranks as usize;
+    let mut out = Vec::with_capacity(outer * part * inner);
+    for o in 0..outer {
+        let at = (o * along + rank as usize * part) * inner;
+        out.extend_from_slice(&values[at..at + part * inner]);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -136,6 +178,28 @@ mod tests {
 
     fn mask(seed: u64, stream: u32, offset: u64, n: u64, p: f64) -> Vec<bool> {
         (0..n).map(|e| dropout_keeps(seed, stream, offset, e, p)).collect()
+    }
+
+    #[test]
+    fn tensor_shards_are_slices_of_the_whole_parameter() {
+        let normal = Init::Normal { std: 0.02 };
+        let at = |tensor| InitRank { data: None, tensor: Some(tensor) };
+        let whole = init(&normal, vec![6, 4], DType::F32, 3, 9, InitRank::default()).unwrap();
+        let w = whole.floats().unwrap();
+        for axis in [0, 1] {
+            let shard = Init::TensorShard { whole: vec![6, 4], axis, ranks: 2, init: Box::new(normal.clone()) };
+            let shape = if axis == 0 { vec![3, 4] } else { vec![6, 2] };
+            let parts: Vec<Tensor> =
+                (0..2).map(|r| init(&shard, shape.clone(), DType::F32, 3, 9, at(r)).unwrap()).collect();
+            for (e, &v) in w.iter().enumerate() {
+                let (row, col) = (e / 4, e % 4);
+                let (r, i) = if axis == 0 { (row / 3, (row % 3) * 4 + col) } else { (col / 2, row * 2 + col % 2) };
+                assert_eq!(parts[r].floats().unwrap()[i], v, "axis {axis}, element {e}");
+            }
+        }
+        let shard = Init::TensorShard { whole: vec![6, 4], axis: 0, ranks: 2, init: Box::new(normal) };
+        let err = init(&shard, vec![3, 4], DType::F32, 3, 9, InitRank::default()).unwrap_err();
+        assert!(err.contains("per tensor rank"), "{err}");
     }
 
     #[test]
@@ -179,18 +243,30 @@ mod tests {
 
     #[test]
     fn normal_init_has_the_right_moments() {
-        let t = init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, None).unwrap();
+        let t = init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, InitRank::default()).unwrap();
         let v = t.floats().unwrap();
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.02 * 0.04, "mean {mean}");
         assert!((var.sqrt() / 0.02 - 1.0).abs() < 0.03, "std {}", var.sqrt());
         // A different stream is a different tensor; the same one is identical.
-        assert_ne!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1, None).unwrap());
-        assert_eq!(t, init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, None).unwrap());
-        assert_eq!(init(&Init::Ones, vec![2], DType::BF16, 0, 0, None).unwrap().floats().unwrap(), &[1.0, 1.0]);
-        assert_eq!(init(&Init::Zeros, vec![2], DType::I64, 0, 0, None).unwrap().ints().unwrap(), &[0, 0]);
-        assert!(init(&Init::Normal { std: 1.0 }, vec![2], DType::I64, 0, 0, None).is_err());
+        assert_ne!(
+            t,
+            init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 1, InitRank::default()).unwrap()
+        );
+        assert_eq!(
+            t,
+            init(&Init::Normal { std: 0.02 }, vec![100, 100], DType::F32, 3, 0, InitRank::default()).unwrap()
+        );
+        assert_eq!(
+            init(&Init::Ones, vec![2], DType::BF16, 0, 0, InitRank::default()).unwrap().floats().unwrap(),
+            &[1.0, 1.0]
+        );
+        assert_eq!(
+            init(&Init::Zeros, vec![2], DType::I64, 0, 0, InitRank::default()).unwrap().ints().unwrap(),
+            &[0, 0]
+        );
+        assert!(init(&Init::Normal { std: 1.0 }, vec![2], DType::I64, 0, 0, InitRank::default()).is_err());
     }
 
     #[test]
@@ -205,12 +281,18 @@ mod tests {
             crate::op::FlatMember { name: "b".into(), shape: vec![4], offset: 6, init: Box::new(Init::Ones) },
         ];
         let flat = |shards| Init::Flat { members: members.clone(), shards };
-        let whole = init(&flat(1), vec![12], DType::F32, 5, 0, None).unwrap();
+        let whole = init(&flat(1), vec![12], DType::F32, 5, 0, InitRank::default()).unwrap();
         let shards: Vec<f64> = (0..2)
-            .flat_map(|rank| init(&flat(2), vec![6], DType::F32, 5, 0, Some(rank)).unwrap().floats().unwrap().to_vec())
+            .flat_map(|rank| {
+                init(&flat(2), vec![6], DType::F32, 5, 0, InitRank { data: Some(rank), tensor: None })
+                    .unwrap()
+                    .floats()
+                    .unwrap()
+                    .to_vec()
+            })
             .collect();
         assert_eq!(shards, whole.floats().unwrap());
-        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, None).unwrap_err().contains("per rank"));
-        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, Some(2)).is_err());
+        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, InitRank::default()).unwrap_err().contains("per rank"));
+        assert!(init(&flat(2), vec![6], DType::F32, 5, 0, InitRank { data: Some(2), tensor: None }).is_err());
     }
 }

@@ -50,6 +50,24 @@ impl InProcess {
         (0..ranks).map(|rank| InProcess { rank, shared: shared.clone() }).collect()
     }
 
+    /// The `data_ranks × tensor_ranks` ranks of tensor × data parallelism
+    /// as [`super::Groups`], in global rank order (`data_rank·t +
+    /// tensor_rank`): `tensor_ranks` data groups of `data_ranks` and
+    /// `data_ranks` tensor groups of `tensor_ranks`.
+    pub fn grid(data_ranks: usize, tensor_ranks: usize) -> Vec<super::Groups> {
+        let (d, t) = (data_ranks.max(1), tensor_ranks.max(1));
+        // Data group k hands out its ranks in order, one to each replica.
+        let mut data: Vec<_> = (0..t).map(|_| InProcess::group(d).into_iter()).collect();
+        let mut out = Vec::with_capacity(d * t);
+        for replica in (0..d).map(|_| InProcess::group(t)) {
+            for (tensor, group) in replica.into_iter().zip(&mut data) {
+                let data = group.next().expect("a data group has a rank per replica");
+                out.push(super::Groups { data: Arc::new(data), tensor: Arc::new(tensor) });
+            }
+        }
+        out
+    }
+
     /// Waits until every rank has arrived (or one has failed).
     fn rendezvous(&self, op: &'static str) -> Result<(), CommError> {
         let s = &self.shared;

@@ -14,7 +14,39 @@
 
 mod in_process;
 
+use std::sync::Arc;
+
 pub use in_process::InProcess;
+
+/// One rank's handles under tensor × data parallelism (Megatron-LM's
+/// grid): `data` over the ranks holding the same tensor shards (ZeRO's
+/// collectives), `tensor` over the ranks of its model replica
+/// (`tensor_all_reduce`). Global rank `data_rank·t + tensor_rank`: a
+/// replica's tensor ranks are consecutive, as the planner's cost model
+/// places them inside a node.
+#[derive(Clone)]
+pub struct Groups {
+    pub data: Arc<dyn Communicator>,
+    pub tensor: Arc<dyn Communicator>,
+}
+
+impl Groups {
+    /// A data-parallel rank with no tensor parallelism (a tensor group of one).
+    pub fn data_parallel(data: Arc<dyn Communicator>) -> Groups {
+        Groups { data, tensor: Arc::new(InProcess::group(1).pop().expect("a group of one")) }
+    }
+
+    /// Global rank `data_rank·t + tensor_rank`.
+    pub fn global_rank(&self) -> usize {
+        self.data.rank() * self.tensor.ranks() + self.tensor.rank()
+    }
+
+    /// Tells both groups' peers this rank stopped (see [`Communicator::abort`]).
+    pub fn abort(&self) {
+        self.data.abort();
+        self.tensor.abort();
+    }
+}
 
 /// Why a collective failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

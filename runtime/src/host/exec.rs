@@ -1,7 +1,7 @@
 //! Running instructions on a rank's memory.
 
 use super::arena::Memory;
-use super::ops::{broadcast, embedding, layout, loss, matmul};
+use super::ops::{broadcast, embedding, layout, loss, matmul, tensor_parallel as tp};
 use super::select::{Instr, elem};
 use zeroplan_ir::Tensor;
 use zeroplan_ir::interp;
@@ -80,6 +80,34 @@ pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
             let mut all = vec![0.0; out.len];
             cx.comm.all_gather(&mem.read_f32(*x), &mut all).map_err(|e| e.to_string())?;
             mem.write_f32(*out, &all);
+        }
+        Instr::TensorAllReduce { x, out } => {
+            let mut v = mem.read_f32(*x);
+            cx.tensor.all_reduce(&mut v).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &v);
+        }
+        Instr::VocabShard { ids, rank, ranks, rows, out } => {
+            let local = interp::tensor_parallel::vocab_shard(&mem.read_i64(*ids), *rank, *ranks, *rows)?;
+            mem.write_i64(*out, &local);
+        }
+        Instr::CrossEntropyStats { logits, labels, classes, rank, ranks, vocab, out } => {
+            let (l, y) = (floats(mem, *logits, out), mem.read_i64(*labels));
+            mem.write_f32(*out, &tp::cross_entropy_stats(&l, &y, *classes, *rank, *ranks, *vocab));
+        }
+        Instr::CrossEntropyCombine { stats, labels, vocab, ignore_index, out } => {
+            let (s, y) = (floats(mem, *stats, out), mem.read_i64(*labels));
+            set_scalar(mem, *out, tp::cross_entropy_combine(&s, &y, *vocab, *ignore_index)?);
+        }
+        Instr::CrossEntropyShardGrad { logits, labels, stats, dloss, classes, rank, vocab, ignore_index, out } => {
+            let (l, y, s) = (floats(mem, *logits, out), mem.read_i64(*labels), floats(mem, *stats, out));
+            let d = scalar(mem, *dloss);
+            write_floats(mem, *out, |o| {
+                tp::cross_entropy_shard_grad(&l, &y, &s, d, *ignore_index, *classes, *rank, *vocab, o)
+            });
+        }
+        Instr::AlibiBias { x, shape, slopes, out } => {
+            let x = floats(mem, *x, out);
+            write_floats(mem, *out, |o| tp::alibi_bias(&x, *shape, slopes, o));
         }
         Instr::Kernel { kernel, inputs, outputs } => {
             let ins: Vec<*const u8> = inputs.iter().map(|b| mem.ptr(*b).cast_const()).collect();

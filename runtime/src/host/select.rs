@@ -54,6 +54,55 @@ pub enum Instr {
         x: Buf,
         out: Buf,
     },
+    /// Megatron-LM's `g`: the sum over the tensor-parallel group, on the
+    /// compute thread (the next node needs it).
+    TensorAllReduce {
+        x: Buf,
+        out: Buf,
+    },
+    /// Ids to this tensor rank's rows of a vocabulary-parallel table.
+    VocabShard {
+        ids: Buf,
+        rank: u64,
+        ranks: u64,
+        rows: u64,
+        out: Buf,
+    },
+    CrossEntropyStats {
+        logits: Buf,
+        labels: Buf,
+        classes: usize,
+        rank: u64,
+        ranks: u64,
+        vocab: u64,
+        out: Buf,
+    },
+    CrossEntropyCombine {
+        stats: Buf,
+        labels: Buf,
+        /// The whole (padded) vocabulary: ranks × the logits' columns.
+        vocab: usize,
+        ignore_index: i64,
+        out: Buf,
+    },
+    CrossEntropyShardGrad {
+        logits: Buf,
+        labels: Buf,
+        stats: Buf,
+        dloss: Buf,
+        classes: usize,
+        rank: u64,
+        vocab: u64,
+        ignore_index: i64,
+        out: Buf,
+    },
+    /// ALiBi on a tensor rank's heads (a row kernel knows only all heads').
+    AlibiBias {
+        x: Buf,
+        shape: [usize; 4],
+        slopes: Vec<f32>,
+        out: Buf,
+    },
     Kernel {
         kernel: Arc<CompiledKernel>,
         inputs: Vec<Buf>,
@@ -205,6 +254,12 @@ impl Instr {
             Instr::AllReduce { .. } => "all_reduce",
             Instr::ReduceScatter { .. } => "reduce_scatter",
             Instr::AllGather { .. } => "all_gather",
+            Instr::TensorAllReduce { .. } => "tensor_all_reduce",
+            Instr::VocabShard { .. } => "vocab_shard",
+            Instr::CrossEntropyStats { .. } => "cross_entropy_stats",
+            Instr::CrossEntropyCombine { .. } => "cross_entropy_combine",
+            Instr::CrossEntropyShardGrad { .. } => "cross_entropy_shard_grad",
+            Instr::AlibiBias { .. } => "alibi_bias",
             Instr::Kernel { .. } => "kernel",
             Instr::MatMul { .. } => "mat_mul",
             Instr::Embedding { .. } => "embedding",
@@ -265,6 +320,14 @@ fn instruction(
     let out_shape = shape(Value { node: n, output: 0 })?;
     let usize_of = |v: u64| usize::try_from(v).map_err(|_| format!("{v} does not fit this host"));
     let dims_last = |i: usize| -> Result<usize, String> { Ok(*operand_shape(i)?.last().unwrap_or(&1)) };
+    if let Some(ranks) = node.op.tensor_ranks().filter(|&t| t as usize != rank.tensor_ranks) {
+        return Err(format!(
+            "the plan runs on {ranks} tensor-parallel ranks, this rank's tensor group has {}: load it once per \
+             rank of a group of {ranks}",
+            rank.tensor_ranks
+        ));
+    }
+    let tensor_rank = rank.tensor as u64;
     Ok(Some(match &node.op {
         Op::Param { .. } | Op::State { .. } => return Ok(None),
         op if op.is_view() => {
@@ -294,6 +357,44 @@ fn instruction(
         Op::AllReduce { .. } => Instr::AllReduce { x: x[0], out: out(0) },
         Op::ReduceScatter { .. } => Instr::ReduceScatter { x: x[0], out: out(0) },
         Op::AllGather { .. } => Instr::AllGather { x: x[0], out: out(0) },
+        Op::TensorAllReduce { ranks: 1 } => Instr::Copy { from: x[0], to: out(0) },
+        Op::TensorAllReduce { .. } => Instr::TensorAllReduce { x: x[0], out: out(0) },
+        Op::VocabShard { ranks, rows } => {
+            Instr::VocabShard { ids: x[0], rank: tensor_rank, ranks: *ranks, rows: *rows, out: out(0) }
+        }
+        Op::CrossEntropyStats { ranks, vocab } => Instr::CrossEntropyStats {
+            logits: x[0],
+            labels: x[1],
+            classes: dims_last(0)?,
+            rank: tensor_rank,
+            ranks: *ranks,
+            vocab: *vocab,
+            out: out(0),
+        },
+        Op::CrossEntropyCombine { ignore_index } => Instr::CrossEntropyCombine {
+            stats: x[0],
+            labels: x[1],
+            vocab: operand_shape(0)?.first().copied().unwrap_or(1) * dims_last(2)?,
+            ignore_index: *ignore_index,
+            out: out(0),
+        },
+        Op::CrossEntropyShardGrad { ignore_index, vocab, .. } => Instr::CrossEntropyShardGrad {
+            logits: x[0],
+            labels: x[1],
+            stats: x[2],
+            dloss: x[3],
+            classes: dims_last(0)?,
+            rank: tensor_rank,
+            vocab: *vocab,
+            ignore_index: *ignore_index,
+            out: out(0),
+        },
+        Op::AlibiBias { ranks } if *ranks > 1 => {
+            let shape: [usize; 4] =
+                operand_shape(0)?.try_into().map_err(|s| format!("ALiBi takes [B, H, Sq, Sk] scores, not {s:?}"))?;
+            let slopes = zeroplan_ir::interp::alibi_slopes_of_rank(shape[1], tensor_rank, *ranks);
+            Instr::AlibiBias { x: x[0], shape, slopes: slopes.into_iter().map(|m| m as f32).collect(), out: out(0) }
+        }
         Op::Fused { kernel } => {
             let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
             let compiled = compiler.compile(kernel, &dims).map_err(|e| e.to_string())?;

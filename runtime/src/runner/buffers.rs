@@ -50,11 +50,16 @@ pub enum SelectError {
     OutOfArena { value: String, offset: u64, bytes: u64, place: &'static str, arena: u64 },
 }
 
-/// This rank among the data-parallel ranks of a program.
+/// This rank among the ranks of a program: `index` of the `ranks`
+/// data-parallel ranks (ZeRO shards, `all_reduce` …) and `tensor` of the
+/// `tensor_ranks` tensor-parallel ranks (Megatron-LM shards,
+/// `tensor_all_reduce`, the vocabulary-parallel ops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rank {
     pub index: usize,
     pub ranks: usize,
+    pub tensor: usize,
+    pub tensor_ranks: usize,
 }
 
 /// Each value's buffer, from the plan, with views placed inside what they view.

@@ -24,6 +24,8 @@ pub struct Ctx<'a> {
     pub offset: u64,
     /// This rank's handle on its data-parallel group.
     pub comm: &'a dyn Communicator,
+    /// This rank's handle on its tensor-parallel group (its model replica).
+    pub tensor: &'a dyn Communicator,
 }
 
 /// A scheduled node and what runs for it.

@@ -16,7 +16,13 @@
 //! - updates the memory plan made in place need nothing; the others are
 //!   copied into their target when their phase ends (the plan keeps the new
 //!   value alive until then);
-//! - collectives go through the rank's [`Communicator`].
+//! - data-parallel collectives go through the rank's data group on its
+//!   communication stream; tensor-parallel all-reduces (Megatron-LM's `g`,
+//!   on the critical path) through its tensor group, blocking the compute
+//!   that needs them. Each group's collectives are issued in schedule order
+//!   on every member, so the two groups cannot wait on each other in a
+//!   cycle: a rank only ever waits for peers to reach a point of the
+//!   schedule it has reached itself.
 //!
 //! Nothing is allocated per step besides small temporaries of the device's
 //! routines, so the arena's size is the device memory the plan predicted.
@@ -29,7 +35,7 @@ mod stream;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State, StepOutputs};
+use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
 
@@ -42,7 +48,7 @@ pub use device::{Ctx, Device, Instruction, Loaded, Step};
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
 
-use crate::comm::{Communicator, InProcess};
+use crate::comm::{Communicator, Groups, InProcess};
 
 /// Why a program could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -105,8 +111,8 @@ pub struct Runner<D: Device> {
     access: Vec<Access>,
     /// Per-instruction timings, while profiling is on.
     profile: Option<Profile>,
-    /// This rank's handle on its data-parallel group.
-    comm: Arc<dyn Communicator>,
+    /// This rank's handles on its data-parallel and tensor-parallel groups.
+    groups: Groups,
     /// Check every computed value for NaN and infinities (slow: a diagnosis).
     check_finite: bool,
     /// The outputs a step reads back (`None`: all). A masked-LM's logits are
@@ -150,8 +156,19 @@ impl<D: Device> Runner<D> {
         comm: Arc<dyn Communicator>,
         given: &State,
     ) -> Result<Runner<D>, RunError> {
+        Runner::load_groups_with(program, seed, Groups::data_parallel(comm), given)
+    }
+
+    /// Loads `program` as one rank of tensor × data parallelism: tensor rank
+    /// `groups.tensor.rank()` (its Megatron-LM shards, drawn as slices of
+    /// the whole parameters, and its vocabulary slice) of data rank
+    /// `groups.data.rank()` (its ZeRO shards), with the params and states in
+    /// `given` taken from there.
+    pub fn load_groups_with(program: Program, seed: u64, groups: Groups, given: &State) -> Result<Runner<D>, RunError> {
         let g = &program.graph;
-        let rank = Rank { index: comm.rank(), ranks: comm.ranks() };
+        let (data, tensor) = (&groups.data, &groups.tensor);
+        let rank =
+            Rank { index: data.rank(), ranks: data.ranks(), tensor: tensor.rank(), tensor_ranks: tensor.ranks() };
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
         let order = g.topo_order().ok_or_else(|| RunError::Load("the program's graph has a cycle".into()))?;
         let bufs = buffers::buffers(&program, &order, &bindings, rank)?;
@@ -174,16 +191,13 @@ impl<D: Device> Runner<D> {
             profile: None,
             fetches: None,
             check_finite: false,
-            comm,
+            groups,
             program,
         };
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
-        let state = Interpreter::new(Precision::Native, seed).init_missing(
-            &runner.program.graph,
-            Some(rank.index as u64),
-            given,
-        )?;
+        let init_rank = InitRank { data: Some(rank.index as u64), tensor: Some(rank.tensor as u64) };
+        let state = Interpreter::new(Precision::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
         runner.set_state(&state)?;
         runner.set_state(given)?;
         Ok(runner)
@@ -304,7 +318,8 @@ impl<D: Device> Runner<D> {
         }
         let Runner { program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, .. } =
             self;
-        let (step_ends, access, comm) = (&self.step_ends, &self.access, self.comm.as_ref());
+        let (step_ends, access, groups) = (&self.step_ends, &self.access, &self.groups);
+        let (comm, tensor) = (groups.data.as_ref(), groups.tensor.as_ref());
         let (profile, fetches, check_finite) = (&mut self.profile, &self.fetches, self.check_finite);
         let g = &program.graph;
         let read = |v: Value| read_value(device, g, bindings, bufs, v);
@@ -321,7 +336,7 @@ impl<D: Device> Runner<D> {
         };
         let fail = |at: usize, message: String| {
             // The peers must not wait for this rank's next collective.
-            comm.abort();
+            groups.abort();
             RunError::Run { node: g.node(steps[at].node).name.clone(), message }
         };
         let mut out = StepResult { outputs: StepOutputs::default(), captured: Vec::new() };
@@ -329,7 +344,7 @@ impl<D: Device> Runner<D> {
         std::thread::scope(|scope| -> Result<(), RunError> {
             let steps_ref: &[Step<D::Instr>] = steps;
             let collective = move |at: usize| steps_ref[at].instr.as_ref().expect("a collective has an instruction");
-            let mut stream = CommStream::start(scope, &*device, collective, comm, *seed);
+            let mut stream = CommStream::start(scope, &*device, collective, comm, tensor, *seed);
             let finish = |done: Vec<stream::Done>, profile: &mut Option<Profile>| -> Result<(), RunError> {
                 for d in done {
                     d.result.map_err(|message| fail(d.at, message))?;
@@ -344,7 +359,7 @@ impl<D: Device> Runner<D> {
                 // Dropout counts micro-batches over the whole group, so R ranks of
                 // k micro-batches draw the masks one rank of R·k would.
                 let global = steps_done.wrapping_mul(comm.ranks() as u64) + comm.rank() as u64;
-                let cx = Ctx { feeds, seed: *seed, offset: global.wrapping_mul(k as u64) + i as u64, comm };
+                let cx = Ctx { feeds, seed: *seed, offset: global.wrapping_mul(k as u64) + i as u64, comm, tensor };
                 let mut captured = BTreeMap::new();
                 let mut results: BTreeMap<String, Tensor> =
                     micro_batch_outputs(true).map(|(name, v)| (name.clone(), read(*v))).collect();
@@ -356,7 +371,7 @@ impl<D: Device> Runner<D> {
                         *water = (*water).max(end);
                     }
                     if let Some(instr) = &step.instr {
-                        if g.node(step.node).op.is_collective() {
+                        if on_stream(&g.node(step.node).op) {
                             stream.submit(at, &access[at], feeds);
                             if check_finite {
                                 finish(stream.drain(), profile)?;
@@ -372,7 +387,7 @@ impl<D: Device> Runner<D> {
                             }
                         }
                         if check_finite && let Some(what) = non_finite(g, step.node, read) {
-                            comm.abort();
+                            groups.abort();
                             let node = g.node(step.node).name.clone();
                             return Err(RunError::NonFinite { node, micro_batch: i, what });
                         }
@@ -445,6 +460,14 @@ impl<D: Device> Runner<D> {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// Whether `op` runs on the communication stream: the data-parallel
+/// collectives. A tensor all-reduce's result is needed by the very next
+/// node, so it runs in place on the compute thread (through the tensor
+/// group), after the in-flight collectives it conflicts with.
+fn on_stream(op: &Op) -> bool {
+    op.is_collective() && op.tensor_ranks().is_none()
 }
 
 /// What is wrong with `n`'s outputs, if any holds a NaN or an infinity

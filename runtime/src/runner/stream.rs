@@ -70,13 +70,14 @@ impl<'s> CommStream<'s> {
         device: &'s D,
         instr: impl Fn(usize) -> &'s D::Instr + Send + 's,
         comm: &'s dyn Communicator,
+        tensor: &'s dyn Communicator,
         seed: u64,
     ) -> CommStream<'s> {
         let (jobs, queue) = channel::<Job<'s>>();
         let (finished, done) = channel();
         scope.spawn(move || {
             for job in queue {
-                let cx = Ctx { feeds: job.feeds, seed, offset: 0, comm };
+                let cx = Ctx { feeds: job.feeds, seed, offset: 0, comm, tensor };
                 let started = Instant::now();
                 let result = device.run(instr(job.at), &cx);
                 let failed = result.is_err();

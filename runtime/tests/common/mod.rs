@@ -30,7 +30,9 @@ pub fn batch(model: &ModelSpec, salt: i64) -> Feeds {
 /// Token ids are below 64, the tiny models' vocabulary.
 pub fn batch_of(model: &ModelSpec, batch: usize, seq: usize, salt: i64) -> Feeds {
     let ints = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).unwrap();
-    let ids: Vec<i64> = (0..(batch * seq) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64).collect();
+    // Ids below 64, and below the vocabulary where it is smaller.
+    let ids: Vec<i64> =
+        (0..(batch * seq) as i64).map(|i| (i * 29 + salt * 11 + 3) % 64 % model.vocab_size as i64).collect();
     let labels = match model.head {
         Head::Mlm => ints(
             ids.iter().enumerate().map(|(i, &t)| if (i + salt as usize) % 3 == 1 { t } else { -100 }).collect(),

@@ -5,3 +5,4 @@ pub mod embedding;
 pub mod layout;
 pub mod loss;
 pub mod matmul;
+pub mod tensor_parallel;
