@@ -4,6 +4,7 @@ mod chart;
 mod cli;
 mod commands;
 mod deepspeed;
+mod diagnostic;
 mod gpus;
 mod output;
 mod trace;
@@ -29,8 +30,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if cli.command.json() => {
+            eprintln!("{}", diagnostic::to_json(&e));
+            ExitCode::FAILURE
+        }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", diagnostic::render(&e));
             ExitCode::FAILURE
         }
     }

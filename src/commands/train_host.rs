@@ -127,7 +127,7 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
 pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
-    let plan = Plan::from_ron(&text).map_err(|e| context(e.to_string()))?;
+    let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.spec.display().to_string()))?;
     if args.weights.is_some() || args.save.is_some() || args.resume.is_some() {
         return Err(context(
             "--weights, --save and --resume name tensors by the model spec's layout: train the spec itself \
