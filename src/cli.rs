@@ -8,6 +8,10 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log to standard error as the work goes: each pass, the planner's search and each training
+    /// step with its time (`-v`); each strategy tried too (`-vv`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 #[derive(Subcommand)]

@@ -6,6 +6,7 @@ mod commands;
 mod deepspeed;
 mod diagnostic;
 mod gpus;
+mod logging;
 mod output;
 mod trace;
 
@@ -14,6 +15,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    logging::init(cli.verbose, cli.command.json());
     let result = match &cli.command {
         cli::Command::Compile(args) => commands::compile::run(args),
         cli::Command::Inspect(args) => commands::inspect::run(args),

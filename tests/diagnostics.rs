@@ -93,3 +93,21 @@ fn errors_under_json_are_one_object_with_the_place_and_the_fix() {
     let e = &json_error(&["train", &bad, "--json"])["error"];
     assert_eq!(e["line"].as_u64(), Some(9), "{e}");
 }
+
+#[test]
+fn verbose_logs_each_pass_and_quiet_runs_print_nothing_new() {
+    let summary = ["graph", "models/tiny/tiny-bert.ron", "--summary"];
+    let quiet = common::zeroplan(&summary);
+    assert!(quiet.status.success() && quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let loud = common::zeroplan(&[&summary[..], &["-v"]].concat());
+    let stderr = String::from_utf8_lossy(&loud.stderr);
+    assert!(loud.status.success() && stderr.contains("pass{name=rewrite") && stderr.contains("time.busy="), "{stderr}");
+    assert_eq!(quiet.stdout, loud.stdout, "the logs go to standard error only");
+
+    // The planner's search is a span, and its strategies are spans from -vv; no bar off a terminal.
+    let compile = ["compile", "models/tiny/tiny-bert.ron", "--gpu", "a100-40gb", "--seq", "16", "--global-batch", "8"];
+    let quiet = common::zeroplan(&compile);
+    assert!(quiet.status.success() && quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let stderr = String::from_utf8_lossy(&common::zeroplan(&[&compile[..], &["-vv"]].concat()).stderr).into_owned();
+    assert!(stderr.contains("plan.search{choices=") && stderr.contains("plan.choice{choice="), "{stderr}");
+}

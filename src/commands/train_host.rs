@@ -300,7 +300,8 @@ fn train_loop(
     for host in ranks.iter_mut() {
         host.set_profiling(args.profile.is_some());
     }
-    for _ in first..args.steps {
+    for step in first..args.steps {
+        let _span = tracing::info_span!("step", step = step + 1).entered();
         let feeds: Vec<Vec<Feeds>> = (0..world).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
         let started = Instant::now();
         let outputs: Vec<_> = std::thread::scope(|s| {
