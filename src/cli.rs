@@ -8,6 +8,10 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log to standard error as the work goes: each pass, the planner's search and each training
+    /// step with its time (`-v`); each strategy tried too (`-vv`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -36,6 +40,27 @@ pub enum Command {
     ExportDeepspeed(ExportDeepspeedArgs),
     /// The largest model of a family that trains on a cluster, by model states alone and with a full plan.
     Capacity(Box<CapacityArgs>),
+}
+
+impl Command {
+    /// Whether the run asked for JSON (`--json`, or `--log-json`, which `--json` also spells), so its
+    /// error goes to standard error as JSON too.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Compile(a) => a.json,
+            Command::Inspect(a) => a.json,
+            Command::Graph(a) => a.json,
+            Command::Train(a) => a.log_json,
+            Command::Embed(a) => a.json,
+            Command::Devices(a) => a.json,
+            Command::Export(a) => a.json,
+            Command::Finetune(a) => a.log_json,
+            Command::Eval(a) => a.json,
+            Command::Predict(a) => a.json,
+            Command::ExportDeepspeed(a) => a.json,
+            Command::Capacity(a) => a.json,
+        }
+    }
 }
 
 /// The task and model `finetune`, `eval` and `predict` share.
@@ -96,7 +121,7 @@ pub struct FinetuneArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Print one JSON object per epoch (`epoch`, `steps`, `loss`, `seconds`, `dev`, `best`).
-    #[arg(long)]
+    #[arg(long, visible_alias = "json")]
     pub log_json: bool,
 }
 
@@ -123,6 +148,10 @@ pub struct PredictArgs {
     /// standard output without it.
     #[arg(short, long, value_name = "FILE.tsv")]
     pub output: Option<PathBuf>,
+    /// Print `{"task", "rows", "output"}` as JSON, with `"predictions"` (`[{"index", "prediction"}]`)
+    /// in place of the TSV when there is no --output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -132,6 +161,10 @@ pub struct ExportDeepspeedArgs {
     /// The DeepSpeed configuration to write, atomically (standard output without it).
     #[arg(short, long, value_name = "ds_config.json")]
     pub output: Option<PathBuf>,
+    /// Print `{"output", "notes", "config"}` as JSON (`config`: the configuration, when there is no
+    /// --output) instead of the configuration and notes.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -142,6 +175,9 @@ pub struct ExportArgs {
     /// Hugging Face names (`transformers` loads it).
     #[arg(short, long, value_name = "FILE.safetensors")]
     pub output: PathBuf,
+    /// Print `{"output", "model", "step", "ranks", "checkpoint"}` as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -302,7 +338,7 @@ pub struct TrainArgs {
     pub tokenizer: Option<PathBuf>,
     /// Print one JSON object per step (`step`, `loss`, `lr`, `grad_norm`, `skipped`, `loss_scale`;
     /// with `--backend cpu` also `tokens_per_s`).
-    #[arg(long)]
+    #[arg(long, visible_alias = "json")]
     pub log_json: bool,
     /// A RON training spec; the flags below override it.
     #[arg(long, value_name = "TRAIN.ron")]

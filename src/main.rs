@@ -4,7 +4,9 @@ mod chart;
 mod cli;
 mod commands;
 mod deepspeed;
+mod diagnostic;
 mod gpus;
+mod logging;
 mod output;
 mod trace;
 
@@ -13,6 +15,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    logging::init(cli.verbose, cli.command.json());
     let result = match &cli.command {
         cli::Command::Compile(args) => commands::compile::run(args),
         cli::Command::Inspect(args) => commands::inspect::run(args),
@@ -29,8 +32,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if cli.command.json() => {
+            eprintln!("{}", diagnostic::to_json(&e));
+            ExitCode::FAILURE
+        }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", diagnostic::render(&e));
             ExitCode::FAILURE
         }
     }

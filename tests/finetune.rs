@@ -231,6 +231,13 @@ fn a_constant_model_scores_what_is_computed_by_hand() {
         write(&test, task, Kind::Test, &labelled(&["", "", ""], 10));
         let out = ok(&zeroplan(&["predict", "--task", task, "--model", s(model), "--test", s(&test)]), task);
         assert_eq!(out, format!("index\tprediction\n0\t{expected}\n1\t{expected}\n2\t{expected}\n"));
+        let json = ok(&zeroplan(&["predict", "--task", task, "--model", s(model), "--test", s(&test), "--json"]), task);
+        let json: serde_json::Value = serde_json::from_str(&json).expect("predict --json prints JSON");
+        assert_eq!(
+            (json["task"].as_str(), json["rows"].as_u64(), &json["output"]),
+            (Some(task), Some(3), &serde_json::Value::Null)
+        );
+        assert_eq!(json["predictions"][2], serde_json::json!({"index": "2", "prediction": expected}), "{json}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

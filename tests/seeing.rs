@@ -199,8 +199,13 @@ fn deepspeed_config_round_trips_the_plan() {
         let pins =
             ["--zero", zero, "--offload", offload, "--recompute", recompute, "--precision", precision, "--tp", tp];
         let original = compile_tiny(&plan, &[&pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
-        succeed(&["export-deepspeed", &plan, "-o", &config]);
+        let summary: Json =
+            serde_json::from_str(&succeed(&["export-deepspeed", &plan, "-o", &config, "--json"])).unwrap();
+        assert_eq!((summary["output"].as_str(), &summary["config"]), (Some(config.as_str()), &Json::Null), "{summary}");
+        assert!(summary["notes"].is_array(), "{summary}");
         let ds = read_json(&config);
+        let printed: Json = serde_json::from_str(&succeed(&["export-deepspeed", &plan, "--json"])).unwrap();
+        assert_eq!(printed["config"], ds, "--json without -o carries the configuration");
         let z = &ds["zero_optimization"];
         assert_eq!(z["stage"].as_u64(), zero.parse().ok());
         assert_eq!(z["offload_optimizer"]["device"].as_str(), (offload != "none").then_some("cpu"), "{ds}");
@@ -337,6 +342,26 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
     }
     let err = failure(&[&base[..], &["--global-batch", "8", "--deepspeed", "/nonexistent/ds.json"]].concat());
     assert!(err.contains("/nonexistent/ds.json"), "{err}");
+
+    // Below the located line: the configuration's line, the field underlined, the fix.
+    std::fs::write(&config, cases[0].0).unwrap();
+    let run = [&base[..], &["--deepspeed", &config, "--global-batch", "8"]].concat();
+    let err = failure(&run);
+    let snippet = [
+        " 4 │     \"offload_optimizer\": {\"device\": \"nvme\"}",
+        "   ·                           ────┬───",
+        "   ·                               ╰── here",
+        "  help: use \"cpu\" (host memory)",
+    ];
+    assert!(snippet.iter().all(|line| err.lines().any(|l| l.trim_end() == *line)), "{err}");
+    // Under --json the same problem is one JSON object on standard error.
+    let err: Json = serde_json::from_str(&failure(&[&run[..], &["--json"]].concat())).expect("a JSON error");
+    let e = &err["error"];
+    assert_eq!(
+        (e["file"].as_str(), e["line"].as_u64(), e["column"].as_u64()),
+        (Some(config.as_str()), Some(4), Some(27))
+    );
+    assert!(e["message"].as_str().unwrap().contains("NVMe offload") && e["help"].as_str().unwrap().contains("\"cpu\""));
 }
 
 /// The chart rendered by resvg (shapes only: resvg is built without text),

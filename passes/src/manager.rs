@@ -134,6 +134,7 @@ pub fn run_passes(
             records.push(skipped);
             continue;
         }
+        let _span = tracing::info_span!("pass", name = %name, nodes = nodes_before).entered();
         let start = Instant::now();
         graph = pass.run(graph, cx)?;
         let time = start.elapsed();

@@ -7,6 +7,17 @@ use zeroplan_runtime::checkpoint::training;
 pub fn run(args: &ExportArgs) -> Result<(), String> {
     let checkpoint = training::export(&args.checkpoint, &args.output).map_err(|e| format!("error: {e}"))?;
     let m = &checkpoint.manifest;
+    if args.json {
+        let summary = serde_json::json!({
+            "output": args.output.display().to_string(),
+            "model": m.model.name,
+            "step": m.step,
+            "ranks": m.ranks,
+            "checkpoint": checkpoint.dir.display().to_string(),
+        });
+        println!("{summary}");
+        return Ok(());
+    }
     eprintln!(
         "wrote {}: `{}` after step {}, joined from {} rank(s) ({})",
         args.output.display(),

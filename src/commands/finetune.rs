@@ -122,6 +122,7 @@ fn train_epoch(
     data.shuffle();
     let mut loss = 0.0;
     for _ in 0..steps {
+        let _span = tracing::info_span!("step", step = host.steps_done() + 1).entered();
         let feeds = [vec![data.next_batch(batch)]];
         let result = host.step(&feeds[0]).map_err(|e| format!("error: {e}"))?;
         let log = StepLog::from_outputs(host.steps_done(), &result.outputs).map_err(|e| format!("error: {e}"))?;

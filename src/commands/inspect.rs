@@ -15,7 +15,7 @@ use zeroplan_passes::plan::evaluate::bindings;
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&args.plan).map_err(|e| format!("error: reading {}: {e}", args.plan.display()))?;
-    let plan = Plan::from_ron(&text).map_err(|e| format!("{}: error: {e}", args.plan.display()))?;
+    let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.plan.display().to_string()))?;
     let mut out = if args.json { json(&plan) } else { self::text(&plan) };
     if args.timeline {
         out += &timeline(&plan)?;

@@ -21,16 +21,41 @@ pub fn run(args: &PredictArgs) -> Result<(), String> {
     let mut classifier = Classifier::new(&model.spec, &model.weights, args.common.batch_size as usize, seq)
         .map_err(|e| e.to_string())?;
     let predicted = classifier.predict(&test.examples, &model.tokenizer).map_err(|e| e.to_string())?;
+    let rows: Vec<(&str, String)> = test
+        .index
+        .iter()
+        .enumerate()
+        .map(|(i, index)| {
+            let prediction = match (&predicted, &task.labels) {
+                (Predictions::Classes(c), Labels::Classes(names)) => {
+                    names.get(c[i]).cloned().unwrap_or_else(|| c[i].to_string())
+                }
+                (Predictions::Classes(c), Labels::Regression { .. }) => c[i].to_string(),
+                (Predictions::Scores(s), _) => format!("{:.3}", s[i]),
+            };
+            (index.as_str(), prediction)
+        })
+        .collect();
     let mut out = String::from("index\tprediction\n");
-    for (i, index) in test.index.iter().enumerate() {
-        let prediction = match (&predicted, &task.labels) {
-            (Predictions::Classes(c), Labels::Classes(names)) => {
-                names.get(c[i]).cloned().unwrap_or_else(|| c[i].to_string())
-            }
-            (Predictions::Classes(c), Labels::Regression { .. }) => c[i].to_string(),
-            (Predictions::Scores(s), _) => format!("{:.3}", s[i]),
-        };
+    for (index, prediction) in &rows {
         let _ = writeln!(out, "{index}\t{prediction}");
     }
-    emit(&out, args.output.as_deref())
+    if !args.json {
+        return emit(&out, args.output.as_deref());
+    }
+    let mut summary = serde_json::json!({
+        "task": task.name,
+        "rows": rows.len(),
+        "output": args.output.as_ref().map(|p| p.display().to_string()),
+    });
+    match &args.output {
+        Some(path) => emit(&out, Some(path))?,
+        None => {
+            summary["predictions"] = rows
+                .iter()
+                .map(|(index, prediction)| serde_json::json!({"index": index, "prediction": prediction}))
+                .collect();
+        }
+    }
+    emit(&format!("{summary}\n"), None)
 }

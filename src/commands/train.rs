@@ -54,7 +54,8 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
         None => synthetic_batch(&model, args.batch_size, args.seq_len, args.seed)?,
     };
     let micro_batches: Vec<Feeds> = vec![batch; train.micro_batches as usize];
-    for _ in 0..args.steps {
+    for step in 1..=args.steps {
+        let _span = tracing::info_span!("step", step).entered();
         let log = trainer.step(&micro_batches).map_err(|e| context(e.to_string()))?;
         if args.log_json {
             println!("{}", serde_json::to_string(&log).expect("serialisable"));

@@ -135,7 +135,7 @@ const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not
 pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
-    let plan = Plan::from_ron(&text).map_err(|e| context(e.to_string()))?;
+    let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.spec.display().to_string()))?;
     if args.weights.is_some() || args.save.is_some() || args.resume.is_some() {
         return Err(context(
             "--weights, --save and --resume name tensors by the model spec's layout: train the spec itself \
@@ -330,7 +330,8 @@ fn train_loop(
     for host in ranks.iter_mut() {
         host.set_profiling(args.profile.is_some());
     }
-    for _ in first..args.steps {
+    for step in first..args.steps {
+        let _span = tracing::info_span!("step", step = step + 1).entered();
         let drawn: Vec<Vec<Feeds>> = (0..replicas).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
         let feeds: Vec<Vec<Feeds>> = (0..world).map(|r| drawn[r / t].clone()).collect();
         let started = Instant::now();

@@ -169,6 +169,20 @@ pub enum PlanFileError {
     Format { found: u32 },
 }
 
+impl PlanFileError {
+    /// The error in the CLI's convention, `FILE:LINE:COLUMN: error: …` and a
+    /// `help:` line, for the plan file named `file`.
+    pub fn report(&self, file: &str) -> String {
+        match self {
+            PlanFileError::Syntax(e) => format!(
+                "{file}:{}:{}: error: {}\n  help: plan files are written by `zeroplan compile -o`: compile the plan again",
+                e.span.start.line, e.span.start.col, e.code
+            ),
+            PlanFileError::Format { .. } => format!("{file}: error: {self}"),
+        }
+    }
+}
+
 impl Plan {
     pub fn to_ron(&self) -> String {
         let pretty = ron::ser::PrettyConfig::default().depth_limit(4).compact_arrays(true);

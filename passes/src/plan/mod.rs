@@ -107,7 +107,10 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     if choices.is_empty() {
         return Err(PlanError::Pins("offloading the optimizer needs ZeRO stage ≥ 1, the parameters stage 3".into()));
     }
-    let outcomes = search::search(req, &machine, &choices)?;
+    let outcomes = {
+        let _span = tracing::info_span!("plan.search", choices = choices.len()).entered();
+        search::search(req, &machine, &choices)?
+    };
     if outcomes.iter().all(|o| o.best.is_none()) {
         return Err(explain::nothing_fits(req, &outcomes)?);
     }

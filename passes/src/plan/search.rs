@@ -109,6 +109,7 @@ pub fn per_rank(req: &Request, choice: Choice) -> u64 {
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
     let mut outcomes = Vec::with_capacity(choices.len());
     for &choice in choices {
+        let _span = tracing::debug_span!("plan.choice", ?choice).entered();
         outcomes.push(search_choice(req, machine, choice)?);
     }
     if req.pins.recompute.is_none() {
