@@ -11,8 +11,8 @@
 //! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
 //!
-//! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, whole-plan
-//! execution. See the crate's README for what was checked, and how.
+//! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, NCCL
+//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's README for what was checked, and how.
 
 pub mod cache;
 pub mod codegen;
