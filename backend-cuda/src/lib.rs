@@ -12,7 +12,8 @@
 //!   kernels through cudarc's driver API — never called without a driver.
 //!
 //! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, NCCL
-//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's README for what was checked, and how.
+//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's
+//! README for what was checked, and how.
 
 pub mod cache;
 pub mod codegen;
