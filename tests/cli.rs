@@ -583,3 +583,14 @@ fn a_diverging_run_stops_naming_the_step_and_the_first_non_finite_value() {
     assert_eq!((summary["model"].as_str(), summary["output"].as_str()), (Some("tiny-bert"), exported.to_str()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn train_on_cuda_without_a_gpu_says_so() {
+    if zeroplan_runtime::cuda::available().is_ok() {
+        eprintln!("SKIPPED: this machine has a GPU (runtime/tests/cuda.rs's ignored tests check it)");
+        return;
+    }
+    let err = failure(&["train", "models/tiny/tiny-bert.ron", "--backend", "cuda", "--steps", "1"]);
+    assert!(err.contains("error: --backend cuda: no CUDA driver found: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, PushKernelArg, result, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, PushKernelArg, result, sys,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::codegen::{DeviceProperties, GeneratedKernel};
@@ -112,6 +114,11 @@ impl CudaDevice {
         &self.properties
     }
 
+    /// The context every module, stream and allocation of this GPU lives in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
     /// Loads a compiled kernel's module and finds its entry points.
     pub fn load(&self, compiled: &CompiledPtx) -> Result<LoadedKernel, DeviceError> {
         let module = self.context.load_module(Ptx::from_src(compiled.ptx.clone()))?;
@@ -134,6 +141,74 @@ fn config(grid: u32, block: u32) -> cudarc::driver::LaunchConfig {
 }
 
 impl LoadedKernel {
+    /// The generated kernel: its operands and launch shape.
+    pub fn generated(&self) -> &GeneratedKernel {
+        &self.kernel
+    }
+
+    /// Queues the kernel (and its finish kernel) on `stream` over device
+    /// pointers: `inputs` and `outputs` in the kernel's operand order,
+    /// `partials` at least `launch.scratch_bytes` (cross-row outputs only).
+    ///
+    /// # Safety
+    /// Each pointer addresses its operand's bytes on this kernel's device,
+    /// suitably aligned (`Buffer::alignment`), and stays valid until the
+    /// stream has run the kernel; outputs alias inputs only in place.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        inputs: &[sys::CUdeviceptr],
+        outputs: &[sys::CUdeviceptr],
+        partials: sys::CUdeviceptr,
+        seed: u64,
+        offset: u64,
+    ) -> Result<(), DeviceError> {
+        let k = &self.kernel;
+        if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
+            return Err(DeviceError::Buffers {
+                kernel: k.name.clone(),
+                message: format!(
+                    "{} inputs and {} outputs for {} and {} operands",
+                    inputs.len(),
+                    outputs.len(),
+                    k.inputs.len(),
+                    k.outputs.len()
+                ),
+            });
+        }
+        if k.launch.grid > 0 {
+            let mut launch = stream.launch_builder(&self.main);
+            for p in inputs {
+                launch.arg(p);
+            }
+            for (p, b) in outputs.iter().zip(&k.outputs) {
+                if !b.cross_row {
+                    launch.arg(p);
+                }
+            }
+            if k.outputs.iter().any(|b| b.cross_row) {
+                launch.arg(&partials);
+            }
+            launch.arg(&seed);
+            launch.arg(&offset);
+            // SAFETY: the arguments match the generated signature (see
+            // `GeneratedKernel`); the caller vouches for the pointers.
+            unsafe { launch.launch(config(k.launch.grid, k.launch.block)) }?;
+        }
+        if let (Some(finish), Some((grid, block))) = (&self.finish, k.launch.finish) {
+            let mut launch = stream.launch_builder(finish);
+            launch.arg(&partials);
+            for (p, b) in outputs.iter().zip(&k.outputs) {
+                if b.cross_row {
+                    launch.arg(p);
+                }
+            }
+            // SAFETY: as above, for the finish kernel's signature.
+            unsafe { launch.launch(config(grid, block)) }?;
+        }
+        Ok(())
+    }
+
     /// Runs the kernel on host buffers (copied to the GPU and back): the
     /// storage bytes of each input; returns each output's bytes. For checks
     /// against the CPU backend, not for training (which keeps data on the GPU).
@@ -173,35 +248,12 @@ impl LoadedKernel {
         let outs: Vec<CudaSlice<u8>> =
             k.outputs.iter().map(|b| stream.alloc_zeros::<u8>(bytes(b).max(1))).collect::<Result<_, _>>()?;
         let partials = stream.alloc_zeros::<u8>(k.launch.scratch_bytes.max(8))?;
-        if k.launch.grid > 0 {
-            let mut launch = stream.launch_builder(&self.main);
-            for s in &ins {
-                launch.arg(s);
-            }
-            for (s, b) in outs.iter().zip(&k.outputs) {
-                if !b.cross_row {
-                    launch.arg(s);
-                }
-            }
-            if k.outputs.iter().any(|b| b.cross_row) {
-                launch.arg(&partials);
-            }
-            launch.arg(&seed);
-            launch.arg(&offset);
-            // SAFETY: the arguments match the generated signature (see
-            // `GeneratedKernel`) and every buffer has its operand's size.
-            unsafe { launch.launch(config(k.launch.grid, k.launch.block)) }?;
-        }
-        if let (Some(finish), Some((grid, block))) = (&self.finish, k.launch.finish) {
-            let mut launch = stream.launch_builder(finish);
-            launch.arg(&partials);
-            for (s, b) in outs.iter().zip(&k.outputs) {
-                if b.cross_row {
-                    launch.arg(s);
-                }
-            }
-            // SAFETY: as above, for the finish kernel's signature.
-            unsafe { launch.launch(config(grid, block)) }?;
+        {
+            let (ins, _i): (Vec<_>, Vec<_>) = ins.iter().map(|s| s.device_ptr(stream)).unzip();
+            let (outs, _o): (Vec<_>, Vec<_>) = outs.iter().map(|s| s.device_ptr(stream)).unzip();
+            let (partials, _p) = partials.device_ptr(stream);
+            // SAFETY: every buffer was allocated above at its operand's size.
+            unsafe { self.launch(stream, &ins, &outs, partials, seed, offset) }?;
         }
         let mut results = Vec::with_capacity(outs.len());
         for (s, b) in outs.iter().zip(&k.outputs) {

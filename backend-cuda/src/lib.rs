@@ -7,20 +7,24 @@
 //! - [`cache`]: PTX on disk by a hash of (source, options, NVRTC version).
 //! - [`compiler`]: [`CudaKernelCompiler::compile`]`(&kernel, &dims)`, as the
 //!   CPU backend's `KernelCompiler`.
+//! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]).
 //! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
 //!
-//! Not yet: cuBLASLt GEMMs, fused attention, multi-tensor AdamW, whole-plan
-//! execution. See the crate's README for what was checked, and how.
+//! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, NCCL
+//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's
+//! README for what was checked, and how.
 
 pub mod cache;
 pub mod codegen;
 pub mod compiler;
 pub mod device;
+pub mod gemm;
 pub mod nvrtc;
 
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
 pub use compiler::{CompileError, CompiledPtx, CudaKernelCompiler};
 pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
+pub use gemm::{Blas, Gemm, GemmError};
 pub use nvrtc::{Nvrtc, NvrtcError};

@@ -13,6 +13,7 @@
 pub mod checkpoint;
 pub mod classify;
 pub mod comm;
+pub mod cuda;
 pub mod data;
 pub mod embed;
 pub mod host;

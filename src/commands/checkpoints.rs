@@ -12,7 +12,7 @@ use zeroplan_ir::spec::ModelSpec;
 use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest};
 use zeroplan_runtime::checkpoint::{self, HeadShapes, training};
 use zeroplan_runtime::data::Cursor;
-use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::runner::{Device, Runner};
 
 /// Set to a step number, a save of that step stops after writing the
 /// shards and before the manifest, says so on standard error, and waits:
@@ -43,7 +43,7 @@ impl Saver {
     }
 
     /// Saves every rank's state (one writer thread per rank), then the manifest.
-    pub fn save(&self, ranks: &[HostProgram], data: Option<Cursor>) -> Result<PathBuf, String> {
+    pub fn save<D: Device>(&self, ranks: &[Runner<D>], data: Option<Cursor>) -> Result<PathBuf, String> {
         let error = |e: checkpoint::CheckpointError| format!("error: {e}");
         let step = ranks[0].steps_done();
         training::begin(&self.dir, step).map_err(error)?;
@@ -114,17 +114,22 @@ pub fn layout(program: &Program) -> Result<Layout, String> {
 /// Overwrites the ranks' parameters from a Hugging Face file: read into
 /// the per-parameter view, then cut for each rank (masters, 16-bit copies
 /// and shards alike).
-pub fn load_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &mut [HostProgram]) -> Result<(), String> {
+pub fn load_weights<D: Device>(
+    path: &Path,
+    model: &ModelSpec,
+    layout: &Layout,
+    ranks: &mut [Runner<D>],
+) -> Result<(), String> {
     load_weights_with(path, model, layout, ranks, HeadShapes::Strict)
 }
 
 /// As [`load_weights`]; `heads` says whether a task head of another shape
 /// is an error or replaced (fine-tuning from another task's checkpoint).
-pub fn load_weights_with(
+pub fn load_weights_with<D: Device>(
     path: &Path,
     model: &ModelSpec,
     layout: &Layout,
-    ranks: &mut [HostProgram],
+    ranks: &mut [Runner<D>],
     heads: HeadShapes,
 ) -> Result<(), String> {
     let mut logical = logical(layout, ranks)?;
@@ -149,14 +154,19 @@ pub fn load_weights_with(
 }
 
 /// Writes the ranks' parameters, joined, as one Hugging Face file.
-pub fn save_weights(path: &Path, model: &ModelSpec, layout: &Layout, ranks: &[HostProgram]) -> Result<(), String> {
+pub fn save_weights<D: Device>(
+    path: &Path,
+    model: &ModelSpec,
+    layout: &Layout,
+    ranks: &[Runner<D>],
+) -> Result<(), String> {
     let (graph, weights) =
         training::model_weights(model, &logical(layout, ranks)?).map_err(|e| format!("error: {e}"))?;
     checkpoint::save_weights(path, model, &graph, &weights).map_err(|e| e.to_string())
 }
 
 /// The ranks' state joined into the per-parameter view.
-fn logical(layout: &Layout, ranks: &[HostProgram]) -> Result<training::Logical, String> {
-    let states: Vec<State> = ranks.iter().map(HostProgram::state).collect();
+fn logical<D: Device>(layout: &Layout, ranks: &[Runner<D>]) -> Result<training::Logical, String> {
+    let states: Vec<State> = ranks.iter().map(Runner::state).collect();
     layout.consolidate(&states).map_err(|e| format!("error: {e}"))
 }

@@ -14,6 +14,7 @@ pub fn run(args: &EmbedArgs) -> Result<(), String> {
     let backend = match args.backend {
         Backend::Cpu => embed::Backend::Cpu,
         Backend::Reference => embed::Backend::Reference,
+        Backend::Cuda => return Err("error: embed runs on --backend cpu or reference; not on CUDA yet".into()),
     };
     let mut embedder = Embedder::load(&args.model, backend).map_err(|e| e.to_string())?;
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();

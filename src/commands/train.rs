@@ -8,11 +8,21 @@ use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Tensor};
 use zeroplan_passes::training::training_graph;
 use zeroplan_runtime::checkpoint;
+use zeroplan_runtime::cuda::{self, Cuda};
+use zeroplan_runtime::host::Host;
 use zeroplan_runtime::reference::ReferenceTrainer;
 
 pub fn run(args: &TrainArgs) -> Result<(), String> {
-    if args.backend == Backend::Cpu && super::train_host::is_plan(&args.spec) {
-        return super::train_host::run_plan(args);
+    if args.backend == Backend::Cuda {
+        // Before anything is compiled: a machine without a GPU learns it at once.
+        cuda::available().map_err(|e| format!("error: --backend cuda: {e}"))?;
+    }
+    if super::train_host::is_plan(&args.spec) {
+        match args.backend {
+            Backend::Cpu => return super::train_host::run_plan::<Host>(args),
+            Backend::Cuda => return super::train_host::run_plan::<Cuda>(args),
+            Backend::Reference => {}
+        }
     }
     let mut model = spec::load(&args.spec).map_err(|e| e.to_string())?;
     if let Some(head) = args.head {
@@ -20,8 +30,10 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     }
     let train = training_spec(args)?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
-    if args.backend == Backend::Cpu {
-        return super::train_host::run(args, &model, &train);
+    match args.backend {
+        Backend::Cpu => return super::train_host::run::<Host>(args, &model, &train),
+        Backend::Cuda => return super::train_host::run::<Cuda>(args, &model, &train),
+        Backend::Reference => {}
     }
     if args.data_parallel.ranks.is_some_and(|r| r > 1) || args.tp.is_some_and(|t| t > 1) {
         return Err(context("the reference interpreter runs one rank: train several with --backend cpu".into()));

@@ -17,9 +17,9 @@ use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::checkpoint;
 use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::data::{Dataset, Tokenizer, glue, mlm};
-use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{StepLog, data_parallel_ranks, tensor_parallel_ranks};
 use zeroplan_runtime::runner::RunError;
+use zeroplan_runtime::runner::{Device, Runner};
 
 /// Whether `path` is a plan file (as `zeroplan compile -o` writes them).
 pub fn is_plan(path: &Path) -> bool {
@@ -43,7 +43,11 @@ impl Batches {
 
 /// Trains `model` under `train`: its program planned for this host at
 /// `--batch-size` × `--seq-len` (or the batch file's shape).
-pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<(), String> {
+pub fn run<D: Device<Instr: Send> + Send>(
+    args: &TrainArgs,
+    model: &ModelSpec,
+    train: &TrainingSpec,
+) -> Result<(), String> {
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     let fixed = match &args.batch {
         Some(path) => Some(checkpoint::load_batch(path).map_err(|e| e.to_string())?),
@@ -78,7 +82,7 @@ pub fn run(args: &TrainArgs, model: &ModelSpec, train: &TrainingSpec) -> Result<
         Some(r) => r.seed,
         None => args.seed,
     };
-    let mut ranks = load_ranks(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?;
+    let mut ranks = load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?;
     if let Some(path) = &args.weights {
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
@@ -132,7 +136,7 @@ const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not
      or load weights";
 
 /// Trains the program of a plan file, with its batch and sequence length.
-pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
+pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.spec.display().to_string()))?;
@@ -152,7 +156,7 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
         }
         (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
     };
-    let mut ranks = load_ranks(plan.program, args.seed, None).map_err(context)?;
+    let mut ranks = load_ranks::<D>(plan.program, args.seed, None).map_err(context)?;
     train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None)
 }
 
@@ -160,7 +164,7 @@ pub fn run_plan(args: &TrainArgs) -> Result<(), String> {
 /// × `t` tensor-parallel ranks in global rank order (`data·t + tensor`),
 /// joined by in-process groups; each rank's state from `states` where given
 /// (a resumed run), else initialised from `seed`.
-fn load_ranks(program: Program, seed: u64, states: Option<&[State]>) -> Result<Vec<HostProgram>, String> {
+fn load_ranks<D: Device>(program: Program, seed: u64, states: Option<&[State]>) -> Result<Vec<Runner<D>>, String> {
     let d = data_parallel_ranks(&program.graph) as usize;
     let t = tensor_parallel_ranks(&program.graph) as usize;
     let none = State::new();
@@ -169,7 +173,7 @@ fn load_ranks(program: Program, seed: u64, states: Option<&[State]>) -> Result<V
         .enumerate()
         .map(|(r, groups)| {
             let given = states.map_or(&none, |s| &s[r]);
-            HostProgram::load_groups_with(program.clone(), seed, groups, given).map_err(|e| e.to_string())
+            Runner::load_groups_with(program.clone(), seed, groups, given).map_err(|e| e.to_string())
         })
         .collect()
 }
@@ -211,8 +215,8 @@ fn vocab_of(g: &Graph) -> Option<u64> {
 /// Why training stops at a step whose loss or gradients are not finite
 /// (without loss scaling to absorb it): the step run again with every value
 /// checked names the first one that is not, and where the run stands.
-pub(super) fn diverged(
-    ranks: &mut [HostProgram],
+pub(super) fn diverged<D: Device<Instr: Send> + Send>(
+    ranks: &mut [Runner<D>],
     feeds: &[Vec<Feeds>],
     log: &StepLog,
     saver: Option<&checkpoints::Saver>,
@@ -293,9 +297,9 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 /// bar (loss, tokens/s), or JSON lines with `--log-json`. Each rank steps on
 /// its own thread with its own micro-batches; the log shows the ranks' mean
 /// loss. `saver` checkpoints when due.
-fn train_loop(
+fn train_loop<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
-    ranks: &mut [HostProgram],
+    ranks: &mut [Runner<D>],
     mut batches: Batches,
     batch: usize,
     seq: usize,

@@ -52,8 +52,25 @@ fn set_scalar(mem: &Memory, b: Buf, v: f64) {
     mem.write_f32(b, &[v as f32]);
 }
 
-/// Executes one instruction.
+/// Executes one host instruction.
 pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
+    match instr {
+        Instr::Kernel { kernel, inputs, outputs } => {
+            let ins: Vec<*const u8> = inputs.iter().map(|b| mem.ptr(*b).cast_const()).collect();
+            let outs: Vec<*mut u8> = outputs.iter().map(|b| mem.ptr(*b)).collect();
+            // SAFETY: the plan placed each buffer at the kernel's operand sizes;
+            // outputs overlap inputs only as in-place updates of one shape.
+            unsafe { kernel.launch(&ins, &outs, cx.seed, cx.offset) };
+            Ok(())
+        }
+        other => run_routine(other, mem, cx),
+    }
+}
+
+/// Executes any instruction but a compiled kernel (whose code belongs to a
+/// device): the host routines, which a device without its own version of
+/// one runs on a staging copy of the buffers.
+pub fn run_routine<K>(instr: &Instr<K>, mem: &Memory, cx: &Ctx) -> Result<(), String> {
     match instr {
         Instr::Input { name, shape, out } => {
             let t = cx.feeds.get(name).ok_or_else(|| format!("no tensor is fed for input `{name}`"))?;
@@ -109,13 +126,7 @@ pub fn run(instr: &Instr, mem: &Memory, cx: &Ctx) -> Result<(), String> {
             let x = floats(mem, *x, out);
             write_floats(mem, *out, |o| tp::alibi_bias(&x, *shape, slopes, o));
         }
-        Instr::Kernel { kernel, inputs, outputs } => {
-            let ins: Vec<*const u8> = inputs.iter().map(|b| mem.ptr(*b).cast_const()).collect();
-            let outs: Vec<*mut u8> = outputs.iter().map(|b| mem.ptr(*b)).collect();
-            // SAFETY: the plan placed each buffer at the kernel's operand sizes;
-            // outputs overlap inputs only as in-place updates of one shape.
-            unsafe { kernel.launch(&ins, &outs, cx.seed, cx.offset) };
-        }
+        Instr::Kernel { kernel: _, .. } => return Err("a compiled kernel is no host routine".into()),
         Instr::MatMul { shape, a, b, out } => {
             let (x, y) = (floats(mem, *a, out), floats(mem, *b, out));
             // SAFETY: `x`, `y` and the output hold the shape's elements; the

@@ -8,10 +8,11 @@
 //! [`HostProgram`] is the runner on it, what the CLI, the benches and the
 //! tests load.
 
+mod access;
 mod arena;
-mod exec;
+pub(crate) mod exec;
 pub mod ops;
-mod select;
+pub(crate) mod select;
 
 use std::collections::HashMap;
 
@@ -19,8 +20,9 @@ use zeroplan_backend_cpu::KernelCompiler;
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, NodeIndex, Tensor, Value};
 
+pub use access::Access;
 pub use arena::{Arena, Memory};
-pub use select::Instr;
+pub use select::{Instr, KernelCompile, Named};
 
 use crate::runner::{Buf, Ctx, Device, Loaded, Rank, Runner, SelectError};
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use zeroplan_backend_cpu::{CompiledKernel, KernelCompiler};
-use zeroplan_ir::kernel::lower;
+use zeroplan_ir::kernel::{Kernel, lower};
 use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Value};
 
 use super::ops::broadcast::Arith;
@@ -20,8 +20,38 @@ use super::ops::matmul::MatMulShape;
 use crate::runner::buffers::{Buf, Rank, SelectError, concrete, constant_update, of_offset};
 use crate::runner::{Instruction, Step};
 
-/// One instruction and the buffers it reads and writes.
-pub enum Instr {
+/// What compiles a row kernel for a device: the host's Cranelift compiler,
+/// or a GPU's. Selection is the same for every device; only the kernels differ.
+pub trait KernelCompile {
+    type Kernel: Named;
+    /// `kernel` at `dims`; `buffers` are its inputs then its outputs as the
+    /// plan placed them (a device may run a kernel differently by place).
+    fn compile(&mut self, kernel: &Kernel, dims: &[usize], buffers: &[Buf]) -> Result<Self::Kernel, String>;
+}
+
+/// A compiled kernel's name, as profiles count it.
+pub trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for Arc<CompiledKernel> {
+    fn name(&self) -> &str {
+        CompiledKernel::name(self)
+    }
+}
+
+impl KernelCompile for KernelCompiler {
+    type Kernel = Arc<CompiledKernel>;
+
+    fn compile(&mut self, kernel: &Kernel, dims: &[usize], _: &[Buf]) -> Result<Self::Kernel, String> {
+        KernelCompiler::compile(self, kernel, dims).map_err(|e| e.to_string())
+    }
+}
+
+/// One instruction and the buffers it reads and writes; `K` is the
+/// device's compiled kernel (the host's by default).
+#[derive(Clone)]
+pub enum Instr<K = Arc<CompiledKernel>> {
     /// Copies the fed tensor of input `name` in.
     Input {
         name: String,
@@ -104,7 +134,7 @@ pub enum Instr {
         out: Buf,
     },
     Kernel {
-        kernel: Arc<CompiledKernel>,
+        kernel: K,
         inputs: Vec<Buf>,
         outputs: Vec<Buf>,
     },
@@ -243,7 +273,7 @@ pub enum Instr {
     },
 }
 
-impl Instr {
+impl<K> Instr<K> {
     /// The instruction's kind, as profiles and errors name it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -286,14 +316,14 @@ impl Instr {
 }
 
 /// Selects the instruction of every node of `order`.
-pub fn select(
+pub fn select<C: KernelCompile>(
     g: &Graph,
     order: &[NodeIndex],
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
     rank: Rank,
-    compiler: &mut KernelCompiler,
-) -> Result<Vec<Step<Instr>>, SelectError> {
+    compiler: &mut C,
+) -> Result<Vec<Step<Instr<C::Kernel>>>, SelectError> {
     let mut steps = Vec::with_capacity(order.len());
     for &n in order {
         let node = g.node(n);
@@ -304,14 +334,14 @@ pub fn select(
     Ok(steps)
 }
 
-fn instruction(
+fn instruction<C: KernelCompile>(
     g: &Graph,
     n: NodeIndex,
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
     rank: Rank,
-    compiler: &mut KernelCompiler,
-) -> Result<Option<Instr>, String> {
+    compiler: &mut C,
+) -> Result<Option<Instr<C::Kernel>>, String> {
     let node = g.node(n);
     let x: Vec<Buf> = g.operands(n).iter().map(|v| bufs[v]).collect();
     let out = |i: u32| bufs[&Value { node: n, output: i }];
@@ -397,8 +427,8 @@ fn instruction(
         }
         Op::Fused { kernel } => {
             let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
-            let compiled = compiler.compile(kernel, &dims).map_err(|e| e.to_string())?;
-            let outputs = (0..node.outputs.len() as u32).map(out).collect();
+            let outputs: Vec<Buf> = (0..node.outputs.len() as u32).map(out).collect();
+            let compiled = compiler.compile(kernel, &dims, &[x.as_slice(), &outputs].concat())?;
             Instr::Kernel { kernel: compiled, inputs: x, outputs }
         }
         Op::MatMul { transpose_a, transpose_b } => {
@@ -489,13 +519,13 @@ fn instruction(
 }
 
 /// A node a row kernel can express, as a kernel of its own.
-fn lone_kernel(
+fn lone_kernel<C: KernelCompile>(
     g: &Graph,
     n: NodeIndex,
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
-    compiler: &mut KernelCompiler,
-) -> Result<Instr, String> {
+    compiler: &mut C,
+) -> Result<Instr<C::Kernel>, String> {
     let node = g.node(n);
     let kshape = match &node.op {
         Op::AdamW { .. } | Op::SquaredSum if lower::optimizer_fusible(g, n) => {
@@ -515,21 +545,19 @@ fn lone_kernel(
     let outputs: Vec<Value> = (0..node.outputs.len() as u32).map(|i| Value { node: n, output: i }).collect();
     let (kernel, operands) = lower::lower(g, &[n], &outputs, &node.name, &kshape)?;
     let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
-    let compiled = compiler.compile(&kernel, &dims).map_err(|e| e.to_string())?;
-    Ok(Instr::Kernel {
-        kernel: compiled,
-        inputs: operands.iter().map(|v| bufs[v]).collect(),
-        outputs: outputs.iter().map(|v| bufs[v]).collect(),
-    })
+    let inputs: Vec<Buf> = operands.iter().map(|v| bufs[v]).collect();
+    let outputs: Vec<Buf> = outputs.iter().map(|v| bufs[v]).collect();
+    let compiled = compiler.compile(&kernel, &dims, &[inputs.as_slice(), &outputs].concat())?;
+    Ok(Instr::Kernel { kernel: compiled, inputs, outputs })
 }
 
 /// The host routine of an elementwise node no row kernel fits.
-fn broadcast_routine(
+fn broadcast_routine<K>(
     g: &Graph,
     n: NodeIndex,
     bufs: &HashMap<Value, Buf>,
     bindings: &Bindings,
-) -> Result<Instr, String> {
+) -> Result<Instr<K>, String> {
     let node = g.node(n);
     let ops = g.operands(n);
     let shape = |v: Value| concrete(&g.value_type(v).shape, bindings).ok_or("a shape is unbound".to_string());
@@ -539,7 +567,7 @@ fn broadcast_routine(
     if !float {
         return Err("integer arithmetic has no host routine".into());
     }
-    let arith = |op: Arith| -> Result<Instr, String> {
+    let arith = |op: Arith| -> Result<Instr<K>, String> {
         Ok(Instr::Broadcast {
             op,
             a: bufs[&ops[0]],
@@ -570,7 +598,7 @@ pub fn elem(dtype: DType) -> usize {
 /// The kind an instruction is counted under: its variant, and for a
 /// generated kernel its name less the layer number (so `layer3.attn.softmax`
 /// and `layer4.attn.softmax` add up), for a matmul its m×n×k.
-impl Instruction for Instr {
+impl<K: Named> Instruction for Instr<K> {
     fn kind(&self) -> String {
         match self {
             Instr::Kernel { kernel, .. } => format!("kernel {}", strip_layer(kernel.name())),

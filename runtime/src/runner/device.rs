@@ -5,7 +5,8 @@
 //! walks the schedule — micro-batches, optimizer phase, deferred updates,
 //! outputs — without knowing which device is behind it. The host CPU
 //! (`crate::host::Host`: Cranelift kernels, GEMMs, host routines) is one;
-//! a CUDA device (NVRTC kernels, cuBLASLt) is meant to be another.
+//! `crate::cuda::Cuda` (NVRTC kernels, cuBLAS GEMMs; compiled, not yet run
+//! on a GPU) is another.
 
 use std::collections::HashMap;
 

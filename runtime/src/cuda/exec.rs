@@ -1,0 +1,139 @@
+//! Running instructions on a CUDA rank.
+//!
+//! Kernels, GEMMs and DMA copies are queued on the compute stream and not
+//! waited for: the stream keeps schedule order. Anything the CPU does —
+//! host routines and collectives on a staging copy, Cranelift kernels on
+//! the pinned arena, reads and writes for the runner — first waits for the
+//! compute stream, so it sees every earlier instruction's result and no
+//! queued kernel still reads what it overwrites. The communication thread
+//! runs its collectives the same way, so the runner's hazards between the
+//! two threads (it waits for an instruction to return) hold on the GPU too.
+
+use zeroplan_ir::{Place, Tensor};
+
+use super::{Cuda, CudaKernel, gemm};
+use crate::host::{Access, Arena, Instr, Memory, exec as host};
+use crate::runner::{Buf, Ctx};
+
+/// Staged buffers start on this boundary (the widest host SIMD access).
+const STAGE_ALIGN: usize = 64;
+
+fn driver(e: cudarc::driver::DriverError) -> String {
+    format!("the CUDA driver failed: {e:?}")
+}
+
+/// Binds the rank's context to this thread (the runner's communication
+/// thread calls in too) and waits for the compute stream.
+fn settle(cuda: &Cuda) -> Result<(), String> {
+    cuda.gpu.context().bind_to_thread().map_err(driver)?;
+    cuda.compute.synchronize().map_err(driver)
+}
+
+pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), String> {
+    cuda.gpu.context().bind_to_thread().map_err(driver)?;
+    let mem = &cuda.memory;
+    match instr {
+        Instr::Kernel { kernel: CudaKernel::Gpu(k), inputs, outputs } => {
+            let ins: Vec<u64> = inputs.iter().map(|b| mem.device_ptr(*b)).collect();
+            let outs: Vec<u64> = outputs.iter().map(|b| mem.device_ptr(*b)).collect();
+            // SAFETY: loading placed every operand on the device, at its size
+            // and alignment; the arenas outlive the stream's work (`Cuda` drops
+            // them after synchronising in `read`, or with the context).
+            unsafe { k.launch(&cuda.compute, &ins, &outs, cuda.partials.ptr(), cx.seed, cx.offset) }
+                .map_err(|e| e.to_string())
+        }
+        Instr::Kernel { kernel: CudaKernel::Host(k), inputs, outputs } => {
+            settle(cuda)?;
+            let ins: Vec<*const u8> = inputs.iter().map(|b| mem.host_ptr(*b).cast_const()).collect();
+            let outs: Vec<*mut u8> = outputs.iter().map(|b| mem.host_ptr(*b)).collect();
+            // SAFETY: loading placed every operand in the pinned arena at its
+            // size; nothing on the GPU touches them while the stream is idle.
+            unsafe { k.launch(&ins, &outs, cx.seed, cx.offset) };
+            Ok(())
+        }
+        Instr::MatMul { shape, a, b, out } => {
+            // SAFETY: loading checked the operands lie on the device, of one
+            // type, at the shape's sizes; the plan never lets `out` overlap them.
+            unsafe { cuda.blas.gemm(&gemm(shape, *a), mem.device_ptr(*a), mem.device_ptr(*b), mem.device_ptr(*out)) }
+                .map_err(|e| e.to_string())
+        }
+        Instr::Copy { from, to } => copy(cuda, *from, *to),
+        routine => staged(cuda, routine, cx),
+    }
+}
+
+/// Runs a host routine on a staging copy of its buffers: each buffer is
+/// downloaded into a host scratch arena, the routine runs there, and what
+/// it writes is uploaded back.
+fn staged(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), String> {
+    settle(cuda)?;
+    let mut local = instr.clone();
+    let mut moves = Vec::new();
+    let mut end = 0;
+    local.for_each_buf(|b, access| {
+        let there = Buf { place: Place::Host, offset: end, ..*b };
+        moves.push((*b, there, access));
+        end += b.bytes().div_ceil(STAGE_ALIGN) * STAGE_ALIGN;
+        *b = there;
+    });
+    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(end)? };
+    for (b, there, _) in &moves {
+        cuda.memory.download(*b, stage(&scratch, *there)).map_err(driver)?;
+    }
+    host::run_routine(&local, &scratch, cx)?;
+    for (b, there, access) in &moves {
+        if *access == Access::Write {
+            cuda.memory.upload(*b, stage(&scratch, *there)).map_err(driver)?;
+        }
+    }
+    Ok(())
+}
+
+/// A staged buffer's bytes in the scratch arena.
+#[allow(clippy::mut_from_ref)]
+fn stage(scratch: &Memory, b: Buf) -> &mut [u8] {
+    // SAFETY: `b` was laid out inside the scratch arena, apart from the others.
+    unsafe { std::slice::from_raw_parts_mut(scratch.ptr(b), b.bytes()) }
+}
+
+/// `buf` alone, staged: a scratch memory holding it at offset 0, and its place there.
+fn alone(buf: Buf) -> Result<(Memory, Buf), String> {
+    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(buf.bytes())? };
+    Ok((scratch, Buf { place: Place::Host, offset: 0, ..buf }))
+}
+
+pub fn read(cuda: &Cuda, buf: Buf, shape: Vec<usize>) -> Result<Tensor, String> {
+    settle(cuda)?;
+    let (scratch, there) = alone(buf)?;
+    cuda.memory.download(buf, stage(&scratch, there)).map_err(driver)?;
+    Ok(host::read_tensor(&scratch, there, shape))
+}
+
+pub fn write(cuda: &Cuda, buf: Buf, t: &Tensor) -> Result<(), String> {
+    settle(cuda)?;
+    let (scratch, there) = alone(buf)?;
+    host::write_tensor(&scratch, there, t);
+    cuda.memory.upload(buf, stage(&scratch, there)).map_err(driver)
+}
+
+pub fn fill(cuda: &Cuda, buf: Buf, value: f64) -> Result<(), String> {
+    settle(cuda)?;
+    let (scratch, there) = alone(buf)?;
+    host::fill(&scratch, there, value);
+    cuda.memory.upload(buf, stage(&scratch, there)).map_err(driver)
+}
+
+/// DMA on the compute stream where it can; else (host to host, or an
+/// overlapping device copy) through the CPU after the stream is idle.
+pub fn copy(cuda: &Cuda, from: Buf, to: Buf) -> Result<(), String> {
+    cuda.gpu.context().bind_to_thread().map_err(driver)?;
+    if cuda.memory.copy_async(from, to, &cuda.compute).map_err(driver)? {
+        return Ok(());
+    }
+    settle(cuda)?;
+    let n = from.bytes().min(to.bytes());
+    let (scratch, there) = alone(from)?;
+    cuda.memory.download(from, stage(&scratch, there)).map_err(driver)?;
+    let bytes = Buf { len: n / to.dtype.size_bytes() as usize, ..to };
+    cuda.memory.upload(bytes, &stage(&scratch, there)[..bytes.bytes()]).map_err(driver)
+}

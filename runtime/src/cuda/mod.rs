@@ -1,0 +1,181 @@
+//! The CUDA device: a rank's program on one GPU.
+//!
+//! [`Cuda`] is a [`Device`] for the [`Runner`]: one `cuMemAlloc` arena at
+//! the plan's device size and one pinned (`cuMemHostAlloc`) arena at its
+//! host size ([`memory`]); instruction selection is the host runtime's
+//! (`host::select`, one selection for every device) with this device's
+//! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
+//! arena); GEMMs through cuBLAS; copies as DMA on the compute stream. Every
+//! other instruction — embeddings, losses, layout ops, the optimizer's
+//! scalars, and collectives through the rank's `Communicator` — is the host
+//! runtime's routine run on a staging copy of its buffers ([`exec`]): slow
+//! (a round trip over PCIe each), but the same code and the same answers,
+//! which is what a first GPU run needs to be checked against.
+//!
+//! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
+
+mod exec;
+mod kernels;
+mod memory;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use zeroplan_backend_cuda::{Blas, CudaDevice, CudaKernelCompiler, Gemm, Nvrtc, Probe, PtxCache, probe};
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, NodeIndex, Place, Tensor, Value};
+
+pub use kernels::CudaKernel;
+use memory::{DeviceArena, GpuMemory, PinnedArena};
+
+use crate::host::{Instr, select};
+use crate::runner::{Buf, Ctx, Device, Loaded, Rank, Runner, SelectError};
+
+/// A plan's program loaded on a GPU.
+pub type CudaProgram = Runner<Cuda>;
+
+/// Where NVRTC is looked for first: a directory holding `lib/libnvrtc.so.13`
+/// and `include/` (the layout `scripts/fetch-nvrtc.sh` writes); else the
+/// library search path and the CUDA toolkit's headers.
+pub const NVRTC_DIR_VAR: &str = "ZEROPLAN_NVRTC_DIR";
+
+/// Which GPU every rank of this process opens (default 0: N ranks on one GPU).
+pub const DEVICE_VAR: &str = "ZEROPLAN_CUDA_DEVICE";
+
+/// Why there is no GPU to run on, in words for the user; `Ok` with the
+/// ordinal to open when there is one.
+pub fn available() -> Result<usize, String> {
+    let ordinal = match std::env::var(DEVICE_VAR) {
+        Ok(v) => v.parse::<usize>().map_err(|_| format!("{DEVICE_VAR}={v} is not a GPU ordinal"))?,
+        Err(_) => 0,
+    };
+    match probe() {
+        Probe::NoDriver => Err("no CUDA driver found: libcuda could not be loaded (is an NVIDIA driver installed, \
+                                and this a machine with a GPU?)"
+            .into()),
+        Probe::DriverError(e) => Err(format!("the CUDA driver failed to start: {e}")),
+        Probe::Gpus(gpus) if gpus.is_empty() => {
+            Err("no CUDA driver found: the driver loaded but reports no GPU".into())
+        }
+        Probe::Gpus(gpus) if ordinal >= gpus.len() => {
+            Err(format!("{DEVICE_VAR}={ordinal}, but the driver reports {} GPU(s)", gpus.len()))
+        }
+        Probe::Gpus(_) => Ok(ordinal),
+    }
+}
+
+/// NVRTC from [`NVRTC_DIR_VAR`], else the system's.
+fn nvrtc() -> Result<Nvrtc, String> {
+    let found = match std::env::var_os(NVRTC_DIR_VAR).map(PathBuf::from) {
+        Some(dir) => {
+            let include = dir.join("include");
+            Nvrtc::from_dir(&dir.join("lib"), include.join("cuda_bf16.h").is_file().then_some(include))
+        }
+        None => Nvrtc::system(None),
+    };
+    found.map_err(|e| format!("{e} (set {NVRTC_DIR_VAR} to a directory scripts/fetch-nvrtc.sh fills)"))
+}
+
+/// One GPU and one rank's memory on it.
+pub struct Cuda {
+    memory: GpuMemory,
+    /// Cross-row partials of the GPU kernels (one kernel at a time uses them).
+    partials: DeviceArena,
+    blas: Blas,
+    /// Kernels, GEMMs and DMA copies, in schedule order.
+    compute: Arc<CudaStream>,
+    gpu: CudaDevice,
+}
+
+impl Device for Cuda {
+    type Instr = Instr<CudaKernel>;
+
+    fn load(
+        program: &Program,
+        order: &[NodeIndex],
+        bufs: &HashMap<Value, Buf>,
+        bindings: &Bindings,
+        rank: Rank,
+    ) -> Result<Loaded<Cuda>, SelectError> {
+        let fail = |message: String| SelectError::Device(message);
+        let ordinal = available().map_err(fail)?;
+        let gpu = CudaDevice::open(ordinal).map_err(|e| fail(e.to_string()))?;
+        let nvrtc = CudaKernelCompiler::new(
+            *gpu.properties(),
+            nvrtc().map_err(fail)?,
+            PtxCache::default_dir().map(PtxCache::new),
+        );
+        let mut compilers = kernels::Kernels { gpu: &gpu, nvrtc, host: None, loaded: HashMap::new(), scratch_bytes: 0 };
+        let steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
+        for step in &steps {
+            if let Some(Instr::MatMul { shape, a, b, out }) = &step.instr {
+                let node = program.graph.node(step.node);
+                let unsupported =
+                    |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+                check_matmul(shape, *a, *b, *out).map_err(unsupported)?;
+            }
+        }
+        let scratch = compilers.scratch_bytes;
+        let context = gpu.context();
+        let size = |n: u64| usize::try_from(n).map_err(|_| fail(format!("{n} bytes do not fit this host")));
+        let driver = |e: cudarc::driver::DriverError| fail(format!("allocating the plan's arenas: {e:?}"));
+        let memory = GpuMemory {
+            device: DeviceArena::new(context, size(program.arena_bytes)?).map_err(driver)?,
+            host: PinnedArena::new(context, size(program.host_arena_bytes)?).map_err(driver)?,
+        };
+        let partials = DeviceArena::new(context, scratch).map_err(driver)?;
+        let compute = context.new_stream().map_err(|e| fail(format!("creating the compute stream: {e:?}")))?;
+        let blas = Blas::new(Arc::clone(&compute)).map_err(|e| fail(e.to_string()))?;
+        Ok((Cuda { memory, partials, blas, compute, gpu }, steps))
+    }
+
+    fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String> {
+        exec::run(self, instr, cx)
+    }
+
+    fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
+        exec::read(self, buf, shape).unwrap_or_else(|e| panic!("reading a buffer back from the GPU: {e}"))
+    }
+
+    fn write(&self, buf: Buf, t: &Tensor) {
+        exec::write(self, buf, t).unwrap_or_else(|e| panic!("writing a buffer to the GPU: {e}"))
+    }
+
+    fn copy(&self, from: Buf, to: Buf) {
+        exec::copy(self, from, to).unwrap_or_else(|e| panic!("copying a buffer on the GPU: {e}"))
+    }
+
+    fn fill(&self, buf: Buf, value: f64) {
+        exec::fill(self, buf, value).unwrap_or_else(|e| panic!("filling a buffer on the GPU: {e}"))
+    }
+}
+
+/// What cuBLAS cannot take of a matmul the host runtime runs: operands off
+/// the device or of mixed types.
+fn check_matmul(shape: &crate::host::ops::matmul::MatMulShape, a: Buf, b: Buf, out: Buf) -> Result<(), String> {
+    if [a, b, out].iter().any(|x| x.place != Place::Device) {
+        return Err("not supported on CUDA yet: a matmul over host (offloaded) buffers".into());
+    }
+    if a.dtype != b.dtype || a.dtype != out.dtype {
+        return Err(format!(
+            "not supported on CUDA yet: a matmul of {:?} × {:?} into {:?} (cuBLAS takes one type)",
+            a.dtype, b.dtype, out.dtype
+        ));
+    }
+    gemm(shape, a).check().map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// The cuBLAS call of a host matmul shape.
+fn gemm(shape: &crate::host::ops::matmul::MatMulShape, a: Buf) -> Gemm<'_> {
+    Gemm {
+        m: shape.m,
+        n: shape.n,
+        k: shape.k,
+        transpose_a: shape.transpose_a,
+        transpose_b: shape.transpose_b,
+        batches: &shape.batches,
+        dtype: a.dtype,
+    }
+}

@@ -1,0 +1,122 @@
+//! The CUDA device against the host runtime: the same plan's program, the
+//! same seed and batches, three optimizer steps with dropout.
+//!
+//! The GPU tests are ignored (no GPU in CI); on a machine with a CUDA 13
+//! driver and NVRTC (`scripts/fetch-nvrtc.sh`, found through
+//! `ZEROPLAN_NVRTC_DIR`, or the CUDA toolkit):
+//!
+//! ```sh
+//! ZEROPLAN_NVRTC_DIR=$PWD/fixtures/nvrtc cargo test -p zeroplan-runtime --test cuda -- --ignored --nocapture
+//! ```
+//!
+//! What runs everywhere: loading on a machine without a GPU is a clear
+//! error, not a panic.
+
+use std::collections::BTreeSet;
+
+use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::{Graph, Tensor};
+use zeroplan_passes::manager::PassOptions;
+use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::cuda::{self, CudaProgram};
+use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::runner::{Device, Runner};
+
+mod common;
+
+use common::{BATCH, SEQ, batch, max_abs_diff, model};
+
+fn program(model: &ModelSpec, train: &TrainingSpec) -> Program {
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
+    let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
+    let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
+    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+}
+
+#[test]
+fn loading_without_a_gpu_is_a_clear_error() {
+    let Err(why) = cuda::available() else {
+        eprintln!("SKIPPED: this machine has a GPU; the ignored tests are the ones to run");
+        return;
+    };
+    let model = model("tiny-bert");
+    let err = match CudaProgram::load(program(&model, &TrainingSpec::default()), 7) {
+        Ok(_) => panic!("a CUDA program loaded without a GPU"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(err, why);
+    assert!(why.contains("no CUDA driver found") || why.contains("CUDA driver failed"), "{why}");
+}
+
+/// Parameters whose gradient is zero in exact arithmetic (the attention key
+/// bias): rounding noise, which AdamW normalises into steps of up to `lr`,
+/// so two correct devices differ there by up to `steps · lr`.
+fn zero_gradients(graph: &Graph, feeds: &Feeds) -> BTreeSet<String> {
+    let interpreter = Interpreter::new(Exactness::Native, 7);
+    let state = interpreter.init_state(graph).unwrap();
+    let values = interpreter.evaluate(graph, &state, feeds, 0).unwrap();
+    graph
+        .petgraph()
+        .node_indices()
+        .filter_map(|n| zeroplan_passes::fuse::adamw_operands(graph, n))
+        .filter(|ops| {
+            let x = values.value(graph, ops[1]).floats().unwrap();
+            x.iter().map(|x| x * x).sum::<f64>().sqrt() < 1e-7 * (x.len() as f64).sqrt()
+        })
+        .map(|ops| graph.node(ops[0].node).name.clone())
+        .collect()
+}
+
+fn step<D: Device>(runner: &mut Runner<D>, feeds: &Feeds) -> Vec<(String, Tensor)> {
+    let ran = runner.step(std::slice::from_ref(feeds)).unwrap_or_else(|e| panic!("{e}"));
+    ran.outputs.micro_batches[0]
+        .iter()
+        .filter(|(_, t)| t.dtype().is_float())
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .collect()
+}
+
+/// Three steps of tiny-bert at `precision` on the GPU and on the host:
+/// every float output per step and every float state after, within `tol`.
+fn agree(precision: Precision, tol: f64) {
+    let model = model("tiny-bert");
+    let train = TrainingSpec { precision, dropout: Some(0.1), ..TrainingSpec::default() };
+    let program = program(&model, &train);
+    let noise = zero_gradients(&program.graph, &batch(&model, 0));
+    let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));
+    let mut host = HostProgram::load(program, 7).unwrap_or_else(|e| panic!("{e}"));
+    for s in 0..3 {
+        let feeds = batch(&model, s);
+        for ((name, got), (_, want)) in step(&mut gpu, &feeds).iter().zip(&step(&mut host, &feeds)) {
+            let err = common::relative(got.floats().unwrap(), want.floats().unwrap());
+            eprintln!("step {s}: {name} relative error {err:e}");
+            assert!(err <= tol, "{precision:?}, step {s}, output {name}: relative error {err:e} > {tol:e}");
+        }
+    }
+    let (got, want) = (gpu.state(), host.state());
+    for (name, t) in want.iter().filter(|(_, t)| t.dtype().is_float()) {
+        let (a, b) = (got[name].floats().unwrap(), t.floats().unwrap());
+        if noise.contains(name) {
+            let bound = 3.0 * train.lr * 1.0001;
+            assert!(max_abs_diff(a, b) <= bound, "{precision:?}: {name} (a zero gradient) moved apart");
+            continue;
+        }
+        let err = common::relative(a, b);
+        assert!(err <= tol, "{precision:?}: after 3 steps, {name}: relative error {err:e} > {tol:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn tiny_bert_f32_steps_match_the_host_runtime() {
+    agree(Precision::F32, 1e-5);
+}
+
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn tiny_bert_bf16_steps_match_the_host_runtime() {
+    agree(Precision::Bf16, 1e-2);
+}
