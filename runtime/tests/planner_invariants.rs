@@ -33,16 +33,17 @@
 //! `recompute` pass; `passes/tests/recompute.rs::every_recomputed_value_is_read`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use proptest::prelude::*;
+use zeroplan_ir::build::check_tensor_parallel;
 use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{Offload, Plan};
 use zeroplan_ir::spec::{Cluster, GpuProfile, LossScaling, ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::plan::search::divisors;
 use zeroplan_passes::plan::{Pins, PlanError, Request, plan};
 use zeroplan_passes::recompute::Policy;
-use zeroplan_runtime::comm::{Communicator, InProcess};
+use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::host::HostProgram;
 
 mod common;
@@ -112,10 +113,10 @@ fn pins() -> impl Strategy<Value = Pins> {
             (1u64..=256).prop_map(|kib| Policy::Optimal { budget_bytes: kib << 10 }),
         ],
     );
-    // One tensor rank: plans the host runtime executes as one thread per
-    // GPU (tensor-parallel plans run there with issue 10's runtime part).
-    (stage, offload, recompute).prop_map(|(zero_stage, offload, recompute)| Pins {
-        tensor_parallel: Some(1),
+    // Searched, none, or pinned to a degree that may not split the GPUs or the heads.
+    let tensor_parallel = prop_oneof![4 => Just(None), 2 => Just(Some(1)), 2 => Just(Some(2)), 1 => Just(Some(3))];
+    (tensor_parallel, stage, offload, recompute).prop_map(|(tensor_parallel, zero_stage, offload, recompute)| Pins {
+        tensor_parallel,
         zero_stage,
         offload,
         recompute,
@@ -180,7 +181,16 @@ fn request<'a>(model: &'a ModelSpec, d: &Draw) -> Request<'a> {
 /// hold, or "nothing fits" with each choice's least memory above the budget.
 fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
     let pins = req.pins;
-    let per_rank = req.global_batch / req.cluster.world_size();
+    let world = req.cluster.world_size();
+    let bad_tensor_parallel = pins
+        .tensor_parallel
+        .is_some_and(|t| t == 0 || !world.is_multiple_of(t) || check_tensor_parallel(req.model, t).is_err());
+    if bad_tensor_parallel {
+        prop_assert!(matches!(err, PlanError::TensorParallel { .. }), "{err}: the bad --tp should be named first");
+        return Ok(());
+    }
+    // The sequences each data-parallel rank trains.
+    let per_rank = req.global_batch / (world / pins.tensor_parallel.unwrap_or(1));
     let bad_stage = pins.zero_stage.is_some_and(|z| z > 3);
     let bad_micro_batch = pins.micro_batch.is_some_and(|b| !per_rank.is_multiple_of(b));
     match err {
@@ -227,7 +237,14 @@ fn consistent(req: &Request, plan: &Plan) -> Result<(), TestCaseError> {
     prop_assert_eq!(m.arena_bytes, p.arena_bytes);
     prop_assert_eq!(m.host_bytes, p.host_arena_bytes);
     prop_assert_eq!(m.reserve_bytes, zeroplan_passes::memory::reserve::reserve(&p.graph).total());
-    prop_assert_eq!(s.ranks, req.cluster.world_size());
+    prop_assert_eq!(s.world(), req.cluster.world_size());
+    prop_assert!(
+        pins_tp_honoured(req, s.tensor_parallel),
+        "--tp pin {:?}: {}",
+        req.pins.tensor_parallel,
+        s.tensor_parallel
+    );
+    prop_assert_eq!(p.graph.tensor_parallel(), s.tensor_parallel);
     prop_assert_eq!(s.micro_batch * s.micro_batches * s.ranks, req.global_batch);
     prop_assert_eq!((p.batch, p.seq), (s.micro_batch, req.seq));
     let pins = req.pins;
@@ -240,22 +257,27 @@ fn consistent(req: &Request, plan: &Plan) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Runs two steps of `plan` on its ranks (threads joined by the in-process
-/// communicator) and returns each rank's measured device and host high
-/// water.
+fn pins_tp_honoured(req: &Request, t: u64) -> bool {
+    req.pins.tensor_parallel.is_none_or(|p| p == t)
+}
+
+/// Runs two steps of `plan` on its `d × t` ranks (threads joined by
+/// in-process data and tensor groups; a replica's tensor ranks share its
+/// batch) and returns each rank's measured device and host high water.
 fn run(model: &ModelSpec, plan: &Plan) -> Vec<(u64, u64)> {
-    let (ranks, k) = (plan.strategy.ranks as usize, plan.strategy.micro_batches as usize);
+    let (d, t) = (plan.strategy.ranks as usize, plan.strategy.tensor_parallel as usize);
+    let k = plan.strategy.micro_batches as usize;
     let (b, seq) = (plan.program.batch as usize, plan.program.seq as usize);
-    let mut hosts: Vec<HostProgram> = InProcess::group(ranks)
+    let mut hosts: Vec<HostProgram> = InProcess::grid(d, t)
         .into_iter()
-        .map(|c| {
-            let comm: Arc<dyn Communicator> = Arc::new(c);
-            HostProgram::load_rank(plan.program.clone(), 7, comm).unwrap_or_else(|e| panic!("loading the plan: {e}"))
+        .map(|groups| {
+            HostProgram::load_groups_with(plan.program.clone(), 7, groups, &State::new())
+                .unwrap_or_else(|e| panic!("loading the plan: {e}"))
         })
         .collect();
     for step in 0..2 {
-        let feeds: Vec<Vec<Feeds>> = (0..ranks)
-            .map(|r| (0..k).map(|i| batch_of(model, b, seq, ((step * ranks + r) * k + i) as i64)).collect())
+        let feeds: Vec<Vec<Feeds>> = (0..d * t)
+            .map(|r| (0..k).map(|i| batch_of(model, b, seq, ((step * d + r / t) * k + i) as i64)).collect())
             .collect();
         std::thread::scope(|s| {
             let running: Vec<_> =
