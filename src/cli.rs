@@ -192,12 +192,8 @@ pub struct CompileArgs {
     /// Sequences per optimizer step over all GPUs.
     #[arg(long, required_unless_present = "deepspeed")]
     pub global_batch: Option<u64>,
-    /// A RON training spec (optimizer, precision…); `--precision` overrides it.
-    #[arg(long, value_name = "TRAIN.ron")]
-    pub train: Option<PathBuf>,
-    /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
-    #[arg(long, value_parser = parse_precision)]
-    pub precision: Option<zeroplan_ir::spec::Precision>,
+    #[command(flatten)]
+    pub training: TrainingArgs,
     /// Pin the tensor-parallel degree (Megatron-LM layers over T consecutive GPUs; the search tries
     /// the divisors of --gpus that fit in a node).
     #[arg(long, value_name = "T")]
@@ -231,6 +227,17 @@ pub struct CompileArgs {
     pub json: bool,
 }
 
+/// The training a plan is for: the optimizer and precision.
+#[derive(Args)]
+pub struct TrainingArgs {
+    /// A RON training spec (optimizer, precision…); `--precision` overrides it.
+    #[arg(long, value_name = "TRAIN.ron")]
+    pub train: Option<PathBuf>,
+    /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<zeroplan_ir::spec::Precision>,
+}
+
 /// The cluster a plan is for.
 #[derive(Args)]
 pub struct ClusterArgs {
@@ -258,12 +265,8 @@ pub struct CapacityArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 512)]
     pub seq: u64,
-    /// A RON training spec (optimizer, precision…); `--precision` overrides it.
-    #[arg(long, value_name = "TRAIN.ron")]
-    pub train: Option<PathBuf>,
-    /// Compute precision: f32, bf16 or f16 (default: the training spec's, else bf16).
-    #[arg(long, value_parser = parse_precision)]
-    pub precision: Option<zeroplan_ir::spec::Precision>,
+    #[command(flatten)]
+    pub training: TrainingArgs,
     /// Pin the tensor-parallel degree (default: the search's, up to a node).
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,

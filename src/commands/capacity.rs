@@ -23,7 +23,7 @@ memory is not limited: an offloading plan shows what it keeps on the host per GP
 
 pub fn run(args: &CapacityArgs) -> Result<(), String> {
     let family = spec::load(&args.spec).map_err(|e| e.to_string())?;
-    let train = training(args.train.as_deref(), args.precision)?;
+    let train = training(&args.training)?;
     let cluster = cluster(&args.cluster)?;
     let pins = Pins { tensor_parallel: args.tp, zero_stage: args.zero, offload: args.offload, ..Pins::default() };
     let world = cluster.world_size();

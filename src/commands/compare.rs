@@ -28,7 +28,7 @@ pub fn run(
     let imported = import::read(&text, &file, train, gpus)?;
     let mut notes = imported.notes;
     let mut train = imported.train;
-    if let Some(precision) = args.precision.filter(|p| *p != train.precision) {
+    if let Some(precision) = args.training.precision.filter(|p| *p != train.precision) {
         notes.push(format!("--precision overrides the configuration's {:?}", train.precision));
         train.precision = precision;
     }

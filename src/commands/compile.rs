@@ -1,16 +1,15 @@
 //! `zeroplan compile SPEC --gpus N --gpu PROFILE --global-batch G`: the
 //! planner's search, its plan written atomically and shown.
 
-use crate::cli::{ClusterArgs, CompileArgs};
+use crate::cli::{ClusterArgs, CompileArgs, TrainingArgs};
 use crate::commands::{compare, inspect};
 use crate::output::emit;
-use std::path::Path;
 use zeroplan_ir::spec::{self, Cluster, ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::plan::{Pins, Request, plan};
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
     let model = spec::load(&args.spec).map_err(|e| e.to_string())?;
-    let train = training(args.train.as_deref(), args.precision)?;
+    let train = training(&args.training)?;
     let cluster = cluster(&args.cluster)?;
     if args.seq == 0 || args.seq > model.max_position {
         return Err(format!(
@@ -32,12 +31,12 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
 }
 
 /// The training spec `--train` names (bf16 defaults without one), `--precision` overriding it.
-pub fn training(path: Option<&Path>, precision: Option<Precision>) -> Result<TrainingSpec, String> {
-    let mut train = match path {
+pub fn training(args: &TrainingArgs) -> Result<TrainingSpec, String> {
+    let mut train = match &args.train {
         Some(path) => TrainingSpec::load(path).map_err(|e| e.to_string())?,
         None => TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
     };
-    if let Some(precision) = precision {
+    if let Some(precision) = args.precision {
         train.precision = precision;
     }
     Ok(train)
