@@ -2,13 +2,17 @@
 //! and the ops that cut or join along one axis (slice, its gradient, split,
 //! concat). A tensor is seen as `[outer, axis, inner]` around the axis.
 
+use rayon::prelude::*;
+
 /// `[outer, axis, inner]` of `shape` around `axis`.
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
 /// Output axis `d` takes input axis `perm[d]`. Runs along an unmoved last
-/// axis are copied whole.
+/// axis are copied whole. Blocks of the output are filled on rayon's threads:
+/// a transpose is a strided read of the whole tensor, so it is bound by
+/// memory latency, not by one core's copy rate.
 pub fn transpose(x: &[u8], shape: &[usize], perm: &[usize], elem: usize, out: &mut [u8]) {
     let rank = shape.len();
     if rank == 0 || x.is_empty() {
@@ -24,19 +28,31 @@ pub fn transpose(x: &[u8], shape: &[usize], perm: &[usize], elem: usize, out: &m
     // Copy runs of the output's last axis when it is contiguous in the input.
     let run = if perm[rank - 1] == rank - 1 { out_shape[rank - 1] } else { 1 };
     let outer_rank = if run > 1 { rank - 1 } else { rank };
-    let count: usize = out_shape[..outer_rank].iter().product();
-    let mut index = vec![0usize; outer_rank];
-    for i in 0..count {
-        let at: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        out[i * run * elem..(i + 1) * run * elem].copy_from_slice(&x[at * elem..(at + run) * elem]);
+    let (out_shape, strides) = (&out_shape[..outer_rank], &strides[..outer_rank]);
+    let run_bytes = run * elem;
+    // About 64 KiB of output per task: enough to amortise the task, small
+    // enough to spread a layer's activations over the threads.
+    let runs_per_block = (65536 / run_bytes).max(1);
+    out.par_chunks_mut(runs_per_block * run_bytes).enumerate().for_each(|(block, chunk)| {
+        // The multi-index of this block's first run, then counted up.
+        let mut index = vec![0usize; outer_rank];
+        let mut rest = block * runs_per_block;
         for d in (0..outer_rank).rev() {
-            index[d] += 1;
-            if index[d] < out_shape[d] {
-                break;
-            }
-            index[d] = 0;
+            index[d] = rest % out_shape[d];
+            rest /= out_shape[d];
         }
-    }
+        for dst in chunk.chunks_exact_mut(run_bytes) {
+            let at: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+            dst.copy_from_slice(&x[at * elem..at * elem + run_bytes]);
+            for d in (0..outer_rank).rev() {
+                index[d] += 1;
+                if index[d] < out_shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+    });
 }
 
 /// `[start, start+len)` of `axis`.
@@ -97,6 +113,50 @@ mod tests {
 
     fn words(b: &[u8]) -> Vec<u32> {
         b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    /// Many blocks, and a block boundary inside a run of the outer axes:
+    /// every permutation of a `[3, 5, 7, 11]` tensor against index arithmetic.
+    #[test]
+    fn transposes_in_blocks_as_by_index() {
+        let shape = [3usize, 5, 7, 11];
+        let x: Vec<u32> = (0..shape.iter().product::<usize>() as u32).collect();
+        let bytes_x = bytes(&x);
+        for perm in [[0, 2, 1, 3], [3, 2, 1, 0], [1, 0, 3, 2], [0, 1, 2, 3], [2, 0, 1, 3]] {
+            let mut out = vec![0; bytes_x.len()];
+            transpose(&bytes_x, &shape, &perm, 4, &mut out);
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let mut want = Vec::new();
+            for a in 0..out_shape[0] {
+                for b in 0..out_shape[1] {
+                    for c in 0..out_shape[2] {
+                        for d in 0..out_shape[3] {
+                            let mut i = [0; 4];
+                            for (o, v) in [a, b, c, d].into_iter().enumerate() {
+                                i[perm[o]] = v;
+                            }
+                            want.push(x[((i[0] * 5 + i[1]) * 7 + i[2]) * 11 + i[3]]);
+                        }
+                    }
+                }
+            }
+            assert_eq!(words(&out), want, "perm {perm:?}");
+        }
+        // 8-byte elements with 65,536-byte blocks cut mid-axis.
+        let shape = [2usize, 4099, 3];
+        let x: Vec<u32> = (0..2 * 2 * 4099 * 3).collect();
+        let mut out = vec![0; x.len() * 4];
+        transpose(&bytes(&x), &shape, &[1, 0, 2], 8, &mut out);
+        let got: Vec<u32> = words(&out);
+        for j in 0..4099 {
+            for i in 0..2 {
+                for k in 0..3 {
+                    let o = ((j * 2 + i) * 3 + k) * 2;
+                    let at = ((i * 4099 + j) * 3 + k) * 2;
+                    assert_eq!(&got[o..o + 2], &x[at..at + 2]);
+                }
+            }
+        }
     }
 
     #[test]
