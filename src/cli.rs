@@ -253,6 +253,10 @@ pub struct ClusterArgs {
     /// Per-GPU memory budget (`40GiB`, `38000MiB`, `40GB`); the card's memory by default.
     #[arg(long, value_parser = parse_bytes)]
     pub memory: Option<u64>,
+    /// Host memory per node a plan may fill with offloaded optimizer states and parameters (`512GiB`);
+    /// unchecked by default.
+    #[arg(long, value_parser = parse_bytes)]
+    pub host_memory: Option<u64>,
 }
 
 #[derive(Args)]

@@ -25,7 +25,7 @@ fn gpu(name: &str) -> GpuProfile {
 
 fn cluster(name: &str, gpus: u64, budget: Option<u64>) -> Cluster {
     let gpus_per_node = gpus.min(8);
-    Cluster { nodes: gpus / gpus_per_node, gpus_per_node, gpu: gpu(name), memory_budget: budget }
+    Cluster { nodes: gpus / gpus_per_node, gpus_per_node, gpu: gpu(name), memory_budget: budget, host_memory: None }
 }
 
 fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u64) -> Request<'a> {
@@ -287,4 +287,35 @@ fn the_search_sizes_an_optimal_policy_to_the_budget() {
     assert_eq!(optimal.strategy.micro_batch, full.strategy.micro_batch);
     assert!(optimal.tokens_per_second.unwrap() > full.tokens_per_second.unwrap(), "{optimal:?} vs {full:?}");
     assert!(Policy::from_name(&optimal.strategy.recompute).is_some(), "the name reads back");
+}
+
+/// `--host-memory` bounds what a node's GPUs offload: with bert-large on
+/// one A100 at a 3 GiB budget, unchecked the planner offloads optimizer and
+/// parameters (4.4 GiB on the host); a node with 4 GiB gets the plan that
+/// offloads only the optimizer; with 3 GiB nothing fits, and the error
+/// names the host memory that would.
+#[test]
+fn host_memory_bounds_what_is_offloaded() {
+    let m = model("bert-large.ron");
+    let mut req = request(&m, cluster("a100-40gb", 1, Some(3 * GIB)), 128, 8);
+    let unchecked = planned(&req);
+    assert_eq!(unchecked.strategy.offload, Offload::OptimizerAndParams, "{:?}", unchecked.strategy);
+    let host = unchecked.memory.host_bytes;
+    assert!(host > 4 * GIB, "{host}");
+
+    req.cluster.host_memory = Some(4 * GIB);
+    let bounded = planned(&req);
+    assert_eq!(bounded.strategy.offload, Offload::Optimizer, "{:?}", bounded.strategy);
+    assert!(bounded.memory.host_bytes <= 4 * GIB && bounded.memory.peak_bytes <= 3 * GIB);
+    assert_eq!(bounded.cluster.host_memory_bytes, Some(4 * GIB), "the plan records the bound");
+    assert!(bounded.candidates.iter().all(|c| !c.fits || c.strategy.offload != Offload::OptimizerAndParams));
+
+    req.cluster.host_memory = Some(3 * GIB);
+    let Err(e @ PlanError::NothingFits { .. }) = plan(&req) else { panic!("fits 3 GiB of host") };
+    let PlanError::NothingFits { shortfalls, .. } = &e else { unreachable!() };
+    let least = shortfalls.iter().filter_map(|s| s.host_bytes_per_node).min().expect("host-limited choices");
+    assert!(least > 3 * GIB && least <= 4 * GIB, "{least}");
+    assert!(shortfalls.iter().all(|s| s.host_bytes_per_node.is_some() == (s.choice.contains("offload optimizer"))));
+    let message = e.to_string();
+    assert!(message.contains("over --host-memory") && message.contains("The GPUs fit, the hosts do not"), "{message}");
 }

@@ -169,7 +169,13 @@ fn request<'a>(model: &'a ModelSpec, d: &Draw) -> Request<'a> {
     Request {
         model,
         train: TrainingSpec { precision: d.precision, ..TrainingSpec::default() },
-        cluster: Cluster { nodes: d.nodes, gpus_per_node: d.gpus_per_node, gpu: a100(), memory_budget: Some(d.budget) },
+        cluster: Cluster {
+            nodes: d.nodes,
+            gpus_per_node: d.gpus_per_node,
+            gpu: a100(),
+            memory_budget: Some(d.budget),
+            host_memory: None,
+        },
         seq: d.seq,
         global_batch: d.per_rank * d.nodes * d.gpus_per_node,
         pins: Pins { micro_batch, ..d.pins },

@@ -198,4 +198,3 @@ fn a_plan_for_two_ranks_refuses_a_group_of_one() {
     let err = HostProgram::load(plan, 0).err().expect("refused");
     assert!(err.to_string().contains("2 data-parallel ranks"), "{err}");
 }
-

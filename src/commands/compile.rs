@@ -59,7 +59,13 @@ pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
             gpu.memory_bytes() as f64 / (1u64 << 30) as f64
         ));
     }
-    Ok(Cluster { nodes: args.nodes, gpus_per_node: args.gpus / args.nodes, gpu, memory_budget: args.memory })
+    Ok(Cluster {
+        nodes: args.nodes,
+        gpus_per_node: args.gpus / args.nodes,
+        gpu,
+        memory_budget: args.memory,
+        host_memory: args.host_memory,
+    })
 }
 
 /// What `--tp`, `--zero`, `--offload`, `--recompute` and `--micro-batch` pin.

@@ -70,7 +70,8 @@ fn gib(bytes: u64) -> String {
 }
 
 fn gb(bytes: f64) -> String {
-    format!("{:.3} GB", bytes / 1e9)
+    // `+ 0.0` turns a one-GPU plan's −0 traffic into 0 (`-0.000 GB` read as a bug).
+    format!("{:.3} GB", bytes / 1e9 + 0.0)
 }
 
 fn tokens(per_second: f64) -> String {
@@ -180,6 +181,7 @@ pub fn machine(plan: &Plan) -> Result<Machine, String> {
         gpus_per_node: c.gpus_per_node,
         gpu: c.gpu.clone(),
         memory_budget: Some(c.budget_bytes),
+        host_memory: c.host_memory_bytes,
     };
     let dtype = DType::from_name(&plan.workload.precision)
         .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;

@@ -50,6 +50,9 @@ pub struct ClusterDescription {
     pub nodes: u64,
     pub gpus_per_node: u64,
     pub budget_bytes: u64,
+    /// Host bytes per node the plan was allowed (`--host-memory`); absent: unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_bytes: Option<u64>,
 }
 
 /// What is trained per step.

@@ -110,6 +110,9 @@ pub struct Cluster {
     pub gpu: GpuProfile,
     /// Bytes a plan may use per GPU; the card's memory when `None`.
     pub memory_budget: Option<u64>,
+    /// Host bytes a plan may use per node for what ZeRO-Offload moves
+    /// there (every GPU's share together); unchecked when `None`.
+    pub host_memory: Option<u64>,
 }
 
 impl Cluster {
@@ -120,6 +123,12 @@ impl Cluster {
     /// The bytes a plan may use on each GPU.
     pub fn budget_bytes(&self) -> u64 {
         self.memory_budget.unwrap_or(self.gpu.memory_bytes()).min(self.gpu.memory_bytes())
+    }
+
+    /// Whether a node's GPUs, each holding `host_bytes_per_gpu` on the host,
+    /// fit the host memory budget.
+    pub fn host_fits(&self, host_bytes_per_gpu: u64) -> bool {
+        self.host_memory.is_none_or(|h| host_bytes_per_gpu.saturating_mul(self.gpus_per_node) <= h)
     }
 }
 
@@ -156,7 +165,7 @@ mod tests {
     #[test]
     fn budgets_never_exceed_the_card() {
         let gpu = bundled()[1].clone();
-        let cluster = Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX) };
+        let cluster = Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX), host_memory: None };
         assert_eq!((cluster.world_size(), cluster.budget_bytes()), (16, 40960 << 20));
     }
 

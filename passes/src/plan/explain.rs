@@ -21,6 +21,9 @@ pub struct Shortfall {
     /// `A`: what each GPU holds however many share the rest (whole
     /// states, gathered layers, activations); `None` for ZeRO-0.
     pub floor_bytes: Option<u64>,
+    /// What its GPUs offload to one node's host, where that exceeds
+    /// `--host-memory`.
+    pub host_bytes_per_node: Option<u64>,
 }
 
 /// The error for a search where nothing fits.
@@ -42,11 +45,20 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
         }
+        let mut host_bytes_per_node = None;
+        if req.cluster.host_memory.is_some() && o.choice.offload != zeroplan_ir::plan::Offload::None {
+            let (ranks, micro_batches) = (o.choice.data_ranks(world), super::search::per_rank(req, o.choice).max(1));
+            let host = Probe::compile(req, o.choice, ranks, 1, micro_batches)?.memory(req, 1)?.host_bytes;
+            if !req.cluster.host_fits(host) {
+                host_bytes_per_node = Some(host * req.cluster.gpus_per_node);
+            }
+        }
         shortfalls.push(Shortfall {
             choice: o.choice.to_string(),
             min_peak_bytes: o.min_peak_bytes,
             gpus_to_fit,
             floor_bytes,
+            host_bytes_per_node,
         });
     }
     Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: world, shortfalls })
@@ -79,14 +91,26 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall
     let mut sorted: Vec<&Shortfall> = shortfalls.iter().collect();
     sorted.sort_by_key(|s| s.min_peak_bytes);
     for s in &sorted {
-        let more = match (s.gpus_to_fit, s.floor_bytes) {
+        let mut more = match (s.gpus_to_fit, s.floor_bytes) {
+            _ if s.min_peak_bytes <= *budget_bytes => "fits the GPU".into(),
             (Some(n), _) => format!("fits on ≥ {n} GPUs"),
             (None, Some(floor)) => format!("more GPUs do not help: {:.1} GiB stays on each", gib(floor)),
             (None, None) => "more GPUs do not help: ZeRO-0 replicates every state".into(),
         };
+        if let Some(host) = s.host_bytes_per_node {
+            more += &format!(", but offloads {:.1} GiB per node, over --host-memory", gib(host));
+        }
         text += &format!("\n  {:<50} {:>10.1} GiB   {more}", s.choice, gib(s.min_peak_bytes));
     }
-    if let Some(least) = sorted.first() {
+    let host_limited: Vec<&&Shortfall> =
+        sorted.iter().filter(|s| s.host_bytes_per_node.is_some() && s.min_peak_bytes <= *budget_bytes).collect();
+    if let Some(least) = host_limited.iter().filter_map(|s| s.host_bytes_per_node).min() {
+        text += &format!(
+            "\nThe GPUs fit, the hosts do not: {:.1} GiB of host memory per node fits the leanest offloading choice \
+             (--host-memory; more GPUs shard what is offloaded).",
+            gib(least)
+        );
+    } else if let Some(least) = sorted.iter().find(|s| s.host_bytes_per_node.is_none()) {
         text += &format!(
             "\nA budget of {:.1} GiB per GPU fits the leanest choice (--memory, or a larger GPU with --gpu).",
             gib(least.min_peak_bytes)

@@ -145,6 +145,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             nodes: req.cluster.nodes,
             gpus_per_node: req.cluster.gpus_per_node,
             budget_bytes: req.cluster.budget_bytes(),
+            host_memory_bytes: req.cluster.host_memory,
         },
         workload: Workload {
             seq: req.seq,
@@ -226,7 +227,7 @@ fn exact_winner(
             let strategy = outcome.choice.strategy(world, b, per_rank / b);
             let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
             let (evaluation, memory_plan) = step.evaluate(req, machine, strategy)?;
-            if evaluation.memory.peak_bytes <= budget {
+            if search::fits(req, &evaluation.memory) {
                 return Ok((evaluation, (outcome.choice, step), memory_plan));
             }
             smallest_peak = smallest_peak.min(evaluation.memory.peak_bytes);

@@ -163,13 +163,16 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             let choice = Choice { recompute: Policy::Optimal { budget_bytes: target }, ..o.choice };
             let step = Step::compile(req, req.model, choice, ranks, b, micro_batches)?;
             let (_, memory) = step.memory(req, b)?;
-            if memory.peak_bytes <= budget {
+            if fits(req, &memory) {
                 let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
                 out.push(Outcome { choice, min_peak_bytes, best });
                 break;
+            }
+            if memory.peak_bytes <= budget {
+                break; // It is the host that does not fit: recomputing more cannot help.
             }
             // Tighten by the overshoot and a little more.
             let over = memory.peak_bytes - budget;
@@ -179,9 +182,14 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
     Ok(out)
 }
 
+/// Whether a plan's memory fits: its peak on each GPU, and what it
+/// offloads on each node's host.
+pub fn fits(req: &Request, memory: &MemorySummary) -> bool {
+    memory.peak_bytes <= req.cluster.budget_bytes() && req.cluster.host_fits(memory.host_bytes)
+}
+
 fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Outcome, PlanError> {
     let (ranks, per_rank) = (choice.data_ranks(req.cluster.world_size()), per_rank(req, choice));
-    let budget = req.cluster.budget_bytes();
     let sizes: Vec<u64> =
         divisors(per_rank).into_iter().filter(|b| req.pins.micro_batch.is_none_or(|p| p == *b)).collect();
     let (accumulating, whole): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&b| b < per_rank);
@@ -191,20 +199,21 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
 
     if let (Some(&first), Some(&last)) = (accumulating.first(), accumulating.last()) {
         let probe = Probe::compile(req, choice, ranks, last, per_rank / first)?;
-        let peak = |b: u64, memory: &mut HashMap<u64, MemorySummary>| -> Result<u64, PlanError> {
+        // A micro-batch's peak, and whether it fits.
+        let measure = |b: u64, memory: &mut HashMap<u64, MemorySummary>| -> Result<(u64, bool), PlanError> {
             let m = probe.memory(req, b)?;
-            let p = m.peak_bytes;
+            let measured = (m.peak_bytes, fits(req, &m));
             memory.insert(b, m);
-            Ok(p)
+            Ok(measured)
         };
-        let least = peak(first, &mut memory)?;
+        let (least, least_fits) = measure(first, &mut memory)?;
         min_peak_bytes = min_peak_bytes.min(least);
-        if least <= budget {
+        if least_fits {
             // Invariant: sizes[..lo] fit, sizes[hi..] do not.
             let (mut lo, mut hi) = (1, accumulating.len());
             while lo < hi {
                 let mid = (lo + hi) / 2;
-                if peak(accumulating[mid], &mut memory)? <= budget {
+                if measure(accumulating[mid], &mut memory)?.1 {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -235,7 +244,7 @@ fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64)
     let probe = Probe::compile(req, choice, choice.data_ranks(req.cluster.world_size()), per_rank, 1)?;
     let memory = probe.memory(req, per_rank)?;
     let min_peak_bytes = memory.peak_bytes;
-    let fits = memory.peak_bytes <= req.cluster.budget_bytes();
+    let fits = fits(req, &memory);
     let cache = HashMap::from([(per_rank, memory)]);
     let sizes: &[u64] = if fits { &[per_rank] } else { &[] };
     let best = best_of(req, machine, &probe, choice, sizes, per_rank, &cache)?;
