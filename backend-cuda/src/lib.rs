@@ -10,11 +10,15 @@
 //! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]).
 //! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
+//! - [`attention`]: fused (FlashAttention-2-style) attention, forward and
+//!   backward, a CUDA C template rendered per specialisation
+//!   ([`AttentionKernel`]) for the IR's `FlashAttention` op ([`FlashAttention`]).
 //!
-//! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, NCCL
-//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's
-//! README for what was checked, and how.
+//! Not yet: cuBLASLt epilogues, multi-tensor AdamW, NCCL (whole-plan execution is
+//! `zeroplan_runtime::cuda`). See the crate's README for what was checked,
+//! and how.
 
+pub mod attention;
 pub mod cache;
 pub mod codegen;
 pub mod compiler;
@@ -22,9 +26,10 @@ pub mod device;
 pub mod gemm;
 pub mod nvrtc;
 
+pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
-pub use compiler::{CompileError, CompiledPtx, CudaKernelCompiler};
+pub use compiler::{CompileError, CompiledAttention, CompiledPtx, CudaKernelCompiler};
 pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
 pub use gemm::{Blas, Gemm, GemmError};
 pub use nvrtc::{Nvrtc, NvrtcError};

@@ -2,7 +2,8 @@
 //! outputs checked against the reference interpreter on fresh random inputs
 //! (the exact `f64` answer the CPU backend is measured against, with the
 //! same metric and tolerances: fp32 1e-5, bf16 1e-2 relative to the output's
-//! largest magnitude), dropout masks bit for bit.
+//! largest magnitude), dropout masks bit for bit; the fused attention
+//! kernels against the `f64` reference of `tests/common/attention.rs`.
 //!
 //! Ignored by default (no GPU in CI):
 //! `cargo test -p zeroplan-backend-cuda --test gpu -- --ignored --nocapture`
@@ -11,7 +12,9 @@
 
 mod common;
 
+use common::attention::{AttentionCase, reference};
 use common::{dims, error, from_bytes, fused_kernels, interpret, random_inputs, tiny_models, to_bytes};
+use zeroplan_backend_cuda::attention::{AttentionKernel, BackwardTensors, ForwardTensors, LoadedAttention, Pass};
 use zeroplan_backend_cuda::{CudaDevice, CudaKernelCompiler};
 use zeroplan_ir::interp::random::dropout_keeps;
 use zeroplan_ir::kernel::{Expr, KernelBuilder};
@@ -95,4 +98,81 @@ fn dropout_masks_are_bit_exact_on_the_gpu() {
             assert_eq!(g, if want { 1.0 } else { 0.0 }, "p {p} stream {stream} element {e}");
         }
     }
+}
+
+/// Runs `case` forward then backward on the GPU (the backward on the
+/// forward's own `out` and `lse`); every output against the `f64` reference.
+fn check_attention(device: &CudaDevice, compiler: &mut CudaKernelCompiler, case: &AttentionCase, tolerance: f64) {
+    use cudarc::driver::{CudaSlice, DevicePtr};
+    let x = case.data(7);
+    let want = reference(case, &x);
+    let stream = device.context().default_stream();
+    let dtype = case.kernel.dtype;
+    let storage = |values: &[f64]| -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|&v| match dtype {
+                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                _ => (v as f32).to_le_bytes().to_vec(),
+            })
+            .collect()
+    };
+    let upload = |bytes: &[u8]| -> CudaSlice<u8> { stream.clone_htod(bytes).unwrap() };
+    let (q, k, v, dout) =
+        (upload(&storage(&x.q)), upload(&storage(&x.k)), upload(&storage(&x.v)), upload(&storage(&x.dout)));
+    let mask = upload(&case.mask_bytes(&x.mask));
+    let n = case.elements() * dtype.size_bytes() as usize;
+    let zeros = |bytes: usize| stream.alloc_zeros::<u8>(bytes).unwrap();
+    let (out, lse) = (zeros(n), zeros(case.batch * case.heads * case.seq * 4));
+    let (dq, dk, dv) = (zeros(n), zeros(n), zeros(n));
+    let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
+    let forward =
+        ForwardTensors { q: ptr(&q), k: ptr(&k), v: ptr(&v), mask: ptr(&mask), out: ptr(&out), lse: ptr(&lse) };
+    let backward = BackwardTensors { forward, dout: ptr(&dout), dq: ptr(&dq), dk: ptr(&dk), dv: ptr(&dv) };
+    let args = case.args();
+    for pass in [Pass::Forward, Pass::Backward] {
+        let compiled = compiler.compile_attention(&case.kernel, pass).unwrap();
+        let loaded = LoadedAttention::load(device, &compiled.rendered, &compiled.ptx).unwrap();
+        // SAFETY: every buffer was allocated above at its tensor's size.
+        unsafe {
+            match pass {
+                Pass::Forward => loaded.forward(device, &stream, &forward, case.batch, &args),
+                Pass::Backward => loaded.backward(device, &stream, &backward, case.batch, &args),
+            }
+        }
+        .unwrap();
+    }
+    let host = |s: &CudaSlice<u8>, dt: DType| from_bytes(&stream.clone_dtoh(s).unwrap(), dt);
+    let got = [host(&out, dtype), host(&lse, DType::F32), host(&dq, dtype), host(&dk, dtype), host(&dv, dtype)];
+    let errors: Vec<(&str, f64)> = want.named().iter().zip(&got).map(|((t, w), g)| (*t, error(g, w))).collect();
+    println!("{}: {errors:?}", case.name);
+    assert!(errors.iter().all(|e| e.1 <= tolerance), "{}: {errors:?} over {tolerance:e}", case.name);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn fused_attention_matches_the_reference_on_the_gpu() {
+    let (device, mut compiler) = gpu();
+    for head_dim in [32, 64] {
+        for (dtype, tolerance) in
+            [(DType::F32, F32_TOLERANCE), (DType::BF16, BF16_TOLERANCE), (DType::F16, BF16_TOLERANCE)]
+        {
+            for (alibi, dropout) in [(false, false), (true, true)] {
+                let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout };
+                for shape in [[2, 3, 77], [1, 2, 512]] {
+                    let name = format!("D={head_dim} {dtype:?} alibi {alibi} dropout {dropout} {shape:?}");
+                    let case = AttentionCase::new(&name, kernel, shape, 2, 1);
+                    check_attention(&device, &mut compiler, &case, tolerance);
+                }
+            }
+        }
+    }
+    let i32_mask = AttentionKernel { head_dim: 64, dtype: DType::F32, mask: DType::I32, alibi: true, dropout: true };
+    check_attention(
+        &device,
+        &mut compiler,
+        &AttentionCase::new("i32 mask", i32_mask, [2, 12, 128], 1, 0),
+        F32_TOLERANCE,
+    );
 }

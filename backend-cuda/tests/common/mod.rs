@@ -9,6 +9,9 @@
 mod kernels;
 pub use kernels::*;
 
+pub mod attention;
+pub mod host;
+
 use std::path::PathBuf;
 
 use zeroplan_backend_cuda::Nvrtc;
