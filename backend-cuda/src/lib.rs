@@ -13,11 +13,14 @@
 //! - [`attention`]: fused (FlashAttention-2-style) attention, forward and
 //!   backward, a CUDA C template rendered per specialisation
 //!   ([`AttentionKernel`]) for the IR's `FlashAttention` op ([`FlashAttention`]).
+//! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
+//!   ([`AdamWKernel`]).
 //!
-//! Not yet: cuBLASLt epilogues, multi-tensor AdamW, NCCL (whole-plan execution is
+//! Not yet: cuBLASLt epilogues, NCCL (whole-plan execution is
 //! `zeroplan_runtime::cuda`). See the crate's README for what was checked,
 //! and how.
 
+pub mod adamw;
 pub mod attention;
 pub mod cache;
 pub mod codegen;
@@ -26,6 +29,7 @@ pub mod device;
 pub mod gemm;
 pub mod nvrtc;
 
+pub use adamw::{AdamWError, AdamWKernel};
 pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};

@@ -3,7 +3,8 @@
 //! (the exact `f64` answer the CPU backend is measured against, with the
 //! same metric and tolerances: fp32 1e-5, bf16 1e-2 relative to the output's
 //! largest magnitude), dropout masks bit for bit; the fused attention
-//! kernels against the `f64` reference of `tests/common/attention.rs`.
+//! kernels and multi-tensor AdamW against the `f64` references of
+//! `tests/common/attention.rs` and `tests/common/adamw.rs`.
 //!
 //! Ignored by default (no GPU in CI):
 //! `cargo test -p zeroplan-backend-cuda --test gpu -- --ignored --nocapture`
@@ -12,6 +13,7 @@
 
 mod common;
 
+use common::adamw::{AdamWCase, reference as adamw_reference};
 use common::attention::{AttentionCase, reference};
 use common::{dims, error, from_bytes, fused_kernels, interpret, random_inputs, tiny_models, to_bytes};
 use zeroplan_backend_cuda::attention::{AttentionKernel, BackwardTensors, ForwardTensors, LoadedAttention, Pass};
@@ -175,4 +177,94 @@ fn fused_attention_matches_the_reference_on_the_gpu() {
         &AttentionCase::new("i32 mask", i32_mask, [2, 12, 128], 1, 0),
         F32_TOLERANCE,
     );
+}
+
+/// One multi-tensor AdamW step on the GPU: p, m, v against the `f64`
+/// reference at fp32 tolerance (the arithmetic is f32 whatever the
+/// gradient's dtype), the working copy the new parameter rounded to its dtype.
+fn check_adamw(device: &CudaDevice, compiler: &mut CudaKernelCompiler, case: &AdamWCase, working: Option<DType>) {
+    use cudarc::driver::{CudaSlice, DevicePtr};
+    use zeroplan_backend_cuda::adamw::{AdamWKernel, AdamWScalars, AdamWTensor, LoadedAdamW};
+    let kernel = AdamWKernel { grad: case.grad, working };
+    let rendered = kernel.render().unwrap();
+    let nvrtc = common::nvrtc().unwrap();
+    let ptx = nvrtc.compile_ptx(&rendered.entry, &rendered.source, &compiler.device().arch()).unwrap();
+    let loaded = LoadedAdamW::load(device, &rendered, &ptx).unwrap();
+    let stream = device.context().default_stream();
+    let x = case.data(11);
+    let want = adamw_reference(case, &x);
+    let store = |values: &[f64], dtype: DType| -> CudaSlice<u8> {
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| match dtype {
+                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                _ => (v as f32).to_le_bytes().to_vec(),
+            })
+            .collect();
+        if bytes.is_empty() { stream.alloc_zeros::<u8>(4).unwrap() } else { stream.clone_htod(&bytes).unwrap() }
+    };
+    let mut buffers = Vec::new();
+    for (t, &(n, _)) in case.tensors.iter().enumerate() {
+        let working = working.map(|w| store(&vec![0.0; n], w));
+        buffers.push((
+            store(&x.p[t], DType::F32),
+            store(&x.g[t], case.grad),
+            store(&x.m[t], DType::F32),
+            store(&x.v[t], DType::F32),
+            working,
+        ));
+    }
+    let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
+    let tensors: Vec<AdamWTensor> = case
+        .tensors
+        .iter()
+        .zip(&buffers)
+        .map(|(&(len, weight_decay), (p, g, m, v, w))| AdamWTensor {
+            param: ptr(p),
+            grad: ptr(g),
+            m: ptr(m),
+            v: ptr(v),
+            working: w.as_ref().map(ptr),
+            len,
+            weight_decay,
+        })
+        .collect();
+    let table = kernel.table(&tensors).unwrap();
+    let table_buffer = stream.clone_htod(&table.bytes).unwrap();
+    let scalars = [case.lr, case.step, case.multiplier, case.finite].map(|s| store(&[s], DType::F32));
+    let scalar_ptrs = AdamWScalars {
+        lr: ptr(&scalars[0]),
+        step: ptr(&scalars[1]),
+        multiplier: ptr(&scalars[2]),
+        finite: ptr(&scalars[3]),
+    };
+    // SAFETY: every buffer was allocated above at its tensor's size.
+    unsafe { loaded.launch(device, &stream, ptr(&table_buffer), &table, &scalar_ptrs, &case.hyper) }.unwrap();
+    let mut worst = 0.0f64;
+    for (t, (p, _, m, v, w)) in buffers.iter().enumerate() {
+        let n = case.tensors[t].0;
+        let host = |s: &CudaSlice<u8>, dt: DType| from_bytes(&stream.clone_dtoh(s).unwrap(), dt)[..n].to_vec();
+        let p_got = host(p, DType::F32);
+        for (got, w) in [(&p_got, &want.p[t]), (&host(m, DType::F32), &want.m[t]), (&host(v, DType::F32), &want.v[t])] {
+            worst = worst.max(error(got, w));
+        }
+        if let (Some(w), Some(dtype)) = (w, working) {
+            let rounded: Vec<f64> = p_got.iter().map(|&x| common::attention::round_to(dtype, x)).collect();
+            assert_eq!(host(w, dtype), rounded, "{}: tensor {t}'s working copy", case.name);
+        }
+    }
+    println!("{} (working {working:?}): worst error {worst:e}", case.name);
+    assert!(worst <= F32_TOLERANCE, "{}: {worst:e}", case.name);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn multi_tensor_adamw_matches_the_reference_on_the_gpu() {
+    let (device, mut compiler) = gpu();
+    check_adamw(&device, &mut compiler, &AdamWCase::new("f32", DType::F32, 1.0), None);
+    check_adamw(&device, &mut compiler, &AdamWCase::new("bf16 gradients", DType::BF16, 1.0), Some(DType::BF16));
+    check_adamw(&device, &mut compiler, &AdamWCase::new("f16 gradients", DType::F16, 1.0), Some(DType::F16));
+    check_adamw(&device, &mut compiler, &AdamWCase::new("f32 accumulated", DType::F32, 1.0), Some(DType::BF16));
+    check_adamw(&device, &mut compiler, &AdamWCase::new("overflow", DType::F32, 0.0), None);
 }

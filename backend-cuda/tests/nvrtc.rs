@@ -145,3 +145,23 @@ fn every_attention_specialisation_compiles_for_hopper() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert_eq!(compiled, 2 * kernels.len());
 }
+
+#[test]
+fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
+    use zeroplan_backend_cuda::adamw::AdamWKernel;
+    use zeroplan_ir::DType;
+    let Some(nvrtc) = nvrtc() else { return };
+    let arch = DeviceProperties::H100_SXM.arch();
+    let mut compiled = 0;
+    for grad in [DType::F32, DType::BF16, DType::F16] {
+        for working in [None, Some(DType::BF16), Some(DType::F16)] {
+            let r = AdamWKernel { grad, working }.render().unwrap();
+            let ptx = nvrtc.compile_ptx(&r.entry, &r.source, &arch).unwrap_or_else(|e| panic!("{e}"));
+            assert!(ptx.contains(&format!(".entry {}(", r.entry)) && ptx.contains(".target sm_90"));
+            // No shared memory: the launch passes none.
+            assert!(!ptx.contains(".shared"), "{}", r.entry);
+            compiled += 1;
+        }
+    }
+    println!("NVRTC compiled {compiled} multi-tensor AdamW sources for {arch}");
+}

@@ -152,3 +152,13 @@ fn fused_attention_forward() {
 fn fused_attention_backward() {
     insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Backward));
 }
+
+#[test]
+fn multi_tensor_adamw() {
+    use zeroplan_backend_cuda::adamw::AdamWKernel;
+    use zeroplan_ir::DType;
+    let r = AdamWKernel { grad: DType::BF16, working: Some(DType::BF16) }.render().unwrap();
+    let first = r.source.lines().next().unwrap();
+    let from = r.source.find("// ── This specialisation ──").expect("the constants");
+    insta::assert_snapshot!(format!("{first}\n// … the helpers of src/codegen/prelude.rs …\n\n{}", &r.source[from..]));
+}

@@ -9,6 +9,7 @@
 mod kernels;
 pub use kernels::*;
 
+pub mod adamw;
 pub mod attention;
 pub mod host;
 
