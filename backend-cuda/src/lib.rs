@@ -7,7 +7,9 @@
 //! - [`cache`]: PTX on disk by a hash of (source, options, NVRTC version).
 //! - [`compiler`]: [`CudaKernelCompiler::compile`]`(&kernel, &dims)`, as the
 //!   CPU backend's `KernelCompiler`.
-//! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]).
+//! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]),
+//!   and through cuBLASLt with bias/GELU epilogues and their backward
+//!   ([`BlasLt`], [`LtGemm`], [`Epilogue`]).
 //! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
 //! - [`attention`]: fused (FlashAttention-2-style) attention, forward and
@@ -16,9 +18,8 @@
 //! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
 //!   ([`AdamWKernel`]).
 //!
-//! Not yet: cuBLASLt epilogues, NCCL (whole-plan execution is
-//! `zeroplan_runtime::cuda`). See the crate's README for what was checked,
-//! and how.
+//! Not yet: NCCL (whole-plan execution is `zeroplan_runtime::cuda`). See
+//! the crate's README for what was checked, and how.
 
 pub mod adamw;
 pub mod attention;
@@ -35,5 +36,5 @@ pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
 pub use compiler::{CompileError, CompiledAttention, CompiledPtx, CudaKernelCompiler};
 pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
-pub use gemm::{Blas, Gemm, GemmError};
+pub use gemm::{Blas, BlasLt, Epilogue, Gemm, GemmError, LtGemm};
 pub use nvrtc::{Nvrtc, NvrtcError};

@@ -4,7 +4,8 @@
 //! same metric and tolerances: fp32 1e-5, bf16 1e-2 relative to the output's
 //! largest magnitude), dropout masks bit for bit; the fused attention
 //! kernels and multi-tensor AdamW against the `f64` references of
-//! `tests/common/attention.rs` and `tests/common/adamw.rs`.
+//! `tests/common/attention.rs` and `tests/common/adamw.rs`; cuBLASLt's
+//! epilogues against an f64 product with the IR's tanh GELU.
 //!
 //! Ignored by default (no GPU in CI):
 //! `cargo test -p zeroplan-backend-cuda --test gpu -- --ignored --nocapture`
@@ -17,6 +18,7 @@ use common::adamw::{AdamWCase, reference as adamw_reference};
 use common::attention::{AttentionCase, reference};
 use common::{dims, error, from_bytes, fused_kernels, interpret, random_inputs, tiny_models, to_bytes};
 use zeroplan_backend_cuda::attention::{AttentionKernel, BackwardTensors, ForwardTensors, LoadedAttention, Pass};
+use zeroplan_backend_cuda::gemm::{BlasLt, Epilogue, Gemm, LtGemm, LtPointers};
 use zeroplan_backend_cuda::{CudaDevice, CudaKernelCompiler};
 use zeroplan_ir::interp::random::dropout_keeps;
 use zeroplan_ir::kernel::{Expr, KernelBuilder};
@@ -267,4 +269,127 @@ fn multi_tensor_adamw_matches_the_reference_on_the_gpu() {
     check_adamw(&device, &mut compiler, &AdamWCase::new("f16 gradients", DType::F16, 1.0), Some(DType::F16));
     check_adamw(&device, &mut compiler, &AdamWCase::new("f32 accumulated", DType::F32, 1.0), Some(DType::BF16));
     check_adamw(&device, &mut compiler, &AdamWCase::new("overflow", DType::F32, 0.0), None);
+}
+
+/// Row-major `op(A)·op(B)` of one `m×k` by `k×n` pair, in f64.
+fn matmul_f64(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize), ta: bool, tb: bool) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k)
+                .map(|kk| {
+                    let x = if ta { a[kk * m + i] } else { a[i * k + kk] };
+                    let y = if tb { b[j * k + kk] } else { b[kk * n + j] };
+                    x * y
+                })
+                .sum();
+        }
+    }
+    c
+}
+
+/// One cuBLASLt product with `epilogue` on the GPU against the f64 reference:
+/// `d` always, `aux` (the saved pre-activation, or the one read) and `bias`
+/// (read, or the gradient written) where the epilogue uses them.
+fn check_lt(
+    blas: &BlasLt,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    dtype: DType,
+    epilogue: Epilogue,
+    tolerance: f64,
+) {
+    use cudarc::driver::{CudaSlice, DevicePtr};
+    use zeroplan_ir::interp::{gelu_tanh, gelu_tanh_grad};
+    let (m, n, k, ta, tb) = (48, 64, 40, matches!(epilogue, Epilogue::BiasGradA), true);
+    let mut rng = common::Rng::new(5);
+    let mut draw = |count: usize| -> Vec<f64> {
+        (0..count).map(|_| common::attention::round_to(dtype, rng.uniform(-1.0, 1.0))).collect()
+    };
+    let (a, b, bias_in, aux_in) = (draw(m * k), draw(k * n), draw(n), draw(m * n));
+    let bytes = |v: &[f64]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| match dtype {
+                DType::BF16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+                DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+                _ => (x as f32).to_le_bytes().to_vec(),
+            })
+            .collect()
+    };
+    let up = |v: &[f64]| -> CudaSlice<u8> { stream.clone_htod(&bytes(v)).unwrap() };
+    let (da, db, dbias, daux) = (up(&a), up(&b), up(&bias_in), up(&aux_in));
+    let dd = stream.alloc_zeros::<u8>(m * n * dtype.size_bytes() as usize).unwrap();
+    let ptr = |s: &CudaSlice<u8>| s.device_ptr(stream).0;
+    let batches = [(0, 0)];
+    let g = LtGemm { gemm: Gemm { m, n, k, transpose_a: ta, transpose_b: tb, batches: &batches, dtype }, epilogue };
+    let p = LtPointers { a: ptr(&da), b: ptr(&db), d: ptr(&dd), bias: Some(ptr(&dbias)), aux: Some(ptr(&daux)) };
+    // SAFETY: every buffer was allocated above at its operand's size.
+    unsafe { blas.matmul(&g, &p) }.unwrap_or_else(|e| panic!("{epilogue:?}: {e}"));
+    let host = |s: &CudaSlice<u8>| from_bytes(&stream.clone_dtoh(s).unwrap(), dtype);
+    let product = matmul_f64(&a, &b, (m, n, k), ta, tb);
+    let biased: Vec<f64> = product.iter().enumerate().map(|(e, x)| x + bias_in[e % n]).collect();
+    let mut checks: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
+    match epilogue {
+        Epilogue::Default => checks.push(("d", host(&dd), product)),
+        Epilogue::Bias => checks.push(("d", host(&dd), biased)),
+        Epilogue::Gelu { bias, aux, .. } => {
+            let pre = if bias { biased } else { product };
+            checks.push(("d", host(&dd), pre.iter().map(|&x| gelu_tanh(x)).collect()));
+            if aux {
+                checks.push(("aux", host(&daux), pre));
+            }
+        }
+        Epilogue::DGelu { bias_grad, .. } => {
+            let grad: Vec<f64> = product.iter().zip(&aux_in).map(|(g, &x)| g * gelu_tanh_grad(x)).collect();
+            if bias_grad {
+                let sums = (0..n).map(|j| (0..m).map(|i| grad[i * n + j]).sum()).collect();
+                checks.push(("bias", host(&dbias), sums));
+            }
+            checks.push(("d", host(&dd), grad));
+        }
+        Epilogue::BiasGradA => {
+            // op(A) = Aᵀ: A is k×m; bias[i] = Σ_k A[k][i].
+            checks.push((
+                "bias",
+                host(&dbias)[..m].to_vec(),
+                (0..m).map(|i| (0..k).map(|kk| a[kk * m + i]).sum()).collect(),
+            ));
+            checks.push(("d", host(&dd), product));
+        }
+        Epilogue::BiasGradB => {
+            let sums = (0..n).map(|j| (0..k).map(|kk| b[j * k + kk]).sum()).collect();
+            checks.push(("bias", host(&dbias), sums));
+            checks.push(("d", host(&dd), product));
+        }
+    }
+    for (what, got, want) in checks {
+        let e = error(&got, &want);
+        println!("cuBLASLt {dtype:?} {epilogue:?} {what}: error {e:e}");
+        assert!(e <= tolerance, "{epilogue:?} {what}: {e:e} over {tolerance:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cublaslt_epilogues_match_the_reference_on_the_gpu() {
+    use zeroplan_ir::GeluApproximation::Tanh;
+    let (device, _) = gpu();
+    let stream = device.context().default_stream();
+    let blas = BlasLt::new(stream.clone()).unwrap();
+    let epilogues = [
+        Epilogue::Default,
+        Epilogue::Bias,
+        Epilogue::Gelu { bias: false, aux: false, approximation: Tanh },
+        Epilogue::Gelu { bias: true, aux: false, approximation: Tanh },
+        Epilogue::Gelu { bias: true, aux: true, approximation: Tanh },
+        Epilogue::DGelu { bias_grad: false, approximation: Tanh },
+        Epilogue::DGelu { bias_grad: true, approximation: Tanh },
+        Epilogue::BiasGradA,
+        Epilogue::BiasGradB,
+    ];
+    for (dtype, tolerance) in [(DType::F32, F32_TOLERANCE), (DType::BF16, BF16_TOLERANCE), (DType::F16, BF16_TOLERANCE)]
+    {
+        for epilogue in epilogues {
+            check_lt(&blas, &stream, dtype, epilogue, tolerance);
+        }
+    }
 }
