@@ -116,8 +116,8 @@ fn check_attention(device: &CudaDevice, compiler: &mut CudaKernelCompiler, case:
         values
             .iter()
             .flat_map(|&v| match dtype {
-                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                DType::BF16 => zeroplan_ir::to_bf16(v).to_le_bytes().to_vec(),
+                DType::F16 => zeroplan_ir::to_f16(v).to_le_bytes().to_vec(),
                 _ => (v as f32).to_le_bytes().to_vec(),
             })
             .collect()
@@ -199,8 +199,8 @@ fn check_adamw(device: &CudaDevice, compiler: &mut CudaKernelCompiler, case: &Ad
         let bytes: Vec<u8> = values
             .iter()
             .flat_map(|&v| match dtype {
-                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                DType::BF16 => zeroplan_ir::to_bf16(v).to_le_bytes().to_vec(),
+                DType::F16 => zeroplan_ir::to_f16(v).to_le_bytes().to_vec(),
                 _ => (v as f32).to_le_bytes().to_vec(),
             })
             .collect();
@@ -309,8 +309,8 @@ fn check_lt(
     let bytes = |v: &[f64]| -> Vec<u8> {
         v.iter()
             .flat_map(|&x| match dtype {
-                DType::BF16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-                DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+                DType::BF16 => zeroplan_ir::to_bf16(x).to_le_bytes().to_vec(),
+                DType::F16 => zeroplan_ir::to_f16(x).to_le_bytes().to_vec(),
                 _ => (x as f32).to_le_bytes().to_vec(),
             })
             .collect()

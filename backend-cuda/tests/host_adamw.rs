@@ -1,9 +1,12 @@
-//! The multi-tensor AdamW kernel *runs*, without a GPU: the f32-gradient
-//! specialisation compiled as C++ by g++ against `tests/host/shim.h`, fed
+//! The multi-tensor AdamW kernel *runs*, without a GPU: specialisations for
+//! f32, bf16 and f16 gradients, with and without a 16-bit working copy (on
+//! the shim's host bf16/f16), compiled as C++ by g++ against
+//! `tests/host/shim.h`, fed
 //! the table `AdamWKernel::table` builds (its pointers are offsets into
 //! one arena, which the harness turns into addresses), and compared with an
 //! independent `f64` AdamW (`tests/common/adamw.rs`) at 1e-5 relative to
-//! each tensor's largest magnitude. One multiprocessor caps the grid at 4
+//! each tensor's largest magnitude; a working copy must be the new f32
+//! parameter rounded to its dtype, bit for bit. One multiprocessor caps the grid at 4
 //! blocks for 8 chunks, so blocks loop over chunks of different tensors;
 //! the tensors include a 1-element one, an empty one (left out of the
 //! table), exact and partial chunks, with and without weight decay. An
@@ -16,42 +19,67 @@ mod common;
 use std::fmt::Write;
 
 use common::adamw::{AdamWCase, AdamWData, reference};
-use common::error;
+use common::attention::round_to;
 use common::host::{compile_and_run, f32_bytes, gxx_present};
+use common::{error, from_bytes};
 use zeroplan_backend_cuda::DeviceProperties;
 use zeroplan_backend_cuda::adamw::{AdamWKernel, AdamWTensor};
 use zeroplan_ir::DType;
 
 const F32_TOLERANCE: f64 = 1e-5;
 
-/// Where each tensor's `p, g, m, v` and the four scalars lie in the arena.
+/// One launch: the case, its working copy's dtype, a source edit that must fail.
+struct Run {
+    case: AdamWCase,
+    working: Option<DType>,
+    mutation: Option<(&'static str, &'static str)>,
+}
+
+/// Where each tensor's `p, g, m, v` (and working copy) and the four
+/// scalars lie in the arena.
 struct Arena {
     bytes: Vec<u8>,
-    /// Per tensor: the byte offsets of p, g, m, v.
-    tensors: Vec<[usize; 4]>,
+    /// Per tensor: the byte offsets of p, g, m, v, the working copy (0: none).
+    tensors: Vec<[usize; 5]>,
     scalars: usize,
 }
 
-fn arena(case: &AdamWCase, x: &AdamWData) -> Arena {
+/// `values` in `dtype`'s storage (exact: the data is rounded to it).
+fn storage(dtype: DType, values: &[f64]) -> Vec<u8> {
+    match dtype {
+        DType::BF16 => values.iter().flat_map(|&x| zeroplan_ir::to_bf16(x).to_le_bytes()).collect(),
+        DType::F16 => values.iter().flat_map(|&x| zeroplan_ir::to_f16(x).to_le_bytes()).collect(),
+        _ => f32_bytes(values),
+    }
+}
+
+fn arena(case: &AdamWCase, working: Option<DType>, x: &AdamWData) -> Arena {
     let mut bytes = vec![0u8; 64]; // offset 0 would read as a null pointer
-    let mut push = |values: &[f64]| {
+    let mut push = |data: Vec<u8>| {
         let at = bytes.len();
-        bytes.extend(f32_bytes(values));
+        bytes.extend(data);
         bytes.resize(bytes.len().next_multiple_of(16), 0);
         at
     };
-    let tensors =
-        (0..case.tensors.len()).map(|t| [push(&x.p[t]), push(&x.g[t]), push(&x.m[t]), push(&x.v[t])]).collect();
-    let scalars = push(&[case.lr, case.step, case.multiplier, case.finite]);
+    let mut tensors = Vec::new();
+    for (t, &(n, _)) in case.tensors.iter().enumerate() {
+        let [p, g] = [push(f32_bytes(&x.p[t])), push(storage(case.grad, &x.g[t]))];
+        let [m, v] = [push(f32_bytes(&x.m[t])), push(f32_bytes(&x.v[t]))];
+        let w = working.map_or(0, |w| push(vec![0xFF; n * w.size_bytes() as usize]));
+        tensors.push([p, g, m, v, w]);
+    }
+    let scalars = push(f32_bytes(&[case.lr, case.step, case.multiplier, case.finite]));
     Arena { bytes, tensors, scalars }
 }
 
 /// Case `i` as C++: its source in a namespace (with `mutation` applied) and
 /// `run{i}(dir)`, which reads the arena and the table, makes the table's
 /// offsets addresses, launches, and writes the arena back; and the table.
-fn harness(i: usize, case: &AdamWCase, arena: &Arena, mutation: Option<(&str, &str)>) -> (String, Vec<u8>) {
-    let kernel = AdamWKernel { grad: case.grad, working: None };
+fn harness(i: usize, run: &Run, arena: &Arena) -> (String, Vec<u8>) {
+    let (case, mutation) = (&run.case, run.mutation);
+    let kernel = AdamWKernel { grad: case.grad, working: run.working };
     let mut source = kernel.render().unwrap().source;
+    source = source.replace("#include <cuda_bf16.h>", "").replace("#include <cuda_fp16.h>", "");
     if let Some((from, to)) = mutation {
         assert!(source.contains(from), "the mutation's `{from}` is not in the source");
         source = source.replace(from, to);
@@ -68,7 +96,7 @@ fn harness(i: usize, case: &AdamWCase, arena: &Arena, mutation: Option<(&str, &s
             grad: at[1] as u64,
             m: at[2] as u64,
             v: at[3] as u64,
-            working: None,
+            working: run.working.map(|_| at[4] as u64),
             len,
             weight_decay,
         })
@@ -120,32 +148,35 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
         return;
     }
     let step = AdamWCase::new("f32 gradients", DType::F32, 1.0);
-    let overflow = AdamWCase::new("an overflowed step", DType::F32, 0.0);
-    let runs: Vec<(AdamWCase, Option<(&str, &str)>)> = vec![
-        (step.clone(), None),
-        (overflow, None),
-        (AdamWCase { name: "no bias correction".into(), ..step.clone() }, Some(("(m1 / bc1)", "m1"))),
-        (
-            AdamWCase { name: "the chunk lookup off by one".into(), ..step.clone() },
+    let run = |case: AdamWCase, working, mutation| Run { case, working, mutation };
+    let named = |name: &str| AdamWCase { name: name.into(), ..step.clone() };
+    let runs = vec![
+        run(step.clone(), None, None),
+        run(AdamWCase::new("an overflowed step", DType::F32, 0.0), None, None),
+        // Mixed precision on the shim's bf16/f16: 16-bit gradients, the working copy written.
+        run(AdamWCase::new("bf16 gradients, bf16 working copy", DType::BF16, 1.0), Some(DType::BF16), None),
+        run(AdamWCase::new("f16 gradients, f16 working copy", DType::F16, 1.0), Some(DType::F16), None),
+        run(named("f32 accumulated gradients, bf16 working copy"), Some(DType::BF16), None),
+        run(named("no bias correction"), None, Some(("(m1 / bc1)", "m1"))),
+        run(
+            named("the chunk lookup off by one"),
+            None,
             Some(("table[mid].first_chunk <= chunk", "table[mid].first_chunk < chunk")),
         ),
-        (
-            AdamWCase { name: "one weight decay for all".into(), ..step.clone() },
-            Some(("(1.0 - lr * x.weight_decay)", "(1.0 - lr * 0.01)")),
-        ),
+        run(named("one weight decay for all"), None, Some(("(1.0 - lr * x.weight_decay)", "(1.0 - lr * 0.01)"))),
     ];
     let dir = std::env::temp_dir().join(format!("zeroplan-cuda-adamw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut program = String::from("#include \"shim.h\"\n");
     let mut expected = Vec::new();
-    for (i, (case, mutation)) in runs.iter().enumerate() {
-        let x = case.data(40 + i as u64);
-        let a = arena(case, &x);
-        let (code, table) = harness(i, case, &a, *mutation);
+    for (i, r) in runs.iter().enumerate() {
+        let x = r.case.data(40 + i as u64);
+        let a = arena(&r.case, r.working, &x);
+        let (code, table) = harness(i, r, &a);
         program.push_str(&code);
         std::fs::write(dir.join(format!("{i}.arena")), &a.bytes).unwrap();
         std::fs::write(dir.join(format!("{i}.table")), table).unwrap();
-        expected.push((reference(case, &x), a));
+        expected.push((reference(&r.case, &x), a));
     }
     program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
     for i in 0..runs.len() {
@@ -155,7 +186,7 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
     compile_and_run(&dir, &program);
 
     let mut failures = Vec::new();
-    for (i, ((case, mutation), (want, a))) in runs.iter().zip(&expected).enumerate() {
+    for (i, (Run { case, working, mutation }, (want, a))) in runs.iter().zip(&expected).enumerate() {
         let after = std::fs::read(dir.join(format!("{i}.after"))).unwrap();
         if case.finite == 0.0 {
             assert_eq!(after, a.bytes, "an overflowed step changed the tensors");
@@ -173,7 +204,28 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
                 worst = worst.max(error(&got, w));
             }
             // The gradient is read only.
-            assert_eq!(&after[at[1]..at[1] + 4 * n], &a.bytes[at[1]..at[1] + 4 * n]);
+            let g_bytes = n * case.grad.size_bytes() as usize;
+            assert_eq!(&after[at[1]..at[1] + g_bytes], &a.bytes[at[1]..at[1] + g_bytes]);
+            // The working copy is the new parameter rounded to its dtype.
+            if let Some(w) = working {
+                let got = from_bytes(&after[at[4]..at[4] + n * w.size_bytes() as usize], *w);
+                let rounded: Vec<f64> = floats(&after, at[0], n).iter().map(|&p| round_to(*w, p)).collect();
+                let pg = floats(&after, at[0], n);
+                let wrong: Vec<(usize, f64, f64)> = got
+                    .iter()
+                    .zip(&rounded)
+                    .enumerate()
+                    .filter(|(_, (g, r))| g != r)
+                    .map(|(e, (g, r))| (e, *g, pg[e]))
+                    .collect();
+                assert!(
+                    wrong.is_empty(),
+                    "{}: tensor {t}'s working copy differs at {} elements: {:?}",
+                    case.name,
+                    wrong.len(),
+                    &wrong[..wrong.len().min(5)]
+                );
+            }
         }
         println!("{}: worst error {worst:.1e}", case.name);
         match mutation {

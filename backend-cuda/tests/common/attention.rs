@@ -52,11 +52,13 @@ impl AttentionOutputs {
     }
 }
 
-/// `x` rounded to `dtype`'s storage.
+/// `x` rounded to `dtype`'s storage, to nearest even (the IR's rounding;
+/// `half`'s `from_f64` drops the low mantissa bits first, so a value just
+/// past a halfway point can land on the wrong neighbour).
 pub fn round_to(dtype: DType, x: f64) -> f64 {
     match dtype {
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => zeroplan_ir::to_bf16(x).to_f64(),
+        DType::F16 => zeroplan_ir::to_f16(x).to_f64(),
         _ => x as f32 as f64,
     }
 }

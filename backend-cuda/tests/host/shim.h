@@ -66,6 +66,44 @@ static unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned 
 static float normcdff(float x) { return 0.5f * std::erfc(-x * 0.70710678118654752f); }
 static double normcdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752); }
 
+// bf16 and f16 storage, for kernels that include cuda_bf16.h/cuda_fp16.h
+// (the harness drops those includes): the value
+// bits in a struct, conversions rounding to nearest even as CUDA's `_rn`
+// intrinsics do. f16 goes through GCC's _Float16; bf16 (no GCC 12 type)
+// keeps a float's top 16 bits, rounded. A double is rounded once: the
+// float-rounded candidate or its neighbour, whichever is nearer (ties to even).
+struct __nv_bfloat16 { unsigned short x; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct __half { unsigned short x; };
+struct __half2 { __half x, y; };
+static float __bfloat162float(__nv_bfloat16 h) { unsigned u = (unsigned)h.x << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static __nv_bfloat16 __float2bfloat16_rn(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  if (f != f) return {(unsigned short)((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {(unsigned short)(u >> 16)};
+}
+static float __half2float(__half h) { _Float16 v; std::memcpy(&v, &h.x, 2); return (float)v; }
+static __half __float2half_rn(float f) { _Float16 v = (_Float16)f; __half h; std::memcpy(&h.x, &v, 2); return h; }
+static __half __double2half(double d) { _Float16 v = (_Float16)d; __half h; std::memcpy(&h.x, &v, 2); return h; }
+static __nv_bfloat16 __double2bfloat16(double d) {
+  const __nv_bfloat16 c = __float2bfloat16_rn((float)d);
+  if (d != d || std::isinf(d)) return c;
+  __nv_bfloat16 best = c;
+  for (int step : {-1, 1}) {
+    const unsigned short bits = (unsigned short)(c.x + step);
+    const double y = __bfloat162float({bits}), b = __bfloat162float(best);
+    const double ey = std::fabs(y - d), eb = std::fabs(b - d);
+    if (y == y && (ey < eb || (ey == eb && (bits & 1) == 0))) best = {bits};
+  }
+  return best;
+}
+static float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
+static __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+static float2 __half22float2(__half2 h) { return {__half2float(h.x), __half2float(h.y)}; }
+static __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
+
 static char* zp_alloc(size_t bytes) {
   char* p = (char*)std::aligned_alloc(64, (bytes + 64) / 64 * 64);
   std::memset(p, 0xFF, (bytes + 64) / 64 * 64);
