@@ -150,7 +150,7 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
     let step = AdamWCase::new("f32 gradients", DType::F32, 1.0);
     let run = |case: AdamWCase, working, mutation| Run { case, working, mutation };
     let named = |name: &str| AdamWCase { name: name.into(), ..step.clone() };
-    let runs = vec![
+    let runs = [
         run(step.clone(), None, None),
         run(AdamWCase::new("an overflowed step", DType::F32, 0.0), None, None),
         // Mixed precision on the shim's bf16/f16: 16-bit gradients, the working copy written.
@@ -209,15 +209,10 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
             // The working copy is the new parameter rounded to its dtype.
             if let Some(w) = working {
                 let got = from_bytes(&after[at[4]..at[4] + n * w.size_bytes() as usize], *w);
-                let rounded: Vec<f64> = floats(&after, at[0], n).iter().map(|&p| round_to(*w, p)).collect();
-                let pg = floats(&after, at[0], n);
-                let wrong: Vec<(usize, f64, f64)> = got
-                    .iter()
-                    .zip(&rounded)
-                    .enumerate()
-                    .filter(|(_, (g, r))| g != r)
-                    .map(|(e, (g, r))| (e, *g, pg[e]))
-                    .collect();
+                let p = floats(&after, at[0], n);
+                // (element, working copy, the f32 parameter) where they disagree.
+                let wrong: Vec<(usize, f64, f64)> =
+                    (0..n).filter(|&e| got[e] != round_to(*w, p[e])).map(|e| (e, got[e], p[e])).collect();
                 assert!(
                     wrong.is_empty(),
                     "{}: tensor {t}'s working copy differs at {} elements: {:?}",
