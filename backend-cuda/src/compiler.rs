@@ -2,12 +2,15 @@
 //! compiled by NVRTC for the device's architecture, cached in memory by
 //! (kernel text, dims) and on disk by (source, options, NVRTC version).
 //! Mirrors the CPU backend's `KernelCompiler::compile(&kernel, &dims)`.
+//! The fused attention passes ([`CudaKernelCompiler::compile_attention`])
+//! share the caches.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use zeroplan_ir::kernel::Kernel;
 
+use crate::attention::{AttentionError, AttentionKernel, Pass, RenderedAttention};
 use crate::cache::PtxCache;
 use crate::codegen::{self, CodegenError, DeviceProperties, GeneratedKernel};
 use crate::nvrtc::{Nvrtc, NvrtcError};
@@ -19,6 +22,8 @@ pub enum CompileError {
     Codegen(#[from] CodegenError),
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
     /// The PTX could not be written to the disk cache.
     #[error("cannot write the PTX cache in {dir}: {source}")]
     Cache { dir: String, source: std::io::Error },
@@ -33,6 +38,14 @@ pub struct CompiledPtx {
     pub cached: bool,
 }
 
+/// A fused attention pass's CUDA C and its PTX.
+#[derive(Clone, Debug)]
+pub struct CompiledAttention {
+    pub rendered: RenderedAttention,
+    pub ptx: String,
+    pub cached: bool,
+}
+
 /// Compiles kernels for one device, once each.
 pub struct CudaKernelCompiler {
     device: DeviceProperties,
@@ -40,12 +53,13 @@ pub struct CudaKernelCompiler {
     disk: Option<PtxCache>,
     /// `(kernel text, dims)` → its PTX.
     memory: HashMap<(String, Vec<usize>), Arc<CompiledPtx>>,
+    attention: HashMap<(AttentionKernel, Pass), Arc<CompiledAttention>>,
 }
 
 impl CudaKernelCompiler {
     /// A compiler for `device`; `disk`, when given, keeps PTX across processes.
     pub fn new(device: DeviceProperties, nvrtc: Nvrtc, disk: Option<PtxCache>) -> CudaKernelCompiler {
-        CudaKernelCompiler { device, nvrtc, disk, memory: HashMap::new() }
+        CudaKernelCompiler { device, nvrtc, disk, memory: HashMap::new(), attention: HashMap::new() }
     }
 
     pub fn device(&self) -> &DeviceProperties {
@@ -59,33 +73,51 @@ impl CudaKernelCompiler {
             return Ok(Arc::clone(done));
         }
         let generated = codegen::generate(kernel, dims, &self.device)?;
-        let arch = self.device.arch();
-        let (major, minor) = self.nvrtc.version();
-        let options = format!("nvrtc {major}.{minor} {}", self.nvrtc.options(&arch).join(" "));
-        let hit = self.disk.as_ref().and_then(|d| d.get(&options, &generated.source));
-        let cached = hit.is_some();
-        let ptx = match hit {
-            Some(ptx) => ptx,
-            None => {
-                let ptx = self.nvrtc.compile_ptx(&generated.entry, &generated.source, &arch)?;
-                if let Some(disk) = &self.disk {
-                    disk.put(&options, &generated.source, &ptx)
-                        .map_err(|source| CompileError::Cache { dir: disk.dir().display().to_string(), source })?;
-                }
-                ptx
-            }
-        };
+        let (ptx, cached) = self.ptx(&generated.entry, &generated.source)?;
         let compiled = Arc::new(CompiledPtx { kernel: generated, ptx, cached });
         self.memory.insert(key, Arc::clone(&compiled));
         Ok(compiled)
     }
 
-    /// How many distinct (kernel, dims) are compiled.
+    /// The PTX of one fused attention pass (one module: its entries).
+    pub fn compile_attention(
+        &mut self,
+        kernel: &AttentionKernel,
+        pass: Pass,
+    ) -> Result<Arc<CompiledAttention>, CompileError> {
+        if let Some(done) = self.attention.get(&(*kernel, pass)) {
+            return Ok(Arc::clone(done));
+        }
+        let rendered = kernel.render(pass)?;
+        let (ptx, cached) = self.ptx(&rendered.entries[0].1, &rendered.source)?;
+        let compiled = Arc::new(CompiledAttention { rendered, ptx, cached });
+        self.attention.insert((*kernel, pass), Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
+    /// `source`'s PTX for this device, from the disk cache or NVRTC (then
+    /// cached); whether it was a cache hit.
+    fn ptx(&self, name: &str, source: &str) -> Result<(String, bool), CompileError> {
+        let arch = self.device.arch();
+        let (major, minor) = self.nvrtc.version();
+        let options = format!("nvrtc {major}.{minor} {}", self.nvrtc.options(&arch).join(" "));
+        if let Some(ptx) = self.disk.as_ref().and_then(|d| d.get(&options, source)) {
+            return Ok((ptx, true));
+        }
+        let ptx = self.nvrtc.compile_ptx(name, source, &arch)?;
+        if let Some(disk) = &self.disk {
+            disk.put(&options, source, &ptx)
+                .map_err(|source| CompileError::Cache { dir: disk.dir().display().to_string(), source })?;
+        }
+        Ok((ptx, false))
+    }
+
+    /// How many distinct (kernel, dims) and attention passes are compiled.
     pub fn len(&self) -> usize {
-        self.memory.len()
+        self.memory.len() + self.attention.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
+        self.len() == 0
     }
 }

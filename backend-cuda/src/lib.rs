@@ -7,14 +7,22 @@
 //! - [`cache`]: PTX on disk by a hash of (source, options, NVRTC version).
 //! - [`compiler`]: [`CudaKernelCompiler::compile`]`(&kernel, &dims)`, as the
 //!   CPU backend's `KernelCompiler`.
-//! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]).
+//! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]),
+//!   and through cuBLASLt with bias/GELU epilogues and their backward
+//!   ([`BlasLt`], [`LtGemm`], [`Epilogue`]).
 //! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
+//! - [`attention`]: fused (FlashAttention-2-style) attention, forward and
+//!   backward, a CUDA C template rendered per specialisation
+//!   ([`AttentionKernel`]) for the IR's `FlashAttention` op ([`FlashAttention`]).
+//! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
+//!   ([`AdamWKernel`]).
 //!
-//! Not yet: cuBLASLt epilogues, fused attention, multi-tensor AdamW, NCCL
-//! (whole-plan execution is `zeroplan_runtime::cuda`). See the crate's
-//! README for what was checked, and how.
+//! Not yet: NCCL (whole-plan execution is `zeroplan_runtime::cuda`). See
+//! the crate's README for what was checked, and how.
 
+pub mod adamw;
+pub mod attention;
 pub mod cache;
 pub mod codegen;
 pub mod compiler;
@@ -22,9 +30,11 @@ pub mod device;
 pub mod gemm;
 pub mod nvrtc;
 
+pub use adamw::{AdamWError, AdamWKernel};
+pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
-pub use compiler::{CompileError, CompiledPtx, CudaKernelCompiler};
+pub use compiler::{CompileError, CompiledAttention, CompiledPtx, CudaKernelCompiler};
 pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
-pub use gemm::{Blas, Gemm, GemmError};
+pub use gemm::{Blas, BlasLt, Epilogue, Gemm, GemmError, LtGemm};
 pub use nvrtc::{Nvrtc, NvrtcError};

@@ -89,3 +89,79 @@ fn compiled_ptx_is_cached_on_disk() {
     assert!(!c.cached && c.ptx.contains(".target sm_80"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The static shared memory of `symbol` in `ptx`: the bytes of the
+/// `.shared` arrays declared in its scope (named `_ZZ…{symbol}E…`).
+fn shared_bytes_of(ptx: &str, symbol: &str) -> u32 {
+    ptx.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(".shared") && l.contains(&format!("{symbol}E")))
+        .map(|l| {
+            let size = l.rsplit_once('[').and_then(|(_, n)| n.split_once(']')).map(|(n, _)| n);
+            size.and_then(|n| n.parse::<u32>().ok()).unwrap_or_else(|| panic!("a sized array: {l}"))
+        })
+        .sum()
+}
+
+#[test]
+fn every_attention_specialisation_compiles_for_hopper() {
+    use zeroplan_backend_cuda::attention::{AttentionKernel, Pass};
+    use zeroplan_ir::DType;
+    let Some(nvrtc) = nvrtc() else { return };
+    let arch = DeviceProperties::H100_SXM.arch();
+    let mut kernels = Vec::new();
+    for head_dim in [32, 64] {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (alibi, dropout) in [(false, false), (true, false), (false, true), (true, true)] {
+                kernels.push(AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout });
+            }
+        }
+    }
+    // The mask type changes one typedef: once per storage type.
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        kernels.push(AttentionKernel { head_dim: 64, dtype, mask: DType::I32, alibi: true, dropout: true });
+    }
+    let mut failures = Vec::new();
+    let mut compiled = 0;
+    for kernel in &kernels {
+        for pass in [Pass::Forward, Pass::Backward] {
+            let rendered = kernel.render(pass).unwrap();
+            let name = &rendered.entries[0].1;
+            match nvrtc.compile_ptx(name, &rendered.source, &arch) {
+                Ok(ptx) => {
+                    compiled += 1;
+                    assert!(ptx.contains(".target sm_90"));
+                    for (entry, symbol) in &rendered.entries {
+                        assert!(ptx.contains(&format!(".entry {symbol}(")), "{symbol} missing from the PTX");
+                        // The launch shape states the shared memory the source declares.
+                        assert_eq!(shared_bytes_of(&ptx, symbol), kernel.shared_bytes(*entry), "{symbol}");
+                    }
+                }
+                Err(e) => failures.push(format!("{kernel:?} {pass:?}: {e}")),
+            }
+        }
+    }
+    println!("NVRTC compiled {compiled} fused attention sources for {arch}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(compiled, 2 * kernels.len());
+}
+
+#[test]
+fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
+    use zeroplan_backend_cuda::adamw::AdamWKernel;
+    use zeroplan_ir::DType;
+    let Some(nvrtc) = nvrtc() else { return };
+    let arch = DeviceProperties::H100_SXM.arch();
+    let mut compiled = 0;
+    for grad in [DType::F32, DType::BF16, DType::F16] {
+        for working in [None, Some(DType::BF16), Some(DType::F16)] {
+            let r = AdamWKernel { grad, working }.render().unwrap();
+            let ptx = nvrtc.compile_ptx(&r.entry, &r.source, &arch).unwrap_or_else(|e| panic!("{e}"));
+            assert!(ptx.contains(&format!(".entry {}(", r.entry)) && ptx.contains(".target sm_90"));
+            // No shared memory: the launch passes none.
+            assert!(!ptx.contains(".shared"), "{}", r.entry);
+            compiled += 1;
+        }
+    }
+    println!("NVRTC compiled {compiled} multi-tensor AdamW sources for {arch}");
+}

@@ -118,3 +118,47 @@ fn full_source_of_a_bf16_dropout_residual_layer_norm() {
     let g = generated(&kernel("tiny-bert", Precision::Bf16, "bias_dropout_residual_layer_norm", any));
     insta::assert_snapshot!(launch(&g) + &g.source);
 }
+
+/// A fused attention source from its specialisation's constants on (the
+/// template itself; the prelude's helpers above it are left out), with its
+/// launch over `[2, 12, 128, 64]`.
+fn attention_snapshot(pass: zeroplan_backend_cuda::attention::Pass) -> String {
+    use zeroplan_backend_cuda::attention::AttentionKernel;
+    use zeroplan_ir::DType;
+    let kernel = AttentionKernel { head_dim: 64, dtype: DType::BF16, mask: DType::I64, alibi: true, dropout: true };
+    let rendered = kernel.render(pass).unwrap();
+    let launch = kernel
+        .launch(
+            pass,
+            zeroplan_backend_cuda::attention::AttentionShape { batch: 2, heads: 12, seq: 128 },
+            &DeviceProperties::H100_SXM,
+        )
+        .unwrap();
+    let mut s: String = launch.kernels.iter().map(|l| format!("// launch: {l:?}\n")).collect();
+    let first = rendered.source.lines().next().unwrap();
+    let from = rendered.source.find("// ── This specialisation ──").expect("the constants");
+    s.push_str(first);
+    s.push_str("\n// … the helpers of src/codegen/prelude.rs …\n\n");
+    s.push_str(&rendered.source[from..]);
+    s
+}
+
+#[test]
+fn fused_attention_forward() {
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Forward));
+}
+
+#[test]
+fn fused_attention_backward() {
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Backward));
+}
+
+#[test]
+fn multi_tensor_adamw() {
+    use zeroplan_backend_cuda::adamw::AdamWKernel;
+    use zeroplan_ir::DType;
+    let r = AdamWKernel { grad: DType::BF16, working: Some(DType::BF16) }.render().unwrap();
+    let first = r.source.lines().next().unwrap();
+    let from = r.source.find("// ── This specialisation ──").expect("the constants");
+    insta::assert_snapshot!(format!("{first}\n// … the helpers of src/codegen/prelude.rs …\n\n{}", &r.source[from..]));
+}

@@ -17,10 +17,10 @@
 //! outputs are sums in `double` over the omitted axes.
 
 mod emit;
-mod expr;
+pub(crate) mod expr;
 mod launch;
 mod layout;
-mod prelude;
+pub(crate) mod prelude;
 
 pub use launch::{DeviceProperties, LaunchConfig};
 use zeroplan_ir::DType;

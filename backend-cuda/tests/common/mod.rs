@@ -9,6 +9,10 @@
 mod kernels;
 pub use kernels::*;
 
+pub mod adamw;
+pub mod attention;
+pub mod host;
+
 use std::path::PathBuf;
 
 use zeroplan_backend_cuda::Nvrtc;

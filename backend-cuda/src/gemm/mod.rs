@@ -12,6 +12,16 @@
 //! one call per batch. Accumulation is in f32 (`CUBLAS_COMPUTE_32F`, TF32
 //! off: pedantic math), so an f32 product matches the host's to rounding and
 //! a 16-bit one is rounded once, as the host runtime rounds it.
+//!
+//! `epilogue.rs` and `lt.rs`: the same products through cuBLASLt
+//! ([`BlasLt`], [`LtGemm`]) with bias, GELU and their backward epilogues
+//! (the bias gradient, GELU's derivative) fused into the GEMM.
+
+mod epilogue;
+mod lt;
+
+pub use epilogue::{Epilogue, LtExtra, LtGemm, LtLayout, LtPlan};
+pub use lt::{BlasLt, LtPointers};
 
 use std::ffi::{c_int, c_longlong, c_void};
 use std::sync::Arc;
@@ -26,8 +36,12 @@ use zeroplan_ir::DType;
 pub enum GemmError {
     #[error("cuBLAS is not available: no libcublas on the library search path (LD_LIBRARY_PATH, ldconfig)")]
     Missing,
+    #[error("cuBLASLt is not available: no libcublasLt on the library search path (LD_LIBRARY_PATH, ldconfig)")]
+    LtMissing,
     #[error("cuBLAS failed: {0:?}")]
     Cublas(#[from] CublasError),
+    #[error("cuBLASLt failed: {0:?}")]
+    CublasLt(#[from] cudarc::cublaslt::result::CublasError),
     #[error("not supported on CUDA yet: {0}")]
     Unsupported(String),
 }

@@ -1,0 +1,355 @@
+//! Fused (FlashAttention-2-style) attention as a parameterised CUDA C
+//! template rendered from Rust: the forward `(q, k, v, mask) → (out, lse)`
+//! and the backward `(q, k, v, mask, out, lse, dout) → (dq, dk, dv)` of the
+//! IR's `FlashAttention`/`FlashAttentionGrad` ops, without ever storing the
+//! `[B, H, S, S]` probabilities.
+//!
+//! **Semantics** (the reference interpreter's): `q, k, v` are `[B, H, S, D]`
+//! contiguous; scores `s_ij = scale·q_i·k_j`, minus ALiBi's `m_h·|i − j|`
+//! (the slopes of `zeroplan_ir::interp::alibi_slopes_of_rank`, with the
+//! tensor-parallel head offset), `−∞` where `mask[b, j] == 0`;
+//! `P = softmax(s)`; `out = dropout(P)·v` with exactly the Philox mask the
+//! generated dropout kernels draw for a `[B, H, S, S]` tensor's flat index
+//! (same seed, stream, offset); `lse_i = log Σ_j exp(s_ij)` in f32. A row
+//! whose keys are all masked gives `out = 0`, `lse = −∞` and zero gradients.
+//!
+//! **What a source depends on** ([`AttentionKernel`]): the head dim (32 or
+//! 64), the storage dtype (f32, bf16, f16; arithmetic in f32), the mask's
+//! integer type, whether ALiBi and dropout are on, and the pass. Everything
+//! else — batch, heads, sequence length, the scale, the tensor rank, the
+//! dropout probability, stream, seed and offset — is a kernel argument
+//! ([`AttentionArgs`]), so one compiled module serves every shape.
+//!
+//! **Launch** ([`AttentionKernel::launch`]): every kernel runs
+//! [`THREADS`] threads (4 warps) on a grid `(⌈S/16⌉, B·H)`; a block owns 16
+//! rows of one head (query rows for the forward and dQ, key rows for
+//! dK/dV), a warp 4 of them, and walks the other side in tiles of 64 staged
+//! in static shared memory as f32 ([`KernelLaunch::shared_bytes`]: 38,144 B
+//! forward, 42,496 B dQ, 44,032 B dK/dV at D = 64; 19,712, 22,016, 23,552 B at D = 32).
+//! The template is `common.cu`, `forward.cu`, `backward.cu` in this folder;
+//! their comments give the algorithm.
+//!
+//! **Parameters** of every entry, in order: the tensor pointers (forward:
+//! `q, k, v, mask, out, lse`; dQ: `q, k, v, mask, out, lse, dout, dq`;
+//! dK/dV: `q, k, v, mask, out, lse, dout, dk, dv`), then `int heads, int
+//! seq, float scale, int head_offset, int total_heads, unsigned
+//! keep_threshold, float keep_scale, unsigned stream, unsigned long long
+//! seed, unsigned long long offset` ([`AttentionArgs`] in that order).
+
+mod device;
+mod launch;
+
+pub use device::{BackwardTensors, ForwardTensors, LoadedAttention};
+pub use launch::{AttentionLaunch, KernelLaunch, MAX_BLOCKS_Y, ROWS_PER_BLOCK, THREADS};
+use zeroplan_ir::DType;
+
+use crate::codegen::prelude;
+
+/// Why an attention kernel cannot be rendered, launched or given arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttentionError {
+    #[error(
+        "fused attention supports head dims 32 and 64, not {0}: use the unfused attention (matmul, softmax, matmul) for other head sizes"
+    )]
+    HeadDim(usize),
+    #[error("fused attention stores q, k, v in f32, bf16 or f16, not {0:?}: cast the operands first")]
+    Dtype(DType),
+    #[error("the attention mask must be an i32 or i64 tensor (0 = masked key), not {0:?}")]
+    MaskDtype(DType),
+    #[error("attention dropout must be in [0, 1), not {0}")]
+    Dropout(String),
+    #[error("ALiBi over {ranks} tensor ranks has no rank {rank}: the rank must be below the rank count (at least 1)")]
+    TensorRank { rank: u64, ranks: u64 },
+    #[error("fused attention over [{batch}, {heads}, {seq}, ·]: {message}")]
+    Shape { batch: usize, heads: usize, seq: usize, message: String },
+    #[error("the {entry} kernel needs {needed} B of shared memory per block, the device allows {available} B")]
+    SharedMemory { entry: &'static str, needed: u32, available: u32 },
+    #[error("the attention kernel was rendered without {0}, but the arguments ask for it: render it from the same op")]
+    Mismatch(&'static str),
+}
+
+/// The IR op's attributes: `FlashAttention { scale, alibi_ranks, dropout, stream }`
+/// (and `FlashAttentionGrad`'s, the same).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashAttention {
+    /// The factor of `q·kᵀ` (usually `1/√D`).
+    pub scale: f64,
+    /// `Some(t)`: ALiBi on, the heads are one tensor rank's of `t·H`.
+    pub alibi_ranks: Option<u64>,
+    /// Dropout's drop probability on `P`; 0 draws nothing.
+    pub dropout: f64,
+    /// Dropout's Philox stream (the counter's third word).
+    pub stream: u32,
+}
+
+/// What one attention source is specialised for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionKernel {
+    /// `D`: 32 or 64.
+    pub head_dim: usize,
+    /// The storage type of `q, k, v, out, dout, dq, dk, dv`.
+    pub dtype: DType,
+    /// The mask's type: `I32` or `I64`.
+    pub mask: DType,
+    pub alibi: bool,
+    pub dropout: bool,
+}
+
+/// Forward or backward: one source each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// One kernel of a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Entry {
+    /// `(q, k, v, mask) → (out, lse)`.
+    Forward,
+    /// `(q, k, v, mask, out, lse, dout) → dq`.
+    BackwardDq,
+    /// `(q, k, v, mask, out, lse, dout) → (dk, dv)`.
+    BackwardDkDv,
+}
+
+impl Entry {
+    pub fn label(self) -> &'static str {
+        match self {
+            Entry::Forward => "forward",
+            Entry::BackwardDq => "dQ",
+            Entry::BackwardDkDv => "dK/dV",
+        }
+    }
+}
+
+impl Pass {
+    /// The kernels of this pass, in launch order (any order is correct: they
+    /// write different tensors).
+    pub fn entries(self) -> &'static [Entry] {
+        match self {
+            Pass::Forward => &[Entry::Forward],
+            Pass::Backward => &[Entry::BackwardDq, Entry::BackwardDkDv],
+        }
+    }
+}
+
+/// A rendered pass: the CUDA C and its kernels' symbols.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedAttention {
+    pub kernel: AttentionKernel,
+    pub pass: Pass,
+    pub source: String,
+    /// `(entry, symbol)` in [`Pass::entries`] order.
+    pub entries: Vec<(Entry, String)>,
+}
+
+/// `[B, H, S, ·]`: the tensors' leading dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq: usize,
+}
+
+/// The scalar arguments every entry takes after its pointers, in order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionArgs {
+    /// `H`: the heads of this rank's tensors.
+    pub heads: i32,
+    /// `S`.
+    pub seq: i32,
+    pub scale: f32,
+    /// This rank's first head among all ranks' (ALiBi's slopes).
+    pub head_offset: i32,
+    /// Every rank's heads together (ALiBi's slopes).
+    pub total_heads: i32,
+    /// `⌈p·2²⁴⌉`: Philox's top 24 bits at or above it keep the element.
+    pub keep_threshold: u32,
+    /// `1/(1 − p)`.
+    pub keep_scale: f32,
+    pub stream: u32,
+    pub seed: u64,
+    pub offset: u64,
+}
+
+/// The template's parts, in the order they are rendered.
+const COMMON: &str = include_str!("common.cu");
+const FORWARD: &str = include_str!("forward.cu");
+const BACKWARD: &str = include_str!("backward.cu");
+
+impl FlashAttention {
+    /// The source specialisation for operands of `dtype`, head dim `head_dim`
+    /// and a `mask` of that integer type.
+    pub fn kernel(&self, head_dim: usize, dtype: DType, mask: DType) -> Result<AttentionKernel, AttentionError> {
+        self.dropout_probability()?;
+        let kernel =
+            AttentionKernel { head_dim, dtype, mask, alibi: self.alibi_ranks.is_some(), dropout: self.dropout > 0.0 };
+        kernel.check()?;
+        Ok(kernel)
+    }
+
+    fn dropout_probability(&self) -> Result<f64, AttentionError> {
+        if (0.0..1.0).contains(&self.dropout) {
+            Ok(self.dropout)
+        } else {
+            Err(AttentionError::Dropout(format!("{}", self.dropout)))
+        }
+    }
+
+    /// The scalar arguments for tensors of `shape` on tensor rank
+    /// `tensor_rank` (0 without tensor parallelism), with dropout's Philox
+    /// `seed` and `offset`. `kernel` is what they will be passed to.
+    pub fn args(
+        &self,
+        kernel: &AttentionKernel,
+        shape: AttentionShape,
+        tensor_rank: u64,
+        seed: u64,
+        offset: u64,
+    ) -> Result<AttentionArgs, AttentionError> {
+        let AttentionShape { batch, heads, seq } = shape;
+        let p = self.dropout_probability()?;
+        if kernel.alibi != self.alibi_ranks.is_some() {
+            return Err(AttentionError::Mismatch(if kernel.alibi { "ALiBi off" } else { "ALiBi" }));
+        }
+        if kernel.dropout != (p > 0.0) {
+            return Err(AttentionError::Mismatch(if kernel.dropout { "dropout off" } else { "dropout" }));
+        }
+        launch::check_shape(shape)?;
+        let shape_error = |message: String| AttentionError::Shape { batch, heads, seq, message };
+        let (head_offset, total_heads) = match self.alibi_ranks {
+            None => (0, heads as i32),
+            Some(ranks) => {
+                if ranks == 0 || tensor_rank >= ranks {
+                    return Err(AttentionError::TensorRank { rank: tensor_rank, ranks });
+                }
+                let total = (heads as u64).checked_mul(ranks).filter(|&t| t <= i32::MAX as u64).ok_or_else(|| {
+                    shape_error(format!("{heads} heads × {ranks} tensor ranks overflow the kernel's int"))
+                })?;
+                ((heads as u64 * tensor_rank) as i32, total as i32)
+            }
+        };
+        Ok(AttentionArgs {
+            heads: heads as i32,
+            seq: seq as i32,
+            scale: self.scale as f32,
+            head_offset,
+            total_heads,
+            keep_threshold: crate::codegen::expr::keep_threshold(p),
+            keep_scale: (1.0 / (1.0 - p)) as f32,
+            stream: self.stream,
+            seed,
+            offset,
+        })
+    }
+}
+
+impl AttentionKernel {
+    /// Whether the template supports this specialisation (a clear error if not).
+    pub fn check(&self) -> Result<(), AttentionError> {
+        if !matches!(self.head_dim, 32 | 64) {
+            return Err(AttentionError::HeadDim(self.head_dim));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(AttentionError::Dtype(self.dtype));
+        }
+        if !matches!(self.mask, DType::I32 | DType::I64) {
+            return Err(AttentionError::MaskDtype(self.mask));
+        }
+        Ok(())
+    }
+
+    /// The symbol of `entry`: names every parameter of the specialisation,
+    /// so modules of different ones never collide.
+    pub fn symbol(&self, entry: Entry) -> String {
+        let pass = match entry {
+            Entry::Forward => "fwd",
+            Entry::BackwardDq => "bwd_dq",
+            Entry::BackwardDkDv => "bwd_dkdv",
+        };
+        format!(
+            "zp_flash_attention_{pass}_d{}_{}_mask_{}{}{}",
+            self.head_dim,
+            dtype_name(self.dtype),
+            dtype_name(self.mask),
+            if self.alibi { "_alibi" } else { "" },
+            if self.dropout { "_dropout" } else { "" },
+        )
+    }
+
+    /// The CUDA C of `pass`: the prelude's helpers, the specialisation's
+    /// types and constants, the template.
+    pub fn render(&self, pass: Pass) -> Result<RenderedAttention, AttentionError> {
+        self.check()?;
+        let mut s = String::new();
+        s.push_str(&format!(
+            "// zeroplan fused attention, {}: head dim {}, {:?} storage, {:?} mask, ALiBi {}, dropout {}.\n",
+            match pass {
+                Pass::Forward => "forward",
+                Pass::Backward => "backward",
+            },
+            self.head_dim,
+            self.dtype,
+            self.mask,
+            if self.alibi { "on" } else { "off" },
+            if self.dropout { "on" } else { "off" },
+        ));
+        match self.dtype {
+            DType::BF16 => s.push_str("#include <cuda_bf16.h>\n"),
+            DType::F16 => s.push_str("#include <cuda_fp16.h>\n"),
+            _ => {}
+        }
+        s.push_str(prelude::MATH);
+        match self.dtype {
+            DType::BF16 => s.push_str(prelude::BF16),
+            DType::F16 => s.push_str(prelude::F16),
+            _ => {}
+        }
+        s.push_str(prelude::REDUCE);
+        s.push_str(prelude::PHILOX);
+        s.push_str(&format!(
+            "\n// ── This specialisation ──\ntypedef {} zp_t;\ntypedef {} zp_mask_t;\nconstexpr int ZP_D = {};\nconstexpr bool ZP_ALIBI = {};\nconstexpr bool ZP_DROPOUT = {};\n\n",
+            c_type(self.dtype),
+            c_type(self.mask),
+            self.head_dim,
+            self.alibi,
+            self.dropout,
+        ));
+        s.push_str(COMMON);
+        s.push('\n');
+        match pass {
+            Pass::Forward => s.push_str(&FORWARD.replace("$FORWARD", &self.symbol(Entry::Forward))),
+            Pass::Backward => s.push_str(
+                &BACKWARD
+                    .replace("$BACKWARD_DQ", &self.symbol(Entry::BackwardDq))
+                    .replace("$BACKWARD_DKDV", &self.symbol(Entry::BackwardDkDv)),
+            ),
+        }
+        let entries = pass.entries().iter().map(|&e| (e, self.symbol(e))).collect();
+        Ok(RenderedAttention { kernel: *self, pass, source: s, entries })
+    }
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+fn c_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float",
+        DType::BF16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+    }
+}
+
+#[cfg(test)]
+mod tests;
