@@ -10,10 +10,13 @@
 //! scalars, and collectives through a host `Communicator` — is the host
 //! runtime's routine run on a staging copy of its buffers ([`exec`]): slow
 //! (a round trip over PCIe each), but the same code and the same answers,
-//! which is what a first GPU run needs to be checked against.
+//! which is what a first GPU run needs to be checked against. Under an NCCL
+//! communicator (one process per GPU, `zeroplan launch`), collectives on
+//! device buffers go to NCCL as device pointers ([`collective`]).
 //!
 //! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
 
+mod collective;
 mod exec;
 mod kernels;
 mod memory;
