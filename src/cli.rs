@@ -380,7 +380,8 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
     /// `--backend cpu`: `--ranks` run as threads of this process that exchange
     /// gradients through the plan's collectives, each rank on its own batches
-    /// (the global batch is ranks × micro-batches × --batch-size).
+    /// (the global batch is ranks × micro-batches × --batch-size). Under
+    /// `zeroplan launch`, one process per rank; --ranks defaults to WORLD_SIZE / --tp.
     #[command(flatten)]
     pub data_parallel: DataParallelArgs,
     /// `--backend cpu`: tensor-parallel ranks per model replica (Megatron-LM

@@ -129,6 +129,8 @@ fn a_failing_rank_ends_the_launch_naming_it() {
         !out.status.success() && stderr.contains("--ranks 3 × --tp 1 = 3 ranks") && stderr.contains("WORLD_SIZE=2"),
         "{stderr}"
     );
+    let e = failure(&["launch", "--nproc", "2", "--", "finetune", "--task", "rte"]);
+    assert!(e.contains("launch runs `train`") && e.contains("got `finetune`"), "{e}");
     let out = within(&["launch", "--nproc", "2", "--", "train", "models/tiny/tiny-bert.ron", "--save", "/tmp/never"]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success() && stderr.contains("the reference interpreter runs one rank"), "{stderr}");

@@ -29,6 +29,17 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
                     --master-port (the same on every node)"
             .into());
     }
+    // N copies of another command would each do the whole job.
+    match args.command.iter().find(|a| !a.starts_with('-')) {
+        Some(command) if command == "train" => {}
+        other => {
+            return Err(format!(
+                "error: launch runs `train`, the only command with ranks, once per rank; got `{}`: write \
+                 `zeroplan launch --nproc N -- train SPEC …`",
+                other.map_or("", String::as_str)
+            ));
+        }
+    }
     let addr = args.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into());
     let port = match args.master_port {
         Some(p) => p,
