@@ -40,6 +40,8 @@ pub enum Command {
     ExportDeepspeed(ExportDeepspeedArgs),
     /// The largest model of a family that trains on a cluster, by model states alone and with a full plan.
     Capacity(Box<CapacityArgs>),
+    /// Run a command as one process per rank, with torchrun's environment: `launch --nproc N -- train SPEC …`.
+    Launch(LaunchArgs),
 }
 
 impl Command {
@@ -59,6 +61,7 @@ impl Command {
             Command::Predict(a) => a.json,
             Command::ExportDeepspeed(a) => a.json,
             Command::Capacity(a) => a.json,
+            Command::Launch(_) => false,
         }
     }
 }
@@ -381,7 +384,8 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
     /// `--backend cpu`: `--ranks` run as threads of this process that exchange
     /// gradients through the plan's collectives, each rank on its own batches
-    /// (the global batch is ranks × micro-batches × --batch-size).
+    /// (the global batch is ranks × micro-batches × --batch-size). Under
+    /// `zeroplan launch`, one process per rank; --ranks defaults to WORLD_SIZE / --tp.
     #[command(flatten)]
     pub data_parallel: DataParallelArgs,
     /// `--backend cpu`: tensor-parallel ranks per model replica (Megatron-LM
@@ -542,6 +546,28 @@ impl PassArgs {
             tensor_parallel: self.tp,
         }
     }
+}
+
+#[derive(Args)]
+pub struct LaunchArgs {
+    /// Ranks (processes) on this node. Each gets LOCAL_RANK 0..N, which picks its GPU under --backend cuda.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub nproc: u64,
+    /// Nodes in the run: start one launch on each, with the same --master-addr and --master-port.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nnodes: u64,
+    /// This node's index (0..M): its ranks are node_rank·N + LOCAL_RANK.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub node_rank: u64,
+    /// Where rank 0 (on node 0) serves the rendezvous: an address every node reaches (default 127.0.0.1).
+    #[arg(long, value_name = "ADDR")]
+    pub master_addr: Option<String>,
+    /// The rendezvous port (default: a free one on this host; required with --nnodes > 1).
+    #[arg(long, value_name = "P")]
+    pub master_port: Option<u16>,
+    /// What every rank runs: zeroplan's arguments after `--` (e.g. `-- train SPEC --backend cpu --zero 2`).
+    #[arg(last = true, required = true, value_name = "ARGS")]
+    pub command: Vec<String>,
 }
 
 #[derive(Args)]

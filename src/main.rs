@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         cli::Command::Predict(args) => commands::predict::run(args),
         cli::Command::ExportDeepspeed(args) => commands::export_deepspeed::run(args),
         cli::Command::Capacity(args) => commands::capacity::run(args),
+        cli::Command::Launch(args) => commands::launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,8 @@
 //! ([`checkpoint`]: Hugging Face safetensors files), training data ([`data`]),
 //! training on the reference interpreter ([`reference`]), a plan's program on
 //! a [`runner::Device`] — this CPU ([`host`]) — with data-parallel ranks
-//! joined by a [`comm::Communicator`], models compiled for the host
+//! joined by a [`comm::Communicator`] (threads of this process, or one
+//! process per rank over TCP or NCCL), models compiled for the host
 //! ([`program`]) from Hugging Face model directories ([`model_dir`]),
 //! sentence embeddings on either ([`embed`]), sequence classification
 //! ([`classify`]) and the GLUE tasks' metrics ([`metrics`]).

@@ -130,7 +130,7 @@ fn train_epoch(
             if let Some(bar) = bar {
                 bar.abandon();
             }
-            return Err(train_host::diverged(std::slice::from_mut(host), &feeds, &log, None));
+            return Err(train_host::diverged(std::slice::from_mut(host), 0, &feeds, &log, None));
         }
         loss += log.loss / steps as f64;
         if let Some(bar) = bar {

@@ -13,6 +13,8 @@ pub mod finetune;
 pub mod glue;
 pub mod graph;
 pub mod inspect;
+pub mod launch;
+pub mod launched;
 pub mod predict;
 pub mod train;
 pub mod train_host;

@@ -17,10 +17,13 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
         // Before anything is compiled: a machine without a GPU learns it at once.
         cuda::available().map_err(|e| format!("error: --backend cuda: {e}"))?;
     }
+    // A rank of a launched run (WORLD_SIZE set) runs only itself.
+    let mut launched = super::launched::from_env(args.backend)?;
+    let launched = launched.as_mut();
     if super::train_host::is_plan(&args.spec) {
         match args.backend {
-            Backend::Cpu => return super::train_host::run_plan::<Host>(args),
-            Backend::Cuda => return super::train_host::run_plan::<Cuda>(args),
+            Backend::Cpu => return super::train_host::run_plan::<Host>(args, launched),
+            Backend::Cuda => return super::train_host::run_plan::<Cuda>(args, launched),
             Backend::Reference => {}
         }
     }
@@ -31,8 +34,8 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     let train = training_spec(args)?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     match args.backend {
-        Backend::Cpu => return super::train_host::run::<Host>(args, &model, &train),
-        Backend::Cuda => return super::train_host::run::<Cuda>(args, &model, &train),
+        Backend::Cpu => return super::train_host::run::<Host>(args, &model, &train, launched),
+        Backend::Cuda => return super::train_host::run::<Cuda>(args, &model, &train, launched),
         Backend::Reference => {}
     }
     if args.data_parallel.ranks.is_some_and(|r| r > 1) || args.tp.is_some_and(|t| t > 1) {

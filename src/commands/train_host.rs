@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::checkpoints;
-use crate::cli::TrainArgs;
+use super::launched::Launched;
+use crate::cli::{DataParallelArgs, TrainArgs};
 use crate::output::emit;
 use zeroplan_ir::interp::{Feeds, State};
-use zeroplan_ir::plan::{Plan, Program};
+use zeroplan_ir::plan::{DataParallel, Plan, Program};
 use zeroplan_ir::spec::{Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Op};
 use zeroplan_passes::manager::PassOptions;
@@ -42,11 +43,13 @@ impl Batches {
 }
 
 /// Trains `model` under `train`: its program planned for this host at
-/// `--batch-size` × `--seq-len` (or the batch file's shape).
+/// `--batch-size` × `--seq-len` (or the batch file's shape); every rank as
+/// a thread of this process, or (`launched`) only this process's rank.
 pub fn run<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
     model: &ModelSpec,
     train: &TrainingSpec,
+    mut launched: Option<&mut Launched>,
 ) -> Result<(), String> {
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     let fixed = match &args.batch {
@@ -59,7 +62,13 @@ pub fn run<D: Device<Instr: Send> + Send>(
         None => (args.batch_size, args.seq_len),
     };
     let bindings: Bindings = [("batch".to_string(), batch as u64), ("seq".to_string(), seq as u64)].into();
-    let data_parallel = args.data_parallel.strategy();
+    let data_parallel = match &launched {
+        Some(l) => launched_data_parallel(args, l.world.world_size)?,
+        None => args.data_parallel.strategy(),
+    };
+    if launched.is_some() {
+        refuse_under_launch(args)?;
+    }
     if args.tp.is_some_and(|t| t > 1) && (args.save.is_some() || args.resume.is_some() || args.weights.is_some()) {
         return Err(context(TENSOR_PARALLEL_CHECKPOINTS.into()));
     }
@@ -82,7 +91,10 @@ pub fn run<D: Device<Instr: Send> + Send>(
         Some(r) => r.seed,
         None => args.seed,
     };
-    let mut ranks = load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?;
+    let mut ranks = match launched.as_deref_mut() {
+        Some(l) => load_own_rank::<D>(program, seed, l).map_err(context)?,
+        None => load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?,
+    };
     if let Some(path) = &args.weights {
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
@@ -123,11 +135,52 @@ pub fn run<D: Device<Instr: Send> + Send>(
         std::fs::create_dir_all(&saver.dir)
             .map_err(|e| format!("error: could not create {}: {e}", saver.dir.display()))?;
     }
-    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref())?;
+    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref(), launched.as_deref())?;
     if let Some(path) = args.save.as_ref().filter(|p| checkpoints::is_weights_file(p)) {
         checkpoints::save_weights(path, model, &layout, &ranks)?;
     }
     Ok(())
+}
+
+/// The data parallelism of a launched rank: `--ranks` if given, else the
+/// launch's `WORLD_SIZE / --tp` ranks (with `--zero` and `--offload`).
+fn launched_data_parallel(args: &TrainArgs, world: usize) -> Result<Option<DataParallel>, String> {
+    let t = args.tp.unwrap_or(1);
+    let world = world as u64;
+    if !world.is_multiple_of(t) {
+        return Err(format!(
+            "error: the launch has WORLD_SIZE={world} ranks, which --tp {t} does not divide into model replicas: \
+             launch a multiple of {t} ranks"
+        ));
+    }
+    let d = args.data_parallel.ranks.unwrap_or(world / t);
+    if d * t != world {
+        return Err(format!(
+            "error: --ranks {d} × --tp {t} = {} ranks, but the launch has WORLD_SIZE={world}: make them equal, or \
+             leave --ranks out (under launch it is WORLD_SIZE / --tp)",
+            d * t
+        ));
+    }
+    let DataParallelArgs { zero, offload, .. } = args.data_parallel;
+    Ok((args.data_parallel.ranks.is_some() || d > 1).then_some(DataParallel { ranks: d, zero_stage: zero, offload }))
+}
+
+/// What one process per rank cannot do yet: each holds only its own
+/// rank's shards, and saving, loading and profiling join every rank's.
+fn refuse_under_launch(args: &TrainArgs) -> Result<(), String> {
+    let refused = [
+        (args.save.is_some(), "--save"),
+        (args.resume.is_some(), "--resume"),
+        (args.weights.is_some(), "--weights"),
+        (args.profile.is_some(), "--profile"),
+    ];
+    match refused.iter().find(|(given, _)| *given) {
+        Some((_, flag)) => Err(format!(
+            "error: {flag} is not supported with one process per rank yet (each process holds only its own rank's \
+             shards): run the ranks as threads of one process instead (`zeroplan train … --backend cpu --ranks N`)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Why `--save`, `--resume` and `--weights` are refused with `--tp` > 1.
@@ -136,7 +189,10 @@ const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not
      or load weights";
 
 /// Trains the program of a plan file, with its batch and sequence length.
-pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs) -> Result<(), String> {
+pub fn run_plan<D: Device<Instr: Send> + Send>(
+    args: &TrainArgs,
+    launched: Option<&mut Launched>,
+) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.spec).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.spec.display().to_string()))?;
@@ -156,8 +212,22 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs) -> Result<(), S
         }
         (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
     };
-    let mut ranks = load_ranks::<D>(plan.program, args.seed, None).map_err(context)?;
-    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None)
+    if launched.is_some() {
+        refuse_under_launch(args)?;
+    }
+    let (mut ranks, launched) = match launched {
+        Some(l) => (load_own_rank::<D>(plan.program, args.seed, l).map_err(context)?, Some(&*l)),
+        None => (load_ranks::<D>(plan.program, args.seed, None).map_err(context)?, None),
+    };
+    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None, launched)
+}
+
+/// This process's rank of a launched run, joined to its groups.
+fn load_own_rank<D: Device>(program: Program, seed: u64, launched: &mut Launched) -> Result<Vec<Runner<D>>, String> {
+    let d = data_parallel_ranks(&program.graph) as usize;
+    let t = tensor_parallel_ranks(&program.graph) as usize;
+    let groups = launched.groups(d, t)?;
+    Ok(vec![Runner::load_groups_with(program, seed, groups, &State::new()).map_err(|e| e.to_string())?])
 }
 
 /// The program loaded once per rank it was planned for, `d` data-parallel
@@ -217,6 +287,7 @@ fn vocab_of(g: &Graph) -> Option<u64> {
 /// checked names the first one that is not, and where the run stands.
 pub(super) fn diverged<D: Device<Instr: Send> + Send>(
     ranks: &mut [Runner<D>],
+    first: usize,
     feeds: &[Vec<Feeds>],
     log: &StepLog,
     saver: Option<&checkpoints::Saver>,
@@ -236,7 +307,7 @@ pub(super) fn diverged<D: Device<Instr: Send> + Send>(
         running.into_iter().map(|r| r.join().expect("a rank's thread panicked")).collect()
     });
     let first = results.iter().enumerate().find_map(|(rank, e)| match e {
-        Some(RunError::NonFinite { node, micro_batch, what }) => Some((rank, node, micro_batch, what)),
+        Some(RunError::NonFinite { node, micro_batch, what }) => Some((first + rank, node, micro_batch, what)),
         _ => None,
     });
     if let Some((rank, node, micro_batch, what)) = first {
@@ -296,7 +367,9 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 /// Steps up to `--steps` (from where a resumed run stands) with a progress
 /// bar (loss, tokens/s), or JSON lines with `--log-json`. Each rank steps on
 /// its own thread with its own micro-batches; the log shows the ranks' mean
-/// loss. `saver` checkpoints when due.
+/// loss. `saver` checkpoints when due. Launched, `ranks` is this process's
+/// one rank: it draws every replica's batches and keeps its own, gathers
+/// every rank's loss for the mean, and only rank 0 logs.
 fn train_loop<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
     ranks: &mut [Runner<D>],
@@ -304,14 +377,18 @@ fn train_loop<D: Device<Instr: Send> + Send>(
     batch: usize,
     seq: usize,
     saver: Option<&checkpoints::Saver>,
+    launched: Option<&Launched>,
 ) -> Result<(), String> {
+    // This process's ranks are `first_rank..first_rank + ranks.len()` of `world`.
+    let (first_rank, world) = launched.map_or((0, ranks.len()), |l| (l.world.rank, l.world.world_size));
+    let logs_here = first_rank == 0;
     let k = ranks[0].micro_batches() as usize;
     let first = ranks[0].steps_done();
     if first >= args.steps {
         eprintln!("note: the run is at step {first} already, --steps {}: nothing to do", args.steps);
         return Ok(());
     }
-    let bar = (!args.log_json).then(|| {
+    let bar = (!args.log_json && logs_here).then(|| {
         let bar = indicatif::ProgressBar::new(args.steps);
         bar.set_position(first);
         bar.set_style(
@@ -324,20 +401,19 @@ fn train_loop<D: Device<Instr: Send> + Send>(
     let graph = &ranks[0].program().graph;
     // A replica's tensor ranks share its batches; the data ranks draw their own.
     let t = tensor_parallel_ranks(graph) as usize;
-    let replicas = ranks.len() / t;
+    let replicas = world / t;
     let logged: Vec<&str> =
         StepLog::OUTPUTS.into_iter().filter(|name| graph.outputs.iter().any(|(o, _)| o == name)).collect();
     for host in ranks.iter_mut() {
         host.fetch(&logged).map_err(|e| format!("error: {e}"))?;
     }
-    let world = ranks.len();
     for host in ranks.iter_mut() {
         host.set_profiling(args.profile.is_some());
     }
     for step in first..args.steps {
         let _span = tracing::info_span!("step", step = step + 1).entered();
         let drawn: Vec<Vec<Feeds>> = (0..replicas).map(|_| (0..k).map(|_| batches.next(batch)).collect()).collect();
-        let feeds: Vec<Vec<Feeds>> = (0..world).map(|r| drawn[r / t].clone()).collect();
+        let feeds: Vec<Vec<Feeds>> = (first_rank..first_rank + ranks.len()).map(|r| drawn[r / t].clone()).collect();
         let started = Instant::now();
         let outputs: Vec<_> = std::thread::scope(|s| {
             let running: Vec<_> =
@@ -354,9 +430,15 @@ fn train_loop<D: Device<Instr: Send> + Send>(
             );
         }
         let mut log = logs[0].clone();
-        log.loss = logs.iter().map(|l| l.loss).sum::<f64>() / world as f64;
+        let losses: Vec<f64> = logs.iter().map(|l| l.loss).collect();
+        let losses = match launched {
+            Some(l) => l.gather(&losses)?,
+            None => losses,
+        };
+        log.loss = losses.iter().sum::<f64>() / world as f64;
         let tokens_per_s = (batch * seq * k * replicas) as f64 / seconds;
         match &bar {
+            None if !logs_here => {}
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");
                 line["tokens_per_s"] = tokens_per_s.into();
@@ -371,7 +453,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
             if let Some(bar) = &bar {
                 bar.abandon();
             }
-            return Err(diverged(ranks, &feeds, &log, saver));
+            return Err(diverged(ranks, first_rank, &feeds, &log, saver));
         }
         if let Some(saver) = saver.filter(|s| s.due(log.step, args.steps)) {
             let cursor = match &batches {

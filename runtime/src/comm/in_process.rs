@@ -126,7 +126,7 @@ impl InProcess {
 
 /// Rank `rank`'s chunk of `len` elements split over `ranks`: the first
 /// `len % ranks` chunks one element longer.
-fn chunk(len: usize, ranks: usize, rank: usize) -> std::ops::Range<usize> {
+pub(super) fn chunk(len: usize, ranks: usize, rank: usize) -> std::ops::Range<usize> {
     let (base, extra) = (len / ranks, len % ranks);
     let start = rank * base + rank.min(extra);
     start..start + base + usize::from(rank < extra)

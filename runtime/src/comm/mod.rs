@@ -4,19 +4,31 @@
 //! `all_gather` nodes (and, later, a resumed checkpoint's `broadcast`)
 //! through a [`Communicator`] without knowing what is behind it:
 //! [`InProcess`] (ranks as threads of this process, for the host runtime
-//! and the tests) now, NCCL on GPUs later. Payloads are `f32` — the
-//! host runtime widens 16-bit buffers before a collective and rounds the
-//! result once, as NCCL's f32 accumulation of bf16 would.
+//! and the tests), [`Tcp`] (ranks as processes, on one node or many, met
+//! through the rendezvous [`Store`] that the torchrun environment
+//! ([`World`]) points to) and [`Nccl`] (ranks as processes on GPUs).
+//! Payloads are `f32` — the host runtime widens 16-bit buffers before a
+//! collective and rounds the result once, as NCCL's f32 accumulation of
+//! bf16 would.
 //!
 //! Every implementation must give each rank the **same** result bits, and
 //! a result that does not depend on timing: [`InProcess`] sums in rank
-//! order, in `f64`.
+//! order, in `f64`, and [`Tcp`] gives the same bits as it does.
 
 mod in_process;
+pub mod nccl;
+pub mod store;
+mod tcp;
+mod wire;
+pub mod world;
 
 use std::sync::Arc;
 
 pub use in_process::InProcess;
+pub use nccl::Nccl;
+pub use store::{Store, StoreError, StoreServer};
+pub use tcp::{PIECE as TCP_PIECE, Tcp};
+pub use world::{World, WorldError};
 
 /// One rank's handles under tensor × data parallelism (Megatron-LM's
 /// grid): `data` over the ranks holding the same tensor shards (ZeRO's
@@ -59,6 +71,30 @@ pub enum CommError {
     NoRoot { op: &'static str, root: usize, ranks: usize },
     #[error("{op} of {len} elements over {ranks} ranks: the length must divide evenly")]
     Uneven { op: &'static str, len: usize, ranks: usize },
+    #[error("{op}: lost rank {peer} of the group ({cause}): it failed or was killed (see its error)")]
+    PeerLost { op: &'static str, peer: usize, cause: String },
+    #[error("{op}: rank {peer} called {theirs} where this rank called {ours}: the ranks run different programs")]
+    Diverged { op: &'static str, peer: usize, theirs: String, ours: String },
+    #[error("joining group `{group}` as rank {rank}: {message}")]
+    Join { group: String, rank: usize, message: String },
+    #[error("{op}: NCCL failed: {message}")]
+    Nccl { op: &'static str, message: String },
+}
+
+/// Every rank's `values`, concatenated in rank order, through `comm`'s
+/// f32 all-gather as bit patterns (two f32 words per f64): an all-gather
+/// copies bits unchanged on every implementation, so each rank gets every
+/// rank's exact values (a log's per-rank losses, averaged as one process
+/// of threads averages them).
+pub fn all_gather_f64(comm: &dyn Communicator, values: &[f64]) -> Result<Vec<f64>, CommError> {
+    let words: Vec<f32> =
+        values.iter().flat_map(|v| [v.to_bits() as u32, (v.to_bits() >> 32) as u32]).map(f32::from_bits).collect();
+    let mut all = vec![0.0f32; words.len() * comm.ranks()];
+    comm.all_gather(&words, &mut all)?;
+    Ok(all
+        .chunks_exact(2)
+        .map(|w| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32)))
+        .collect())
 }
 
 /// One rank's handle on a group of ranks that run the same program.
@@ -84,4 +120,10 @@ pub trait Communicator: Send + Sync {
     /// Tells the peers this rank will make no more calls (it failed), so
     /// that they return [`CommError::PeerFailed`] instead of waiting forever.
     fn abort(&self);
+    /// The NCCL communicator behind this one, which takes device pointers
+    /// (the CUDA device then hands it its buffers instead of staging them
+    /// through host memory); `None` for host communicators.
+    fn nccl(&self) -> Option<&Nccl> {
+        None
+    }
 }

@@ -58,7 +58,10 @@ pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), Strin
                 .map_err(|e| e.to_string())
         }
         Instr::Copy { from, to } => copy(cuda, *from, *to),
-        routine => staged(cuda, routine, cx),
+        routine => match super::collective::run(cuda, routine, cx) {
+            Some(done) => done,
+            None => staged(cuda, routine, cx),
+        },
     }
 }
 

@@ -7,13 +7,16 @@
 //! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
 //! arena); GEMMs through cuBLAS; copies as DMA on the compute stream. Every
 //! other instruction — embeddings, losses, layout ops, the optimizer's
-//! scalars, and collectives through the rank's `Communicator` — is the host
+//! scalars, and collectives through a host `Communicator` — is the host
 //! runtime's routine run on a staging copy of its buffers ([`exec`]): slow
 //! (a round trip over PCIe each), but the same code and the same answers,
-//! which is what a first GPU run needs to be checked against.
+//! which is what a first GPU run needs to be checked against. Under an NCCL
+//! communicator (one process per GPU, `zeroplan launch`), collectives on
+//! device buffers go to NCCL as device pointers ([`collective`]).
 //!
 //! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
 
+mod collective;
 mod exec;
 mod kernels;
 mod memory;
@@ -41,16 +44,25 @@ pub type CudaProgram = Runner<Cuda>;
 /// library search path and the CUDA toolkit's headers.
 pub const NVRTC_DIR_VAR: &str = "ZEROPLAN_NVRTC_DIR";
 
-/// Which GPU every rank of this process opens (default 0: N ranks on one GPU).
+/// Which GPU every rank of this process opens (default: `LOCAL_RANK` in a
+/// launched run, one GPU per process; else 0, N threads' ranks on one GPU).
 pub const DEVICE_VAR: &str = "ZEROPLAN_CUDA_DEVICE";
+
+/// The GPU this process's ranks open: [`DEVICE_VAR`], else `LOCAL_RANK`
+/// (torchrun's convention), else 0.
+pub fn ordinal() -> Result<usize, String> {
+    for var in [DEVICE_VAR, crate::comm::world::LOCAL_RANK] {
+        if let Ok(v) = std::env::var(var) {
+            return v.trim().parse::<usize>().map_err(|_| format!("{var}={v} is not a GPU ordinal"));
+        }
+    }
+    Ok(0)
+}
 
 /// Why there is no GPU to run on, in words for the user; `Ok` with the
 /// ordinal to open when there is one.
 pub fn available() -> Result<usize, String> {
-    let ordinal = match std::env::var(DEVICE_VAR) {
-        Ok(v) => v.parse::<usize>().map_err(|_| format!("{DEVICE_VAR}={v} is not a GPU ordinal"))?,
-        Err(_) => 0,
-    };
+    let ordinal = ordinal()?;
     match probe() {
         Probe::NoDriver => Err("no CUDA driver found: libcuda could not be loaded (is an NVIDIA driver installed, \
                                 and this a machine with a GPU?)"
@@ -59,9 +71,11 @@ pub fn available() -> Result<usize, String> {
         Probe::Gpus(gpus) if gpus.is_empty() => {
             Err("no CUDA driver found: the driver loaded but reports no GPU".into())
         }
-        Probe::Gpus(gpus) if ordinal >= gpus.len() => {
-            Err(format!("{DEVICE_VAR}={ordinal}, but the driver reports {} GPU(s)", gpus.len()))
-        }
+        Probe::Gpus(gpus) if ordinal >= gpus.len() => Err(format!(
+            "GPU {ordinal} ({DEVICE_VAR}, else LOCAL_RANK), but the driver reports {} GPU(s): launch at most that \
+             many ranks per node",
+            gpus.len()
+        )),
         Probe::Gpus(_) => Ok(ordinal),
     }
 }

@@ -1,0 +1,247 @@
+//! `zeroplan launch`: one process per rank trains as the threaded run of
+//! the same ranks does, to the bit; a failing or killed rank ends the
+//! launch with an error naming it, never a hang.
+
+#[path = "../runtime/tests/glue_files/mod.rs"]
+mod glue_files;
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{failure, root};
+
+/// Runs the binary with `args`, killing it if it has not finished in 240 s.
+fn within(args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
+        .args(args)
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    match rx.recv_timeout(Duration::from_secs(240)) {
+        Ok(out) => out,
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
+            panic!("{args:?} hung for 240 s");
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The JSON lines of a run; under launch, rank 0's (the only rank that logs).
+fn json_lines(out: &Output, args: &[&str]) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().map(|l| l.strip_prefix("[rank 0] ").unwrap_or(l)).collect();
+    assert!(stdout.lines().all(|l| l.starts_with("[rank 0] ") || !stdout.starts_with('[')), "{stdout}");
+    lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("a JSON line: {l}"))).collect()
+}
+
+/// `name` of every step, as bits.
+fn field(lines: &[serde_json::Value], name: &str) -> Vec<u64> {
+    lines.iter().map(|l| l[name].as_f64().expect("a number").to_bits()).collect()
+}
+
+/// `launch --nproc N -- train ARGS` against `train ARGS THREADED` in one process.
+fn assert_same_steps(nproc: &str, args: &[&str], threaded: &[&str]) {
+    let launch = [&["launch", "--nproc", nproc, "--", "train"][..], args].concat();
+    let one = [&["train"][..], args, threaded].concat();
+    let (processes, threads) = (within(&launch), within(&one));
+    let (processes, threads) = (json_lines(&processes, &launch), json_lines(&threads, &one));
+    assert_eq!(processes.len(), threads.len(), "{launch:?}: steps logged");
+    for name in ["loss", "grad_norm", "lr"] {
+        assert_eq!(field(&processes, name), field(&threads, name), "{launch:?}: {name}, bit for bit");
+    }
+}
+
+#[test]
+fn two_processes_train_as_two_threads_bit_for_bit() {
+    // ZeRO-2 with dropout on: each rank draws its own masks, as threads do.
+    let args = ["models/tiny/tiny-bert.ron", "--backend", "cpu", "--zero", "2", "--steps", "3", "--log-json"];
+    let args = [&args[..], &["--lr", "1e-2"]].concat();
+    assert_same_steps("2", &args, &["--ranks", "2"]);
+}
+
+#[test]
+fn tensor_parallel_processes_train_as_threads_bit_for_bit() {
+    let args = ["models/tiny/tiny-bert.ron", "--backend", "cpu", "--tp", "2", "--steps", "2", "--log-json"];
+    let args = [&args[..], &["--lr", "1e-2", "--dropout", "0"]].concat();
+    assert_same_steps("2", &args, &[]);
+    // 2 data × 2 tensor ranks: four processes in two groups each.
+    let grid = [&args[..], &["--zero", "3"]].concat();
+    assert_same_steps("4", &grid, &["--ranks", "2"]);
+}
+
+#[test]
+fn processes_draw_their_replicas_batches_from_the_data_as_threads_do() {
+    // MLM text with dropout: each replica's batches and masking draws.
+    let dir = std::env::temp_dir().join(format!("zeroplan-launch-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "on", "a", "mat", "ran"];
+    let (tokenizer, text) = (dir.join("tokenizer.json"), dir.join("corpus.txt"));
+    glue_files::write_tokenizer(&tokenizer, &words);
+    std::fs::write(&text, "the cat sat on a mat\na dog ran\nthe dog sat\na cat ran on the mat\nthe mat\n").unwrap();
+    let (tokenizer, text) = (tokenizer.to_str().unwrap(), text.to_str().unwrap());
+    let args = ["models/tiny/tiny-bert.ron", "--backend", "cpu", "--zero", "3", "--steps", "3", "--log-json"];
+    let data = ["--data", text, "--tokenizer", tokenizer, "--seq-len", "8", "--dropout", "0.1"];
+    assert_same_steps("2", &[&args[..], &data].concat(), &["--ranks", "2"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failing_rank_ends_the_launch_naming_it() {
+    let out = within(&["launch", "--nproc", "2", "--", "train", "models/nope.ron", "--backend", "cpu"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("[rank 0] ") && stderr.contains("models/nope.ron"),
+        "each rank's error, prefixed: {stderr}"
+    );
+    let last = stderr.lines().last().unwrap();
+    assert!(last.contains("error: rank ") && last.contains("failed (exit status 1)"), "{last}");
+    // Settings that cannot hold for the launch's ranks are named.
+    let out = within(&[
+        "launch",
+        "--nproc",
+        "2",
+        "--",
+        "train",
+        "models/tiny/tiny-bert.ron",
+        "--backend",
+        "cpu",
+        "--ranks",
+        "3",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--ranks 3 × --tp 1 = 3 ranks") && stderr.contains("WORLD_SIZE=2"),
+        "{stderr}"
+    );
+    let e = failure(&["launch", "--nproc", "2", "--", "finetune", "--task", "rte"]);
+    assert!(e.contains("launch runs `train`") && e.contains("got `finetune`"), "{e}");
+    let out = within(&["launch", "--nproc", "2", "--", "train", "models/tiny/tiny-bert.ron", "--save", "/tmp/never"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("the reference interpreter runs one rank"), "{stderr}");
+}
+
+#[test]
+fn a_killed_rank_stops_the_others_and_the_launch_names_it() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
+        .args(["launch", "--nproc", "2", "--", "train", "models/tiny/tiny-bert.ron", "--backend", "cpu"])
+        .args(["--ranks", "2", "--steps", "1000000", "--log-json"])
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, rx) = mpsc::channel();
+    for (stream, out) in [
+        (Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, true),
+        (Box::new(child.stderr.take().unwrap()), false),
+    ] {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let _ = lines.send((out, line.unwrap_or_default()));
+            }
+        });
+    }
+    drop(lines);
+    // The launch names its ranks' processes; kill rank 1 once both train.
+    let start = Instant::now();
+    let mut pid = None;
+    let mut stderr = String::new();
+    while start.elapsed() < Duration::from_secs(120) {
+        let Ok((stdout, line)) = rx.recv_timeout(Duration::from_secs(120)) else { break };
+        if !stdout {
+            stderr += &line;
+            stderr += "\n";
+            if let Some(pids) = line.strip_prefix("[launch] ").and_then(|l| l.split("rank:pid ").nth(1)) {
+                pid = pids.split(' ').find_map(|p| p.strip_prefix("1:")).map(str::to_string);
+            }
+        } else if line.starts_with("[rank 0] {") {
+            break;
+        }
+    }
+    let pid = pid.unwrap_or_else(|| panic!("the launch did not name rank 1's process: {stderr}"));
+    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let killed = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success());
+            break;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the launch went on for 60 s after rank 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    while let Ok((stdout, line)) = rx.recv_timeout(Duration::from_secs(10)) {
+        if !stdout {
+            stderr += &line;
+            stderr += "\n";
+        }
+    }
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: rank 1 was killed by signal 9"), "{stderr}");
+    assert!(last.contains("the other ranks were stopped"), "{last}");
+}
+
+#[test]
+fn a_bad_launch_environment_is_named_with_the_fix() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
+        .args(["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "1"])
+        .env("WORLD_SIZE", "2")
+        .env_remove("RANK")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("RANK is not set") && stderr.contains("zeroplan launch"),
+        "{stderr}"
+    );
+    let e = failure(&["launch", "--nproc", "2"]);
+    assert!(e.contains("<ARGS>"), "the command to launch is required: {e}");
+}
+
+/// `launch --nproc N -- train … --backend cuda` (one GPU per rank, NCCL)
+/// against the host runtime's N threads: f32 within 1e-5 relative (NCCL's
+/// sums round in their own order). N is `ZEROPLAN_TEST_GPUS` (default 1:
+/// NCCL refuses two ranks on one GPU). Needs a CUDA 13 driver, NVRTC
+/// (`ZEROPLAN_NVRTC_DIR`) and `libnccl.so.2`:
+///
+/// ```sh
+/// ZEROPLAN_TEST_GPUS=2 ZEROPLAN_NVRTC_DIR=$PWD/fixtures/nvrtc cargo test --test launch -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore = "needs GPUs and NCCL"]
+fn launched_cuda_ranks_train_as_the_host_runtime() {
+    let gpus = std::env::var("ZEROPLAN_TEST_GPUS").unwrap_or_else(|_| "1".into());
+    let args = ["train", "models/tiny/tiny-bert.ron", "--steps", "3", "--log-json", "--lr", "1e-2", "--zero", "1"];
+    let args = [&args[..], &["--ranks", &gpus]].concat();
+    let cuda = [&["launch", "--nproc", &gpus, "--"][..], &args, &["--backend", "cuda"]].concat();
+    let cpu = [&args[..], &["--backend", "cpu"]].concat();
+    let (gpu_out, cpu_out) = (within(&cuda), within(&cpu));
+    let (gpu, host) = (json_lines(&gpu_out, &cuda), json_lines(&cpu_out, &cpu));
+    assert_eq!(gpu.len(), host.len());
+    for name in ["loss", "grad_norm"] {
+        for (g, h) in gpu.iter().zip(&host) {
+            let (g, h) = (g[name].as_f64().unwrap(), h[name].as_f64().unwrap());
+            assert!((g - h).abs() <= 1e-5 * h.abs(), "{name}: {g} on the GPUs, {h} on the host");
+        }
+    }
+}
