@@ -41,6 +41,19 @@ impl Batches {
     }
 }
 
+/// Seconds before the first step, as the first `--log-json` line reports
+/// them: a benchmark sets them against a framework's first (compiling) step.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+struct Setup {
+    /// The passes, the memory plan and the program (`None`: a plan file,
+    /// compiled by `zeroplan compile` beforehand).
+    compile_seconds: Option<f64>,
+    /// Loading the program on the device: instruction selection and kernel
+    /// compilation (Cranelift; NVRTC on CUDA, less what its PTX cache
+    /// holds), the arenas, and the parameters' initialisation.
+    load_seconds: f64,
+}
+
 /// Trains `model` under `train`: its program planned for this host at
 /// `--batch-size` × `--seq-len` (or the batch file's shape).
 pub fn run<D: Device<Instr: Send> + Send>(
@@ -65,9 +78,11 @@ pub fn run<D: Device<Instr: Send> + Send>(
     }
     let options =
         PassOptions { shape_hint: bindings.clone(), data_parallel, tensor_parallel: args.tp, ..PassOptions::default() };
+    let compiling = Instant::now();
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
+    let compile_seconds = Some(compiling.elapsed().as_secs_f64());
     let layout = checkpoints::layout(&program)?;
     let world = data_parallel_ranks(&program.graph) as usize;
     let resumed = match &args.resume {
@@ -82,7 +97,9 @@ pub fn run<D: Device<Instr: Send> + Send>(
         Some(r) => r.seed,
         None => args.seed,
     };
+    let loading = Instant::now();
     let mut ranks = load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?;
+    let setup = Setup { compile_seconds, load_seconds: loading.elapsed().as_secs_f64() };
     if let Some(path) = &args.weights {
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
@@ -123,7 +140,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
         std::fs::create_dir_all(&saver.dir)
             .map_err(|e| format!("error: could not create {}: {e}", saver.dir.display()))?;
     }
-    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref())?;
+    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref(), setup)?;
     if let Some(path) = args.save.as_ref().filter(|p| checkpoints::is_weights_file(p)) {
         checkpoints::save_weights(path, model, &layout, &ranks)?;
     }
@@ -154,10 +171,13 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs) -> Result<(), S
         (None, Some(data)) => {
             Batches::Data(dataset(data, &tokenizer_path(args)?, &head, vocab, seq as usize, args.seed)?)
         }
-        (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
+        // The plan's own shape, seeded as `train SPEC` draws it.
+        (None, None) => Batches::Fixed(super::train::synthetic_feeds(&head, vocab, batch as usize, seq as usize, args.seed)),
     };
+    let loading = Instant::now();
     let mut ranks = load_ranks::<D>(plan.program, args.seed, None).map_err(context)?;
-    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None)
+    let setup = Setup { compile_seconds: None, load_seconds: loading.elapsed().as_secs_f64() };
+    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None, setup)
 }
 
 /// The program loaded once per rank it was planned for, `d` data-parallel
@@ -294,9 +314,13 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 }
 
 /// Steps up to `--steps` (from where a resumed run stands) with a progress
-/// bar (loss, tokens/s), or JSON lines with `--log-json`. Each rank steps on
-/// its own thread with its own micro-batches; the log shows the ranks' mean
-/// loss. `saver` checkpoints when due.
+/// bar (loss, tokens/s), or JSON lines with `--log-json`: the step's log,
+/// `step_seconds` and `tokens_per_s` (wall time of the ranks' step, batch
+/// drawing excluded), `arena_high_water_bytes` (rank 0's device arena as far
+/// as the steps have written it: the plan's arena once every tensor has been
+/// written), and on the first line `setup`. Each rank steps on its own thread
+/// with its own micro-batches; the log shows the ranks' mean loss. `saver`
+/// checkpoints when due.
 fn train_loop<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
     ranks: &mut [Runner<D>],
@@ -304,6 +328,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
     batch: usize,
     seq: usize,
     saver: Option<&checkpoints::Saver>,
+    setup: Setup,
 ) -> Result<(), String> {
     let k = ranks[0].micro_batches() as usize;
     let first = ranks[0].steps_done();
@@ -359,7 +384,12 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         match &bar {
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");
+                line["step_seconds"] = seconds.into();
                 line["tokens_per_s"] = tokens_per_s.into();
+                line["arena_high_water_bytes"] = ranks[0].high_water_bytes().into();
+                if step == first {
+                    line["setup"] = serde_json::to_value(setup).expect("serialisable");
+                }
                 println!("{line}");
             }
             Some(bar) => {
