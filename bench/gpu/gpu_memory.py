@@ -44,7 +44,7 @@ def reader(index=0):
     """A function returning the used bytes of GPU `index`, and its source."""
     try:
         return _nvml_reader(index), "nvml"
-    except Exception:  # noqa: BLE001: the binding is optional; nvidia-smi is the fallback
+    except Exception:  # noqa: BLE001 (the binding is optional; nvidia-smi is the fallback)
         pass
     try:
         read = _smi_reader(index)

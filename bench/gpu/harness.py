@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -76,17 +77,34 @@ def report_error(stderr):
     return zeroplan_side.last_line(stderr)
 
 
-def torch_worker(args, *worker_args, sampler=None):
+def time_left(args):
+    """Seconds the next measurement may take: `--timeout`, cut to what is left
+    of `--budget`; None when the budget is spent (too little left to start)."""
+    limit = args.timeout
+    if args.budget is not None:
+        left = args.budget - (time.monotonic() - args.started)
+        if left < 15:
+            return None
+        limit = min(limit, left)
+    return limit
+
+
+def over_budget(args, record, out):
+    record.update(status="skipped", error=f"over --budget {args.budget} s: not started")
+    out.add(record)
+
+
+def torch_worker(args, *worker_args, sampler=None, timeout):
     """Runs `torch_side.py`; its JSON result (with the sampled peak)."""
     cmd = [sys.executable, os.path.join(HERE, "torch_side.py"), *worker_args]
     try:
         if sampler is None:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         else:
             with sampler:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"stopped after {args.timeout} s", "command": cmd}
+        return {"status": "timeout", "error": f"stopped after {timeout:.0f} s", "command": cmd}
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     result.setdefault("status", "ok" if out.returncode == 0 else "error")
@@ -105,6 +123,8 @@ def sampler_for(args):
 def run_zeroplan(args, out, spec_path, spec, batch, cache, cold):
     name = spec["name"]
     record = {"kind": "run", "side": "zeroplan", "model": name, "batch": batch, "seq": args.seq}
+    if time_left(args) is None:
+        return over_budget(args, record, out)
     plan_path = os.path.join(args.work, "plans", f"{name}-b{batch}.ron")
     os.makedirs(os.path.dirname(plan_path), exist_ok=True)
     planned = zeroplan_side.compile_plan(args.zeroplan, spec_path, batch, args.seq, args.profile, plan_path)
@@ -117,8 +137,11 @@ def run_zeroplan(args, out, spec_path, spec, batch, cache, cold):
         record.update(status="error", error=f"the plan counts {planned['params']} parameters, the spec {expected}")
         return out.add(record)
     env = zeroplan_side.environment(args.nvrtc_dir, cache)
+    limit = time_left(args)
+    if limit is None:
+        return over_budget(args, record, out)
     measured = zeroplan_side.train_plan(args.zeroplan, plan_path, args.backend, args.warmup, args.steps, env,
-                                        args.timeout, sampler_for(args))
+                                        limit, sampler_for(args))
     measured["train_command"] = measured.pop("command")
     record.update(measured)
     record["ptx_cache"] = "cold" if cold else "warm"
@@ -135,9 +158,12 @@ def run_torch(args, out, spec_path, spec, batch, mode, why_not):
     except specs.SpecError as e:
         record.update(status="skipped", error=str(e))
         return out.add(record)
+    limit = time_left(args)
+    if limit is None:
+        return over_budget(args, record, out)
     result = torch_worker(args, "train", "--spec", spec_path, "--batch", str(batch), "--seq", str(args.seq),
                           "--mode", mode, "--warmup", str(args.warmup), "--steps", str(args.steps),
-                          sampler=sampler_for(args))
+                          sampler=sampler_for(args), timeout=limit)
     record.update(result)
     record.update(kind="run", side=mode, model=spec["name"], batch=batch)
     out.add(record)
@@ -152,11 +178,12 @@ def run_glu(args, out, spec_path, spec, batch, why_not):
     record.update(status="ok", predicted_separate_us=predicted["separate_us"],
                   predicted_merged_us=predicted["merged_us"], predicted_decision=predicted["decision"],
                   predicted_m=predicted["m"])
-    if why_not:
-        record["measured_error"] = f"not measured: {why_not}"
+    limit = time_left(args)
+    if why_not or limit is None:
+        record["measured_error"] = f"not measured: {why_not or f'over --budget {args.budget} s'}"
     else:
         measured = torch_worker(args, "glu", "--tokens", str(batch * args.seq), "--hidden", str(spec["hidden"]),
-                                "--intermediate", str(spec["intermediate"]))
+                                "--intermediate", str(spec["intermediate"]), timeout=limit)
         if measured.get("status") == "ok":
             record.update(measured_separate_us=measured["separate_us"], measured_merged_us=measured["merged_us"])
         else:
@@ -179,7 +206,9 @@ def parse(argv):
     p.add_argument("--gpu-profile", help="the plan's GPU profile (default: from nvidia-smi's name; "
                                          "h100-80gb-sxm for --backend cpu)")
     p.add_argument("--nvrtc-dir", help="ZEROPLAN_NVRTC_DIR for zeroplan (lib/ and include/)")
-    p.add_argument("--timeout", type=int, default=600, help="seconds one measurement may take")
+    p.add_argument("--timeout", type=int, default=300, help="seconds one measurement may take")
+    p.add_argument("--budget", type=int, help="seconds for the whole sweep: measurements that would start "
+                                              "later are recorded as skipped, so the tables are always written")
     p.add_argument("--out", required=True, help="directory for results.jsonl and results.md")
     p.add_argument("--work", help="directory for the plan files and PTX caches (default: a temporary one)")
     p.add_argument("--results", help="a Markdown file to append the section to (bench/RESULTS.md)")
@@ -197,6 +226,7 @@ def parse(argv):
 
 def main(argv=None):
     args = parse(argv)
+    args.started = time.monotonic()
     out = Out(args.out)
     if args.work is None:
         import tempfile
@@ -223,10 +253,8 @@ def main(argv=None):
         out.add({"kind": "device", "name": f"{cpu} (dry run)", "profile": args.profile})
         why_not = "the PyTorch sides run with --backend cuda only"
     torch_sides = [s for s in args.sides if s != "zeroplan"]
-    if why_not and torch_sides:
-        out.add({"kind": "note", "text": f"PyTorch not run: {why_not}"})
-    elif torch_sides:
-        out.add({**torch_worker(args, "peak-gemm"), "kind": "peak_gemm"})
+    if torch_sides and not why_not:
+        out.add({**torch_worker(args, "peak-gemm", timeout=args.timeout), "kind": "peak_gemm"})
     for spec_path in args.models.split(","):
         spec = specs.load(os.path.join(ROOT, spec_path) if not os.path.isabs(spec_path) else spec_path)
         cache = os.path.join(args.work, "ptx", spec["name"])

@@ -39,7 +39,8 @@ def _pct(x):
 
 
 def _table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" if i < 2 else "---:" for i in range(len(header))) + " |"]
+    align = ["---" if i < 2 else "---:" for i in range(len(header))]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out) + "\n"
 
@@ -52,6 +53,7 @@ class Records:
         self.runs = [r for r in records if r.get("kind") == "run"]
         self.glu = [r for r in records if r.get("kind") == "glu"]
         self.notes = [r for r in records if r.get("kind") == "note"]
+        self.failed_peaks = [r for r in records if r.get("kind") == "peak_gemm" and r.get("status", "ok") != "ok"]
 
     def configs(self):
         """(model, batch) pairs in the order they ran."""
@@ -75,12 +77,12 @@ def _ok(r):
 
 
 def _cell(r, value):
-    """`value` for a run that finished, else why not (`oom`, `error`, `skipped`…)."""
+    """`value(r)` for a run that finished, else why not (`oom`, `error`, `skipped`…), `—` for none."""
     if r is None:
         return "—"
     if r.get("status") != "ok":
         return r.get("status", "?")
-    return value
+    return value(r)
 
 
 def _params(rec, model, batch):
@@ -98,9 +100,10 @@ def throughput(rec):
         runs = {s: rec.run(s, model, batch) for s in SIDES}
         tps = {s: runs[s].get("tokens_per_s") if _ok(runs[s]) else None for s in SIDES}
         row = [model, batch, _num(psi)]
-        row += [_cell(runs[s], _num(tps[s])) for s in SIDES]
-        row += [_cell(runs[s], _pct(mfu(tps[s], psi, rec.peak_tflops))) for s in SIDES]
-        row += [_cell(runs[s], _gib(runs[s].get("peak_bytes"))) for s in SIDES]
+        row += [_cell(runs[s], lambda r: _num(r.get("tokens_per_s"))) for s in SIDES]
+        row += [_cell(runs[s], lambda r, psi=psi: _pct(mfu(r.get("tokens_per_s"), psi, rec.peak_tflops)))
+                for s in SIDES]
+        row += [_cell(runs[s], lambda r: _gib(r.get("peak_bytes"))) for s in SIDES]
         row += [_ratio(tps["zeroplan"], tps["eager"]), _ratio(tps["zeroplan"], tps["compile"])]
         rows.append(row)
     header = ["model", "batch", "Ψ", "zeroplan tok/s", "eager tok/s", "compile tok/s", "zeroplan MFU", "eager MFU",
@@ -113,7 +116,7 @@ def memory(rec):
     rows = []
     for model, batch in rec.configs():
         z, e, c = (rec.run(s, model, batch) for s in SIDES)
-        get = lambda r, k: _cell(r, _gib(r.get(k)) if r else "—")  # noqa: E731
+        get = lambda r, k: _cell(r, lambda r: _gib(r.get(k)))  # noqa: E731, B023
         rows.append([model, batch, get(z, "peak_bytes"), get(z, "arena_high_water_bytes"), get(e, "peak_bytes"),
                      get(e, "allocator_peak_bytes"), get(e, "allocator_reserved_bytes"), get(c, "peak_bytes"),
                      get(c, "allocator_peak_bytes"), get(c, "allocator_reserved_bytes")])
@@ -131,10 +134,10 @@ def fidelity(rec):
         p = z["predicted"]
         measured_ms = z.get("step_ms") if _ok(z) else None
         measured_peak = z.get("peak_bytes") if _ok(z) else None
-        rows.append([model, batch, _num(1e3 * p["step_s"], 1), _cell(z, _num(measured_ms, 1)),
+        rows.append([model, batch, _num(1e3 * p["step_s"], 1), _cell(z, lambda r: _num(r.get("step_ms"), 1)),
                      _ratio(measured_ms, 1e3 * p["step_s"]), _num(p["tokens_per_s"]), _gib(p["peak_bytes"]),
-                     _cell(z, _gib(measured_peak)), _ratio(measured_peak, p["peak_bytes"]), _gib(p["arena_bytes"]),
-                     _cell(z, _gib(z.get("arena_high_water_bytes")))])
+                     _cell(z, lambda r: _gib(r.get("peak_bytes"))), _ratio(measured_peak, p["peak_bytes"]),
+                     _gib(p["arena_bytes"]), _cell(z, lambda r: _gib(r.get("arena_high_water_bytes")))])
     header = ["model", "batch", "predicted step ms", "measured step ms", "measured ÷ predicted", "predicted tok/s",
               "predicted peak GiB", "measured peak GiB", "measured ÷ predicted", "plan arena GiB",
               "arena high water GiB"]
@@ -147,11 +150,11 @@ def compile_time(rec):
         z, e, c = (rec.run(s, model, batch) for s in SIDES)
         if z is None:
             continue
-        rows.append([model, batch, _num(z.get("compile_wall_s"), 2), _cell(z, _num(z.get("setup_load_s"), 2)),
-                     z.get("ptx_cache", "—"), _cell(z, _num(z.get("first_step_s"), 2)),
-                     _cell(z, _num(z.get("to_first_step_end_s"), 2)),
-                     _cell(c, _num(c.get("first_step_s") if c else None, 2)),
-                     _cell(e, _num(e.get("first_step_s") if e else None, 2))])
+        seconds = lambda key: lambda r: _num(r.get(key), 2)  # noqa: E731
+        rows.append([model, batch, _num(z.get("compile_wall_s"), 2), _cell(z, seconds("setup_load_s")),
+                     z.get("ptx_cache", "—"), _cell(z, seconds("first_step_s")),
+                     _cell(z, seconds("to_first_step_end_s")), _cell(c, seconds("first_step_s")),
+                     _cell(e, seconds("first_step_s"))])
     header = ["model", "batch", "zeroplan compile s", "zeroplan load s (NVRTC, arenas, init)", "PTX cache",
               "zeroplan step 1 s", "zeroplan launch → step 1 end s", "torch.compile step 1 s", "eager step 1 s"]
     return _table(header, rows)
@@ -175,14 +178,18 @@ def glu(rec):
 
 
 def problems(rec):
-    lines = []
+    """One line per distinct failure, naming the runs it stopped."""
+    grouped = {}
     for r in rec.runs:
         if r.get("status") != "ok":
-            lines.append(f"- {r['side']} {r['model']} batch {r['batch']}: {r.get('status')}: {r.get('error', '')}")
+            key = (r.get("status"), r.get("error", ""))
+            grouped.setdefault(key, []).append(f"{r['side']} {r['model']} batch {r['batch']}")
+    lines = [f"- {', '.join(runs)}: {status}: {error}" for (status, error), runs in grouped.items()]
     for g in rec.glu:
         for k in ("error", "measured_error"):
             if g.get(k):
                 lines.append(f"- GLU {g['model']} batch {g['batch']}: {g[k]}")
+    lines += [f"- bf16 GEMM peak: {r.get('status')}: {r.get('error', '')}" for r in rec.failed_peaks]
     lines += [f"- {n['text']}" for n in rec.notes]
     return "\n".join(lines) + ("\n" if lines else "")
 

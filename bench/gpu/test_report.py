@@ -92,8 +92,9 @@ class ReportTest(unittest.TestCase):
             self.assertEqual(cells[3], f"{r['tokens_per_s']:,.0f}")
             self.assertEqual(cells[4:6], ["skipped", "skipped"])
             self.assertEqual(r["timed_steps"], rec.meta["steps"])
-            self.assertEqual(r["arena_high_water_bytes"], r["predicted"]["arena_bytes"],
-                             "the run wrote exactly the plan's arena")
+            # The planner rounds each buffer up to 256 bytes; the high water ends at the last one's real end.
+            arena = r["predicted"]["arena_bytes"]
+            self.assertTrue(arena - 256 < r["arena_high_water_bytes"] <= arena, "the run wrote the plan's arena")
 
 
 if __name__ == "__main__":

@@ -209,7 +209,7 @@ def main(argv=None):
         p.error("--warmup and --steps must be at least 1 (the first step is timed alone, then --steps)")
     try:
         result = {"train": train, "peak-gemm": peak_gemm, "glu": glu}[args.what](args)
-    except Exception as e:  # noqa: BLE001: the harness records why a configuration did not run
+    except Exception as e:  # noqa: BLE001 (the harness records why a configuration did not run)
         oom = type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e)
         result = {"kind": "run" if args.what == "train" else args.what, "status": "oom" if oom else "error",
                   "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

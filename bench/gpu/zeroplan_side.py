@@ -101,7 +101,9 @@ def train_plan(zeroplan, plan_path, backend, warmup, steps, env, timeout_s, samp
     if sampler is not None:
         result["peak_bytes"] = sampler.peak_bytes
     if fired:
-        result.update(status="timeout", error=f"stopped after {timeout_s} s, {len(lines)} steps done")
+        so_far = f" ({result['tokens_per_s']:,.0f} tokens/s over them)" if "tokens_per_s" in result else ""
+        result.update(status="timeout", error=f"stopped after {timeout_s:.0f} s: {len(lines)} steps done, "
+                                              f"{result['timed_steps']} of them timed{so_far}")
     elif proc.returncode != 0:
         error = last_line(stderr)
         result.update(status="oom" if "out of memory" in stderr.lower() else "error", error=error)
@@ -134,7 +136,7 @@ def summarise_steps(lines, warmup, steps):
         result["last_loss"] = lines[-1].get("loss")
         # From launch to the end of step 1, as torch.compile's first step is timed.
         result["to_first_step_end_s"] = first["_arrived_s"]
-        result["arena_high_water_bytes"] = lines[-1].get("device_arena_high_water_bytes")
+        result["arena_high_water_bytes"] = lines[-1].get("arena_high_water_bytes")
     timed = lines[warmup:]
     result["timed_steps"] = len(timed)
     if timed:

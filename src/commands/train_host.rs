@@ -216,6 +216,8 @@ fn head_of(g: &Graph) -> Option<(Head, u64)> {
 /// The vocabulary of a training graph's word embeddings. A tensor rank
 /// holds `1/t` of the table, padded to a multiple of `t`: its cross-entropy
 /// knows the real size; without an MLM head, the padded table is the bound.
+/// In flat buckets (every plan `compile` writes) the table is a view of its
+/// bucket: the lookup's table operand has its rows.
 fn vocab_of(g: &Graph) -> Option<u64> {
     let nodes = || g.petgraph().node_weights();
     let parallel = nodes()
@@ -229,7 +231,13 @@ fn vocab_of(g: &Graph) -> Option<u64> {
                 _ => None,
             })
         });
-    parallel.or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
+    let lookup = || {
+        let n = g.node_by_name("embeddings.word").filter(|&n| g.node(n).op == Op::Embedding)?;
+        g.value_type(*g.operands(n).first()?).shape.dims().first()?.as_constant()
+    };
+    parallel
+        .or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
+        .or_else(lookup)
 }
 
 /// Why training stops at a step whose loss or gradients are not finite
@@ -317,8 +325,9 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 /// bar (loss, tokens/s), or JSON lines with `--log-json`: the step's log,
 /// `step_seconds` and `tokens_per_s` (wall time of the ranks' step, batch
 /// drawing excluded), `arena_high_water_bytes` (rank 0's device arena as far
-/// as the steps have written it: the plan's arena once every tensor has been
-/// written), and on the first line `setup`. Each rank steps on its own thread
+/// as the steps have written it: the plan's arena, less the last buffer's
+/// rounding to 256 bytes, once every tensor has been written), and on the
+/// first line `setup`. Each rank steps on its own thread
 /// with its own micro-batches; the log shows the ranks' mean loss. `saver`
 /// checkpoints when due.
 fn train_loop<D: Device<Instr: Send> + Send>(
