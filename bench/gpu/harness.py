@@ -51,6 +51,14 @@ def git(*args):
     return out.stdout.strip() if out.returncode == 0 else "?"
 
 
+def commit():
+    """HEAD's short hash, `-dirty` with uncommitted changes; `?` outside a git checkout."""
+    head = git("rev-parse", "--short", "HEAD")
+    if head == "?":
+        return "?"
+    return head + ("-dirty" if git("status", "--porcelain") not in ("", "?") else "")
+
+
 def nvidia_smi():
     """(name, memory bytes, driver) of GPU 0, or an error naming the fix."""
     if shutil.which("nvidia-smi") is None:
@@ -213,6 +221,7 @@ def parse(argv):
     p.add_argument("--work", help="directory for the plan files and PTX caches (default: a temporary one)")
     p.add_argument("--results", help="a Markdown file to append the section to (bench/RESULTS.md)")
     p.add_argument("--command", help="the command line to record (run.sh passes its own)")
+    p.add_argument("--commit", help="the commit to record, where the tree is no git checkout (a copied tree)")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.sides = [s for s in args.sides.split(",") if s]
@@ -233,7 +242,7 @@ def main(argv=None):
 
         args.work = tempfile.mkdtemp(prefix="zeroplan-gpubench-")
     out.add({"kind": "meta", "date": datetime.date.today().isoformat(),
-             "commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain") else ""),
+             "commit": args.commit or commit(),
              "command": args.command or " ".join(map(shlex.quote, sys.argv)), "backend": args.backend,
              "seq": args.seq, "warmup": args.warmup, "steps": args.steps, "batches": args.batches})
     args.read_memory = None

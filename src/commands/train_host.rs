@@ -172,7 +172,9 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs) -> Result<(), S
             Batches::Data(dataset(data, &tokenizer_path(args)?, &head, vocab, seq as usize, args.seed)?)
         }
         // The plan's own shape, seeded as `train SPEC` draws it.
-        (None, None) => Batches::Fixed(super::train::synthetic_feeds(&head, vocab, batch as usize, seq as usize, args.seed)),
+        (None, None) => {
+            Batches::Fixed(super::train::synthetic_feeds(&head, vocab, batch as usize, seq as usize, args.seed))
+        }
     };
     let loading = Instant::now();
     let mut ranks = load_ranks::<D>(plan.program, args.seed, None).map_err(context)?;
