@@ -332,7 +332,8 @@ pub struct InspectArgs {
 #[derive(Args)]
 pub struct TrainArgs {
     /// A `.ron` model spec (see models/), a Hugging Face `config.json` (or its directory),
-    /// or (with `--backend cpu`) a plan file from `zeroplan compile`.
+    /// or (with `--backend cpu|cuda`) a plan file from `zeroplan compile` (trained at its batch
+    /// and sequence length on `--data`, `--batch`, or else a seeded synthetic batch).
     pub spec: PathBuf,
     /// Where the step runs. `reference`: the exact interpreter; `cpu`: the compiled plan on this CPU.
     #[arg(long, value_enum, default_value_t = Backend::Reference)]
@@ -347,7 +348,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "tokenizer.json")]
     pub tokenizer: Option<PathBuf>,
     /// Print one JSON object per step (`step`, `loss`, `lr`, `grad_norm`, `skipped`, `loss_scale`;
-    /// with `--backend cpu` also `tokens_per_s`).
+    /// with `--backend cpu|cuda` also `step_seconds`, `tokens_per_s`, `arena_high_water_bytes`,
+    /// and on the first line `setup`: `compile_seconds`, `load_seconds`).
     #[arg(long, visible_alias = "json")]
     pub log_json: bool,
     /// A RON training spec; the flags below override it.

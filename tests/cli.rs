@@ -362,6 +362,42 @@ fn training_on_the_cpu_backend_logs_the_reference_backends_steps() {
     assert_close(&field(&cpu, "loss"), &field(&reference, "loss"), "loss");
     assert_close(&field(&cpu, "grad_norm"), &field(&reference, "grad_norm"), "grad_norm");
     assert!(cpu.iter().all(|l| l["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0)));
+    // What a benchmark reads: each step's time, the arena written, the setup once.
+    assert!(cpu.iter().all(|l| l["step_seconds"].as_f64().is_some_and(|t| t > 0.0)));
+    assert!(cpu.iter().all(|l| l["arena_high_water_bytes"].as_u64().is_some_and(|b| b > 0)));
+    let setup = &cpu[0]["setup"];
+    assert!(setup["compile_seconds"].as_f64().is_some_and(|t| t > 0.0), "{setup}");
+    assert!(setup["load_seconds"].as_f64().is_some_and(|t| t > 0.0), "{setup}");
+    assert!(cpu[1..].iter().all(|l| l.get("setup").is_none()), "setup on the first line only");
+}
+
+/// A plan file `compile` wrote (flat buckets: the word embeddings are a view
+/// of their bucket) trains without `--data` or `--batch` on the synthetic
+/// batch `train SPEC` draws at the plan's shape, as the spec trains; the
+/// arena it writes is the plan's.
+#[test]
+fn a_plan_trains_on_the_synthetic_batch_of_its_shape() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-plan-synthetic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (train, plan) = (dir.join("T.ron"), dir.join("plan.ron"));
+    std::fs::write(&train, "(lr: 0.01, precision: F32, dropout: Some(0.0))").unwrap();
+    let (train, plan) = (train.to_str().unwrap(), plan.to_str().unwrap());
+    let compile = ["compile", "models/tiny/tiny-bert.ron", "--gpu", "h100-80gb-sxm", "--gpus", "1", "--seq", "16"];
+    let pins = ["--global-batch", "2", "--micro-batch", "2", "--zero", "0", "--offload", "none", "--recompute", "none"];
+    let out = zeroplan(&[&compile[..], &pins, &["--train", train, "--json", "-o", plan]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let planned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let arena = planned["memory"]["arena_bytes"].as_u64().unwrap();
+    let from_plan = json_lines(&["train", plan, "--backend", "cpu", "--steps", "3", "--log-json"]);
+    let spec = ["train", "models/tiny/tiny-bert.ron", "--train", train, "--batch-size", "2", "--seq-len", "16"];
+    let from_spec = json_lines(&[&spec[..], &["--backend", "cpu", "--steps", "3", "--log-json"]].concat());
+    assert_close(&field(&from_plan, "loss"), &field(&from_spec, "loss"), "the plan's loss");
+    assert_close(&field(&from_plan, "grad_norm"), &field(&from_spec, "grad_norm"), "the plan's norm");
+    assert!(from_plan[0]["setup"]["compile_seconds"].is_null(), "compiled beforehand: {}", from_plan[0]);
+    // The planner rounds every buffer up to 256 bytes; the last one's real end is the high water.
+    let high_water = from_plan[2]["arena_high_water_bytes"].as_u64().unwrap();
+    assert!(arena - 256 < high_water && high_water <= arena, "high water {high_water}, plan arena {arena}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// fp16 with a loss scale far too large: the first steps overflow, and the

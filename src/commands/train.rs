@@ -122,6 +122,12 @@ pub(super) fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed:
             model.name, model.max_position
         ));
     }
+    Ok(synthetic_feeds(&model.head, model.vocab_size, batch, seq, seed))
+}
+
+/// [`synthetic_batch`] for a head and vocabulary (a plan's, which has no
+/// spec), at a shape known to fit.
+pub(super) fn synthetic_feeds(head: &Head, vocab_size: u64, batch: usize, seq: usize, seed: u64) -> Feeds {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x2545_F491_4F6C_DD1D;
     let mut next = move |n: u64| {
         x ^= x << 13;
@@ -130,9 +136,9 @@ pub(super) fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed:
         x % n
     };
     let tokens = batch * seq;
-    let ids: Vec<i64> = (0..tokens).map(|_| next(model.vocab_size) as i64).collect();
+    let ids: Vec<i64> = (0..tokens).map(|_| next(vocab_size) as i64).collect();
     let int = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).expect("consistent");
-    let labels = match model.head {
+    let labels = match *head {
         Head::Mlm => {
             int(ids.iter().enumerate().map(|(i, id)| if i % 7 == 3 { *id } else { -100 }).collect(), vec![batch, seq])
         }
@@ -148,5 +154,5 @@ pub(super) fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed:
     feeds.insert("token_type_ids".to_string(), int(vec![0; tokens], vec![batch, seq]));
     feeds.insert("attention_mask".to_string(), int(vec![1; tokens], vec![batch, seq]));
     feeds.insert("labels".to_string(), labels);
-    Ok(feeds)
+    feeds
 }

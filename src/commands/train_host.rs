@@ -42,6 +42,19 @@ impl Batches {
     }
 }
 
+/// Seconds before the first step, as the first `--log-json` line reports
+/// them: a benchmark sets them against a framework's first (compiling) step.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+struct Setup {
+    /// The passes, the memory plan and the program (`None`: a plan file,
+    /// compiled by `zeroplan compile` beforehand).
+    compile_seconds: Option<f64>,
+    /// Loading the program on the device: instruction selection and kernel
+    /// compilation (Cranelift; NVRTC on CUDA, less what its PTX cache
+    /// holds), the arenas, and the parameters' initialisation.
+    load_seconds: f64,
+}
+
 /// Trains `model` under `train`: its program planned for this host at
 /// `--batch-size` × `--seq-len` (or the batch file's shape); every rank as
 /// a thread of this process, or (`launched`) only this process's rank.
@@ -74,9 +87,11 @@ pub fn run<D: Device<Instr: Send> + Send>(
     }
     let options =
         PassOptions { shape_hint: bindings.clone(), data_parallel, tensor_parallel: args.tp, ..PassOptions::default() };
+    let compiling = Instant::now();
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
+    let compile_seconds = Some(compiling.elapsed().as_secs_f64());
     let layout = checkpoints::layout(&program)?;
     let world = data_parallel_ranks(&program.graph) as usize;
     let resumed = match &args.resume {
@@ -91,10 +106,12 @@ pub fn run<D: Device<Instr: Send> + Send>(
         Some(r) => r.seed,
         None => args.seed,
     };
+    let loading = Instant::now();
     let mut ranks = match launched.as_deref_mut() {
         Some(l) => load_own_rank::<D>(program, seed, l).map_err(context)?,
         None => load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?,
     };
+    let setup = Setup { compile_seconds, load_seconds: loading.elapsed().as_secs_f64() };
     if let Some(path) = &args.weights {
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
@@ -135,7 +152,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
         std::fs::create_dir_all(&saver.dir)
             .map_err(|e| format!("error: could not create {}: {e}", saver.dir.display()))?;
     }
-    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref(), launched.as_deref())?;
+    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref(), launched.as_deref(), setup)?;
     if let Some(path) = args.save.as_ref().filter(|p| checkpoints::is_weights_file(p)) {
         checkpoints::save_weights(path, model, &layout, &ranks)?;
     }
@@ -210,16 +227,21 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(
         (None, Some(data)) => {
             Batches::Data(dataset(data, &tokenizer_path(args)?, &head, vocab, seq as usize, args.seed)?)
         }
-        (None, None) => return Err(context("a plan trains on --data FILE or --batch FILE.safetensors".into())),
+        // The plan's own shape, seeded as `train SPEC` draws it.
+        (None, None) => {
+            Batches::Fixed(super::train::synthetic_feeds(&head, vocab, batch as usize, seq as usize, args.seed))
+        }
     };
     if launched.is_some() {
         refuse_under_launch(args)?;
     }
+    let loading = Instant::now();
     let (mut ranks, launched) = match launched {
         Some(l) => (load_own_rank::<D>(plan.program, args.seed, l).map_err(context)?, Some(&*l)),
         None => (load_ranks::<D>(plan.program, args.seed, None).map_err(context)?, None),
     };
-    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None, launched)
+    let setup = Setup { compile_seconds: None, load_seconds: loading.elapsed().as_secs_f64() };
+    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None, launched, setup)
 }
 
 /// This process's rank of a launched run, joined to its groups.
@@ -266,6 +288,8 @@ fn head_of(g: &Graph) -> Option<(Head, u64)> {
 /// The vocabulary of a training graph's word embeddings. A tensor rank
 /// holds `1/t` of the table, padded to a multiple of `t`: its cross-entropy
 /// knows the real size; without an MLM head, the padded table is the bound.
+/// In flat buckets (every plan `compile` writes) the table is a view of its
+/// bucket: the lookup's table operand has its rows.
 fn vocab_of(g: &Graph) -> Option<u64> {
     let nodes = || g.petgraph().node_weights();
     let parallel = nodes()
@@ -279,7 +303,13 @@ fn vocab_of(g: &Graph) -> Option<u64> {
                 _ => None,
             })
         });
-    parallel.or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
+    let lookup = || {
+        let n = g.node_by_name("embeddings.word").filter(|&n| g.node(n).op == Op::Embedding)?;
+        g.value_type(*g.operands(n).first()?).shape.dims().first()?.as_constant()
+    };
+    parallel
+        .or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
+        .or_else(lookup)
 }
 
 /// Why training stops at a step whose loss or gradients are not finite
@@ -365,11 +395,16 @@ fn dataset(data: &Path, tokenizer: &Path, head: &Head, vocab: u64, seq: usize, s
 }
 
 /// Steps up to `--steps` (from where a resumed run stands) with a progress
-/// bar (loss, tokens/s), or JSON lines with `--log-json`. Each rank steps on
-/// its own thread with its own micro-batches; the log shows the ranks' mean
-/// loss. `saver` checkpoints when due. Launched, `ranks` is this process's
-/// one rank: it draws every replica's batches and keeps its own, gathers
-/// every rank's loss for the mean, and only rank 0 logs.
+/// bar (loss, tokens/s), or JSON lines with `--log-json`: the step's log,
+/// `step_seconds` and `tokens_per_s` (wall time of the ranks' step, batch
+/// drawing excluded), `arena_high_water_bytes` (rank 0's device arena as far
+/// as the steps have written it: the plan's arena, less the last buffer's
+/// rounding to 256 bytes, once every tensor has been written), and on the
+/// first line `setup`. Each rank steps on its own thread with its own
+/// micro-batches; the log shows the ranks' mean loss. `saver` checkpoints
+/// when due. Launched, `ranks` is this process's one rank: it draws every
+/// replica's batches and keeps its own, gathers every rank's loss for the
+/// mean, and only rank 0 logs.
 fn train_loop<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
     ranks: &mut [Runner<D>],
@@ -378,6 +413,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
     seq: usize,
     saver: Option<&checkpoints::Saver>,
     launched: Option<&Launched>,
+    setup: Setup,
 ) -> Result<(), String> {
     // This process's ranks are `first_rank..first_rank + ranks.len()` of `world`.
     let (first_rank, world) = launched.map_or((0, ranks.len()), |l| (l.world.rank, l.world.world_size));
@@ -441,7 +477,12 @@ fn train_loop<D: Device<Instr: Send> + Send>(
             None if !logs_here => {}
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");
+                line["step_seconds"] = seconds.into();
                 line["tokens_per_s"] = tokens_per_s.into();
+                line["arena_high_water_bytes"] = ranks[0].high_water_bytes().into();
+                if step == first {
+                    line["setup"] = serde_json::to_value(setup).expect("serialisable");
+                }
                 println!("{line}");
             }
             Some(bar) => {
