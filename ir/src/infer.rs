@@ -146,6 +146,25 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             }
             one(scores.clone())
         }
+        Op::FlashAttention { .. } => {
+            let q = flash_attention(op, operands)?;
+            let [b, h, s, _] = scores4(q)?;
+            Ok(vec![q.clone(), TensorType::new(Shape(vec![b, h, s]), DType::F32)])
+        }
+        Op::FlashAttentionGrad { scale, alibi_ranks, dropout, stream } => {
+            let forward =
+                Op::FlashAttention { scale: *scale, alibi_ranks: *alibi_ranks, dropout: *dropout, stream: *stream };
+            let outs = infer(&forward, &operands[..4], &[])?;
+            for (what, t, want) in
+                [("out", operands[4], &outs[0]), ("lse", operands[5], &outs[1]), ("dout", operands[6], &outs[0])]
+            {
+                if t != want {
+                    return Err(format!("{what} must be the forward's {want}, got {t}"));
+                }
+            }
+            let (q, k, v) = (operands[0], operands[1], operands[2]);
+            Ok(vec![q.clone(), k.clone(), v.clone()])
+        }
         Op::Reshape { shape } => {
             let x = operands[0];
             if x.shape.numel() != shape.numel() {
@@ -461,6 +480,39 @@ fn require_same_dtype(a: &TensorType, b: &TensorType) -> Result<(), String> {
 
 fn axis_dim(x: &TensorType, axis: usize) -> Result<&Dim, String> {
     x.shape.dims().get(axis).ok_or_else(|| format!("axis {axis} is out of range for {x}"))
+}
+
+/// Checks `(q, k, v, mask)` of fused attention and its attributes; returns `q`.
+fn flash_attention<'t>(op: &Op, operands: &[&'t TensorType]) -> Result<&'t TensorType, String> {
+    let (Op::FlashAttention { scale, alibi_ranks, dropout, .. }
+    | Op::FlashAttentionGrad { scale, alibi_ranks, dropout, .. }) = op
+    else {
+        unreachable!("only fused attention's operands are checked here")
+    };
+    let (q, k, v, mask) = (operands[0], operands[1], operands[2], operands[3]);
+    require_float("q", q)?;
+    let [b, h, s, _] = <[Dim; 4]>::try_from(q.shape.0.clone())
+        .map_err(|_| format!("q must be [batch, heads, seq, head_dim], got {q}"))?;
+    if k != q || v != q {
+        return Err(format!("q, k and v must have one type [batch, heads, seq, head_dim], got {q}, {k} and {v}"));
+    }
+    if !mask.dtype.is_int() || mask.shape.dims() != [b.clone(), s.clone()] {
+        return Err(format!("the mask must be an integer [{b}, {s}] for q {q}, got {mask}"));
+    }
+    if !scale.is_finite() {
+        return Err(format!("the score scale must be finite, got {scale}"));
+    }
+    if !(0.0..1.0).contains(dropout) {
+        return Err(format!("dropout probability must be in [0, 1), got {dropout}"));
+    }
+    match alibi_ranks {
+        Some(0) => return Err("ALiBi needs at least one tensor rank".into()),
+        Some(_) if h.as_constant().is_none() => {
+            return Err(format!("ALiBi needs a constant head count, got `{h}`"));
+        }
+        _ => {}
+    }
+    Ok(q)
 }
 
 fn scores4(scores: &TensorType) -> Result<[Dim; 4], String> {

@@ -180,6 +180,34 @@ pub enum Op {
     AlibiBias {
         ranks: u64,
     },
+    /// Fused (FlashAttention-style) attention: `(q[B, H, S, D], k[B, H, S,
+    /// D], v[B, H, S, D], mask[B, S] int) -> (out[B, H, S, D], lse[B, H, S]
+    /// f32)`. With the scores `s = scale·q·kᵀ`, minus ALiBi's `m_h·|i − j|`
+    /// when `alibi_ranks` is `Some(t)` (this tensor rank's heads of `t·H`, as
+    /// [`Op::AlibiBias`]), and −∞ where `mask[b, j] == 0`:
+    /// `P = softmax(s)`, `out = dropout(P)·v` and `lse = log Σ_j exp(s_ij)`
+    /// (f32 whatever `q`'s dtype). It is exactly the unfused chain
+    /// `matmul(q, kᵀ) → scale → (alibi_bias) → attention_mask → softmax →
+    /// (dropout) → matmul(·, v)`, which the `attention` pass replaces by it,
+    /// without storing the `[B, H, S, S]` probabilities: the backward
+    /// recomputes them from `lse`.
+    ///
+    /// Dropout (`dropout > 0`) draws on `P` exactly the mask
+    /// [`Op::Dropout`]`{p: dropout, stream}` draws on the `[B, H, S, S]`
+    /// probabilities: element `((b·H + h)·S + i)·S + j`, same seed, stream
+    /// and offset; `dropout == 0` draws nothing.
+    ///
+    /// A query row whose every key is masked gives `out = 0` — what the
+    /// unfused chain computes, since the interpreter's softmax of an all −∞
+    /// row is all zeros — and `lse = −∞` (the log of an empty sum); its
+    /// gradients are 0. A kernel recomputing `exp(s − lse)` must treat that
+    /// row as `P = 0` rather than evaluate `−∞ − (−∞)`.
+    FlashAttention {
+        scale: f64,
+        alibi_ranks: Option<u64>,
+        dropout: f64,
+        stream: u32,
+    },
 
     // ── Layout ──
     Reshape {
@@ -237,6 +265,17 @@ pub enum Op {
     SoftmaxGrad,
     /// `(dy, mask)`: `dy` with the masked keys' entries zeroed.
     AttentionMaskGrad,
+    /// `(q, k, v, mask, out, lse, dout) -> (dq, dk, dv)`: the adjoint of
+    /// [`Op::FlashAttention`] with the same attributes, from its outputs
+    /// (`lse` gives back the probabilities without storing them; `out`
+    /// gives `D_i = Σ_d dout·out`, FlashAttention-2's row term). The
+    /// dropout mask is redrawn, not stored.
+    FlashAttentionGrad {
+        scale: f64,
+        alibi_ranks: Option<u64>,
+        dropout: f64,
+        stream: u32,
+    },
     /// `dy` placed at `[start, start+len)` of an axis of length `axis_len`,
     /// zeros elsewhere: the adjoint of `slice`.
     SliceGrad {
@@ -429,6 +468,8 @@ impl Op {
             Op::Dropout { .. } => "dropout",
             Op::AttentionMask => "attention_mask",
             Op::AlibiBias { .. } => "alibi_bias",
+            Op::FlashAttention { .. } => "flash_attention",
+            Op::FlashAttentionGrad { .. } => "flash_attention_grad",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Split { .. } => "split",
@@ -523,7 +564,8 @@ impl Op {
             | Op::MseGrad
             | Op::LossScaleUpdate { .. }
             | Op::CrossEntropyCombine { .. } => Exactly(3),
-            Op::CrossEntropyShardGrad { .. } => Exactly(4),
+            Op::CrossEntropyShardGrad { .. } | Op::FlashAttention { .. } => Exactly(4),
+            Op::FlashAttentionGrad { .. } => Exactly(7),
             Op::AdamW { .. } => Exactly(8),
             Op::Concat { .. } | Op::Flatten { .. } => AtLeast(1),
             Op::Fused { kernel } => Exactly(kernel.inputs.len()),
@@ -549,6 +591,12 @@ impl Op {
             | Op::CrossEntropyStats { ranks, .. }
             | Op::CrossEntropyShardGrad { ranks, .. } => Some(ranks),
             Op::AlibiBias { ranks } if ranks > 1 => Some(ranks),
+            Op::FlashAttention { alibi_ranks: Some(ranks), .. }
+            | Op::FlashAttentionGrad { alibi_ranks: Some(ranks), .. }
+                if ranks > 1 =>
+            {
+                Some(ranks)
+            }
             _ => None,
         }
     }
@@ -642,6 +690,18 @@ impl Op {
             }
             Op::AlibiBias { ranks } if *ranks > 1 => vec![("ranks", ranks.to_string())],
             Op::AlibiBias { .. } => Vec::new(),
+            Op::FlashAttention { scale, alibi_ranks, dropout, stream }
+            | Op::FlashAttentionGrad { scale, alibi_ranks, dropout, stream } => {
+                let mut attrs = vec![("scale", format!("{scale}"))];
+                if let Some(ranks) = alibi_ranks {
+                    attrs.push(("alibi_ranks", ranks.to_string()));
+                }
+                if *dropout > 0.0 {
+                    attrs.push(("dropout", format!("{dropout}")));
+                    attrs.push(("stream", stream.to_string()));
+                }
+                attrs
+            }
             Op::TensorCopy { ranks } | Op::TensorAllReduce { ranks } => vec![("ranks", ranks.to_string())],
             Op::VocabShard { ranks, rows } => vec![("ranks", ranks.to_string()), ("rows", rows.to_string())],
             Op::CrossEntropyStats { ranks, vocab } => vec![("ranks", ranks.to_string()), ("vocab", vocab.to_string())],

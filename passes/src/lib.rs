@@ -3,6 +3,7 @@
 //! Each pass implements [`manager::Pass`] in its own file or folder and
 //! turns one verified graph into another; [`pipeline`] orders them:
 //! [`rewrite`] (egg: merge matmuls that share an input, by cost),
+//! [`attention`] (each attention chain into one fused, FlashAttention-style op),
 //! [`training::MixedPrecision`] (fp32 master weights behind 16-bit working
 //! copies), [`training::TrainingStep`] ([`autodiff`] and [`optimizer`]:
 //! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
@@ -13,6 +14,7 @@
 //! buffer's offset and the peak.
 
 pub mod accounting;
+pub mod attention;
 pub mod autodiff;
 pub mod cost;
 pub mod fuse;

@@ -1,14 +1,17 @@
 //! The standard pipeline: which passes run, in which order.
 //!
-//! Forward graphs: `rewrite`, `fuse`. Training steps: `rewrite` (on the
-//! forward graph, so merged weights get their gradients split back by
-//! autodiff), `mixed-precision`, `training-step`, `recompute`, `partition`
-//! (only when data parallelism is asked for), `fuse`.
+//! Forward graphs: `rewrite`, `attention`, `fuse`. Training steps:
+//! `rewrite` (on the forward graph, so merged weights get their gradients
+//! split back by autodiff), `attention` (also on the forward graph, so
+//! autodiff differentiates the fused op whole), `mixed-precision`,
+//! `training-step`, `recompute`, `partition` (only when data parallelism is
+//! asked for), `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph};
 
+use crate::attention::Attention;
 use crate::fuse::Fuse;
 use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
 use crate::partition::Partition;
@@ -34,8 +37,10 @@ pub enum Target<'a> {
 /// The names of the passes a target runs, in order.
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
     match target {
-        Target::Forward(_) => vec!["rewrite", "fuse"],
-        Target::Training(_) => vec!["rewrite", "mixed-precision", "training-step", "recompute", "partition", "fuse"],
+        Target::Forward(_) => vec!["rewrite", "attention", "fuse"],
+        Target::Training(_) => {
+            vec!["rewrite", "attention", "mixed-precision", "training-step", "recompute", "partition", "fuse"]
+        }
     }
 }
 
@@ -61,13 +66,13 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
     let (graph, records) = match target {
         Target::Forward(dtype) => {
             let forward = build::forward(model, &BuildOptions::new(*dtype))?;
-            run_passes(forward, &[&Rewrite, &Fuse], &mut cx)
+            run_passes(forward, &[&Rewrite, &Attention, &Fuse], &mut cx)
         }
         Target::Training(train) => {
             let forward = training_forward(model, train, cx.options.tensor_parallel.unwrap_or(1))?;
             let step = TrainingStep { train: (*train).clone() };
             let recompute = Recompute { policy: cx.options.recompute };
-            let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &MixedPrecision, &step, &recompute];
+            let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &Attention, &MixedPrecision, &step, &recompute];
             let partition = cx.options.data_parallel.map(|data_parallel| Partition { data_parallel });
             if let Some(partition) = &partition {
                 passes.push(partition);

@@ -253,6 +253,36 @@ fn masked_alibi_attention_scores() {
     c.finish(probs).check(None);
 }
 
+/// Fused attention's adjoint (`flash_attention_grad`), padded keys, ALiBi
+/// over a non-power-of-two head count, and dropout (whose mask does not
+/// move with the parameters, so the loss stays smooth).
+#[test]
+fn fused_attention_with_padding_alibi_and_dropout() {
+    for (alibi_ranks, dropout) in [(None, 0.0), (Some(1), 0.25)] {
+        let mut c = Case::new();
+        let (q, k, v) =
+            (c.param("q", &[2, 3, 4, 5], 1), c.param("k", &[2, 3, 4, 5], 2), c.param("v", &[2, 3, 4, 5], 3));
+        let mask = int_input(&mut c, "mask", &[2, 4], vec![1, 1, 1, 1, 1, 0, 1, 0]);
+        let op = Op::FlashAttention { scale: 0.7, alibi_ranks, dropout, stream: 3 };
+        let out = c.graph.add_multi("attention", op, &[q, k, v, mask]).unwrap();
+        c.finish(out[0]).check(None);
+    }
+}
+
+#[test]
+fn differentiating_through_the_log_sum_exp_is_refused() {
+    let mut c = Case::new();
+    let (q, k, v) = (c.param("q", &[1, 1, 2, 2], 1), c.param("k", &[1, 1, 2, 2], 2), c.param("v", &[1, 1, 2, 2], 3));
+    let mask = int_input(&mut c, "mask", &[1, 2], vec![1, 1]);
+    let op = Op::FlashAttention { scale: 1.0, alibi_ranks: None, dropout: 0.0, stream: 0 };
+    let out = c.graph.add_multi("attention", op, &[q, k, v, mask]).unwrap();
+    let c = c.finish(out[1]);
+    let mut graph = c.graph;
+    let seed = graph.source("dloss", Op::Fill { value: 1.0 }, f32_type(&[])).unwrap();
+    let err = backward(&mut graph, c.loss, seed).unwrap_err().to_string();
+    assert!(err.contains("`attention`") && err.contains("log-sum-exp"), "{err}");
+}
+
 #[test]
 fn cross_entropy_with_ignored_rows() {
     let mut c = Case::new();

@@ -1,6 +1,7 @@
 //! Snapshots of each optimising pass's output for a tiny spec of each
 //! family: the forward graph after `rewrite` and after `fuse` (with its
-//! kernels), and the fused training step of a one-layer model.
+//! kernels; `attention` before it), and the fused training step of a
+//! one-layer model.
 
 // The models/ helpers the ir tests use.
 #[path = "../../ir/tests/common/mod.rs"]
@@ -32,7 +33,7 @@ fn forward_after_rewrite() {
         let family = file.trim_start_matches("tiny/").trim_end_matches(".ron");
         insta::assert_snapshot!(
             format!("{family}_forward_rewrite"),
-            text(&model(&file), &Target::Forward(zeroplan_ir::DType::F32), &["fuse"])
+            text(&model(&file), &Target::Forward(zeroplan_ir::DType::F32), &["attention", "fuse"])
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The optimising passes preserve what a training step computes.
 //!
 //! Random small specs of every family are compiled to a training step with
-//! `rewrite` and `fuse` on, each off, and both off; one step of each on the
+//! `rewrite`, `attention` and `fuse` on, each off, and all off; one step of each on the
 //! same inputs and seed, in f64, must give the same loss and the same
 //! updated parameters (relative 1e-9, absolute 1e-10 against weights of
 //! order 0.1: the key bias's gradient is exactly zero, so it moves only by
@@ -99,12 +99,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
     #[test]
-    fn rewrite_and_fuse_preserve_the_training_step(model in arb_spec()) {
+    fn rewrite_attention_and_fuse_preserve_the_training_step(model in arb_spec()) {
         let (loss, params, merged) = one_step(&model, &[]);
         if model.sharing == Sharing::Independent || model.feed_forward == FeedForward::Glu {
             prop_assert!(merged > 0, "the rewrite should merge at batch 1");
         }
-        for disabled in [&["rewrite"][..], &["fuse"], &["rewrite", "fuse"]] {
+        for disabled in [&["rewrite"][..], &["attention"], &["fuse"], &["rewrite", "fuse"], &["rewrite", "attention", "fuse"]] {
             let (other_loss, other_params, _) = one_step(&model, disabled);
             prop_assert!((loss - other_loss).abs() <= 1e-9 * loss.abs(), "{disabled:?}: loss {loss} vs {other_loss}");
             prop_assert_eq!(params.len(), other_params.len());

@@ -101,18 +101,27 @@ fn a_recomputed_step_is_the_same_step() {
         ["tiny/tiny-bert.ron", "tiny/tiny-mosaicbert.ron", "tiny/tiny-megatron-bert.ron", "tiny/tiny-albert.ron"]
     {
         let m = model(file);
-        // Budgets between the fixed policies' stored bytes, and one nothing fits.
+        // Budgets between the fixed policies' stored bytes (of the unfused
+        // attention, where selective recomputes something), and one nothing fits.
         let at = hint(32, 128);
-        let stored = |p| stored_and_recomputed(&compiled(&m, &train, p, &["fuse"]), &at).0;
+        let stored = |p| stored_and_recomputed(&compiled(&m, &train, p, &["attention", "fuse"]), &at).0;
         let (none, selective, full) = (stored(Policy::None), stored(Policy::Selective), stored(Policy::Full));
         let optimal = [(none + selective) / 2, (selective + full) / 2, 0].map(|b| Policy::Optimal { budget_bytes: b });
-        for disabled in [&["fuse"][..], &[]] {
+        for disabled in [&["attention", "fuse"][..], &["attention"], &["fuse"], &[]] {
+            let flash = !disabled.contains(&"attention");
             let (loss, state) = step(&compiled(&m, &train, Policy::None, disabled));
             for policy in [Policy::Full, Policy::Selective].into_iter().chain(optimal) {
                 let graph = compiled(&m, &train, policy, disabled);
                 let clones: Vec<_> =
                     graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).collect();
-                assert!(!clones.is_empty() && clones.iter().all(|n| n.phase == Phase::Backward), "{file} {policy:?}");
+                assert!(clones.iter().all(|n| n.phase == Phase::Backward), "{file} {policy:?}");
+                // Fused attention stores no seq² values: selective finds nothing
+                // to recompute, and a budget may be met by keeping everything.
+                let must_clone = policy == Policy::Full || !flash;
+                assert!(!must_clone || !clones.is_empty(), "{file} {policy:?} {disabled:?}: nothing recomputed");
+                if flash && policy == Policy::Selective {
+                    assert!(clones.is_empty(), "{file}: selective recomputes {:?}", clones[0].name);
+                }
                 let (other_loss, other_state) = step(&graph);
                 // Dropout redraws the identical mask: with the same ops the results are bitwise equal.
                 assert_eq!(loss.to_bits(), other_loss.to_bits(), "{file} {policy:?} {disabled:?}");
@@ -150,7 +159,8 @@ fn recomputation_lowers_activation_memory() {
     let m = model("bert-base.ron");
     let bindings = [("batch".to_string(), 8), ("seq".to_string(), 512)].into();
     let activations = |policy| {
-        let p = plan(&compiled(&m, &train, policy, &[]), &bindings).unwrap();
+        // The unfused attention: selective recomputation has its seq² values to drop.
+        let p = plan(&compiled(&m, &train, policy, &["attention"]), &bindings).unwrap();
         (p.at_peak[&Category::Activations], p.arena.size)
     };
     let (none, _) = activations(Policy::None);
@@ -198,10 +208,11 @@ fn a_budget_between_policies_mixes_layers() {
     let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
     let m = model("bert-base.ron");
     let at = hint(8, 128);
-    let measure = |p| stored_and_recomputed(&compiled_at(&m, &train, p, &["fuse"], &at), &at);
+    let unfused = ["attention", "fuse"];
+    let measure = |p| stored_and_recomputed(&compiled_at(&m, &train, p, &unfused, &at), &at);
     let ((none, _), (selective, selective_flops)) = (measure(Policy::None), measure(Policy::Selective));
     let budget = (none + selective) / 2;
-    let graph = compiled_at(&m, &train, Policy::Optimal { budget_bytes: budget }, &["fuse"], &at);
+    let graph = compiled_at(&m, &train, Policy::Optimal { budget_bytes: budget }, &unfused, &at);
     let (stored, flops) = stored_and_recomputed(&graph, &at);
     let recomputing: BTreeSet<&str> = graph
         .petgraph()
@@ -219,14 +230,16 @@ fn a_budget_between_policies_mixes_layers() {
 #[test]
 fn regions_are_attention_feed_forward_and_the_layer_less_its_boundary() {
     let train = TrainingSpec { dropout: Some(0.1), ..TrainingSpec::default() };
-    let names = |file: &str, layer: u64, choice: Choice| {
-        let graph = compiled(&model(file), &train, Policy::None, &["recompute", "fuse"]);
+    let names_of = |file: &str, layer: u64, choice: Choice, disabled: &[&str]| {
+        let graph = compiled(&model(file), &train, Policy::None, disabled);
         let layers = Layers::of(&graph, &graph.topo_order().unwrap());
         let region = layers.region(&graph, layer, choice);
         let mut names: Vec<String> = region.keys().map(|&n| graph.node(n).name.clone()).collect();
         names.sort();
         names
     };
+    let names =
+        |file: &str, layer: u64, choice: Choice| names_of(file, layer, choice, &["attention", "recompute", "fuse"]);
     let attention = ["attn.masked", "attn.probs", "attn.probs_dropout", "attn.scaled", "attn.scores"];
     assert_eq!(names("tiny/tiny-bert.ron", 0, Choice::Attention), attention.map(|s| format!("layer0.{s}")));
     assert_eq!(
@@ -242,9 +255,14 @@ fn regions_are_attention_feed_forward_and_the_layer_less_its_boundary() {
     let last = names("tiny/tiny-bert.ron", 1, Choice::Layer);
     assert!(!first.contains(&"layer0.ffn.norm".to_string()) && first.contains(&"layer0.ffn.residual".to_string()));
     assert!(last.contains(&"layer1.ffn.norm".to_string()), "{last:?}");
+    // Fused attention holds no seq² values: its attention region is empty,
+    // and recomputing the layer clones the fused op (both outputs) whole.
+    let fused = &["recompute", "fuse"][..];
+    assert!(names_of("tiny/tiny-bert.ron", 0, Choice::Attention, fused).is_empty());
+    assert!(names_of("tiny/tiny-mosaicbert.ron", 0, Choice::Layer, fused).contains(&"layer0.attn.context".to_string()));
     // Working copies of weights are model state.
     let bf16 = TrainingSpec { precision: Compute::Bf16, ..train };
-    let graph = compiled(&model("tiny/tiny-bert.ron"), &bf16, Policy::None, &["recompute", "fuse"]);
+    let graph = compiled(&model("tiny/tiny-bert.ron"), &bf16, Policy::None, &["attention", "recompute", "fuse"]);
     let layers = Layers::of(&graph, &graph.topo_order().unwrap());
     assert!(layers.region(&graph, 0, Choice::Layer).keys().all(|&n| !graph.node(n).name.ends_with(".bf16")));
 }

@@ -82,11 +82,17 @@ fn step<D: Device>(runner: &mut Runner<D>, feeds: &Feeds) -> Vec<(String, Tensor
 /// Three steps of tiny-bert at `precision` on the GPU and on the host:
 /// every float output per step and every float state after, within `tol`.
 fn agree(precision: Precision, tol: f64) {
-    let model = model("tiny-bert");
+    agree_on(&model("tiny-bert"), precision, tol);
+}
+
+/// [`agree`] for `model`; returns the GPU's instruction kinds (profiled).
+fn agree_on(model: &ModelSpec, precision: Precision, tol: f64) -> Vec<String> {
+    let model = model.clone();
     let train = TrainingSpec { precision, dropout: Some(0.1), ..TrainingSpec::default() };
     let program = program(&model, &train);
     let noise = zero_gradients(&program.graph, &batch(&model, 0));
     let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));
+    gpu.set_profiling(true);
     let mut host = HostProgram::load(program, 7).unwrap_or_else(|e| panic!("{e}"));
     for s in 0..3 {
         let feeds = batch(&model, s);
@@ -107,6 +113,36 @@ fn agree(precision: Precision, tol: f64) {
         let err = common::relative(a, b);
         assert!(err <= tol, "{precision:?}: after 3 steps, {name}: relative error {err:e} > {tol:e}");
     }
+    gpu.profile().expect("profiling is on").by_kind().into_iter().map(|(kind, _)| kind).collect()
+}
+
+/// Tiny-bert widened to head dims the fused-attention template covers (32
+/// and 64; the tiny models' 8 is staged on the host): the forward and the
+/// backward must run as device kernels, not the staged routine, and train
+/// as the host runtime does.
+fn fused_attention_agrees(head_dim: u64, precision: Precision, tol: f64) {
+    let mut wide = model("tiny-bert");
+    wide.heads = 2;
+    wide.hidden = 2 * head_dim;
+    wide.intermediate = 4 * wide.hidden;
+    let kinds = agree_on(&wide, precision, tol);
+    for op in ["flash_attention", "flash_attention_grad"] {
+        assert!(kinds.iter().any(|k| k.contains("kernel") && k.contains(op)), "{op} did not run on the GPU: {kinds:?}");
+        assert!(!kinds.iter().any(|k| k == op), "{op} was staged on the host: {kinds:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn fused_attention_f32_head_dims_32_and_64_match_the_host_runtime() {
+    fused_attention_agrees(32, Precision::F32, 1e-5);
+    fused_attention_agrees(64, Precision::F32, 1e-5);
+}
+
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn fused_attention_bf16_matches_the_host_runtime() {
+    fused_attention_agrees(64, Precision::Bf16, 1e-2);
 }
 
 #[test]

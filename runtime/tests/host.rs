@@ -145,6 +145,7 @@ fn every_family_agrees_with_fusion_and_rewrites_off() {
     for name in FAMILIES {
         agree(name, &["fuse"], Policy::None, 1);
         agree(name, &["rewrite", "fuse"], Policy::None, 1);
+        agree(name, &["attention"], Policy::None, 1);
     }
 }
 
@@ -159,6 +160,35 @@ fn recomputation_and_accumulation_agree() {
     // Pre-LN: a layer's last dropout is needed by no backward node, so it is
     // not recomputed (its clone was once a kernel with no output).
     agree("tiny-megatron-bert", &[], Policy::Full, 1);
+}
+
+/// The `attention` pass on the host: three training steps with fused
+/// attention (the host's FlashAttention routines) and with the unfused
+/// chain (GEMMs and softmax kernels), dropout on, give the same losses
+/// within 1e-5 relative: the two draw the same dropout masks.
+#[test]
+fn fused_and_unfused_attention_train_alike() {
+    for name in ["tiny-bert", "tiny-mosaicbert"] {
+        let model = model(name);
+        let train = TrainingSpec { dropout: Some(0.1), lr: 1e-2, ..TrainingSpec::default() };
+        let losses = |disabled: &[&str]| -> Vec<f64> {
+            let plan = program(&model, &train, disabled, Policy::None);
+            let flash = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "flash_attention").count();
+            assert_eq!(flash, if disabled.is_empty() { model.layers as usize } else { 0 }, "{name} {disabled:?}");
+            let mut host = HostProgram::load(plan, 7).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (0..3)
+                .map(|step| {
+                    let out = host.step(&[batch(&model, step)]).unwrap_or_else(|e| panic!("{name}: {e}")).outputs;
+                    StepLog::from_outputs(step as u64 + 1, &out).unwrap().loss
+                })
+                .collect()
+        };
+        let (fused, unfused) = (losses(&[]), losses(&["attention"]));
+        assert!(fused[0] != fused[2], "{name}: the loss should move: {fused:?}");
+        for (a, b) in fused.iter().zip(&unfused) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: fused {fused:?} vs unfused {unfused:?}");
+        }
+    }
 }
 
 #[test]

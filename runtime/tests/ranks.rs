@@ -5,9 +5,12 @@
 //! stage, with and without offload (tiny-bert), and for every family on
 //! three ranks at stage 3 (padded shards): the mean loss and the gradient
 //! norm of three steps equal the reference interpreter's within 1e-6
-//! relative, and every parameter after them one rank's of the same runtime
-//! within 1e-6 and the interpreter's within 2e-5 (see
-//! `final_weights_agree`); each rank's measured peaks are the plan's device
+//! relative (the norm 3e-6 after the first step: see `grad_norm_close`),
+//! and every parameter after them within 4e-5 (see
+//! `final_weights_agree`); against one rank of the same host runtime
+//! accumulating the ranks' batches (the same kernels, so only the order the
+//! gradients are summed in differs), the losses, gradient norms and final
+//! weights agree within 1e-6; each rank's measured peaks are the plan's device
 //! and host arenas; the replicas of
 //! stages 0–2 are the same bits on every rank; two runs are bitwise equal
 //! (a proptest over families, rank counts, stages and offloads).
@@ -37,8 +40,25 @@ fn program(model: &ModelSpec, train: &TrainingSpec, data_parallel: Option<DataPa
 }
 
 fn close(what: &str, got: f64, want: f64) {
+    close_within(what, got, want, 1e-6);
+}
+
+fn close_within(what: &str, got: f64, want: f64, tolerance: f64) {
     let err = (got - want).abs() / want.abs().max(1e-12);
-    assert!(err <= 1e-6, "{what}: {got} vs the reference's {want} (relative error {err:e})");
+    assert!(err <= tolerance, "{what}: {got} vs the reference's {want} (relative error {err:e})");
+}
+
+/// The gradient norm of step `step` (1-based): within 1e-6 on the first
+/// step, 3e-6 after. AdamW divides each gradient element by its own RMS, so
+/// an element whose gradient is near rounding level moves by up to `lr` in a
+/// direction rounding decides (see `final_weights_agree`), and the next
+/// step's gradients inherit that. Measured: 2.4e-6 at step 2 for
+/// tiny-megatron-bert on one rank with fused attention (whose host routine
+/// rounds differently from the interpreter's unrounded f64 op; the step-1
+/// norm agrees to 8e-9 with an f64 reference), and 3e-8 for the same run
+/// at lr 1e-4.
+fn grad_norm_close(what: &str, step: i64, got: f64, want: f64) {
+    close_within(what, got, want, if step == 0 { 1e-6 } else { 3e-6 });
 }
 
 /// Trains `name` planned for `ranks` ranks under `dp`'s stage and offload for
@@ -67,7 +87,8 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
     for step in 0..3i64 {
         let feeds: Vec<Feeds> = (0..ranks as i64).map(|r| batch(&model, step * ranks as i64 + r)).collect();
         let want = reference.step(&feeds).unwrap();
-        one.step(&feeds).unwrap_or_else(|e| panic!("{what}: one rank: {e}"));
+        let outputs = one.step(&feeds).unwrap_or_else(|e| panic!("{what}: one rank: {e}")).outputs;
+        let alone = StepLog::from_rank_outputs(step as u64 + 1, &outputs, 1).unwrap();
         let logs: Vec<StepLog> = std::thread::scope(|s| {
             let runs: Vec<_> = hosts
                 .iter_mut()
@@ -82,8 +103,10 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
         let at = format!("{what}, step {}", step + 1);
         let mean_loss = logs.iter().map(|l| l.loss).sum::<f64>() / ranks as f64;
         close(&format!("{at}: the ranks' mean loss"), mean_loss, want.loss);
+        close(&format!("{at}: the ranks' mean loss against one rank"), mean_loss, alone.loss);
         for (r, log) in logs.iter().enumerate() {
-            close(&format!("{at}: rank {r}'s gradient norm"), log.grad_norm, want.grad_norm);
+            grad_norm_close(&format!("{at}: rank {r}'s gradient norm"), step, log.grad_norm, want.grad_norm);
+            close(&format!("{at}: rank {r}'s gradient norm against one rank"), log.grad_norm, alone.grad_norm);
         }
     }
     for (r, host) in hosts.iter().enumerate() {
@@ -101,7 +124,7 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
         assert!(hosts.iter().all(|h| h.weights() == first), "{what}: replicated parameters differ between ranks");
     }
     let states: Vec<State> = hosts.iter().map(HostProgram::state).collect();
-    final_weights_agree(&what, &plan.graph, &states, reference.state(), 2e-5, train.lr);
+    final_weights_agree(&what, &plan.graph, &states, reference.state(), 4e-5, train.lr);
     final_weights_agree(&format!("{what} against one rank"), &plan.graph, &states, &one.state(), 1e-6, train.lr);
     states
 }
@@ -110,14 +133,18 @@ fn agree(name: &str, ranks: usize, stage: u8, offload: Offload) -> Vec<State> {
 /// shards joined in rank order) equals `reference`'s after the steps within
 /// `bound` relative (L2): 1e-6 against one rank of the same host runtime
 /// accumulating the ranks' batches (the same kernels; only the gradient sums'
-/// order differs: measured worst 3.1e-7, tiny-bert 4 ranks, ZeRO-2 +
-/// optimizer offload), 2e-5 against the reference interpreter. Not 1e-6
-/// there: the interpreter's rounding differs from the compiled kernels', and
-/// AdamW divides each gradient element by its own RMS, so an element whose
-/// gradient is near rounding level moves by up to `lr` in a direction
-/// rounding decides. Measured at lr 1e-3: the worst is 1.07e-5 (tiny-bert, 3
-/// ranks, `layer1.attn.out.weight`, almost all of it one element of 1024 off
-/// by 6.8e-6); the runs are bitwise reproducible, so the bound does not flake.
+/// order differs: measured worst 3.1e-7 with unfused attention, tiny-bert 4
+/// ranks, ZeRO-2 + optimizer offload), 4e-5 against the reference
+/// interpreter. Not 1e-6 there: AdamW divides each gradient element by its
+/// own RMS, so an element whose gradient is near rounding level moves by up
+/// to `lr` in a direction rounding decides. Measured at lr 1e-3: the worst
+/// was 1.07e-5 with unfused attention (tiny-bert, 3 ranks,
+/// `layer1.attn.out.weight`, almost all of it one element of 1024 off by
+/// 6.8e-6), and is 2.7e-5 with fused attention (tiny-megatron-bert, 1 rank,
+/// `layer1.ffn.down.weight`: the host's attention routine rounds
+/// differently from the interpreter's unrounded f64 op, which moves which
+/// elements sit at rounding level); the runs are bitwise reproducible, so
+/// the bound does not flake.
 /// The attention key bias, whose gradient is zero in exact arithmetic, is
 /// all such elements: up to `lr` a step on either side, against either.
 fn final_weights_agree(what: &str, g: &Graph, states: &[State], reference: &State, bound: f64, lr: f64) {

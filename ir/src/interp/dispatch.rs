@@ -5,6 +5,7 @@
 //! the driver ([`super::Pass`]) checks the shapes against the node's type and
 //! rounds in `Native` mode.
 
+use super::flash_attention::{self as flash, AttentionDropout};
 use super::tensor_parallel::on_tensors as tp;
 use super::{attention, bind, elementwise as ew, embedding, kernel, layout, loss, matmul, nd, optimizer, random, rows};
 use crate::op::Op;
@@ -69,6 +70,14 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
         Op::AttentionMask => one(attention::attention_mask(x[0], x[1])),
         Op::AttentionMaskGrad => one(attention::attention_mask_grad(x[0], x[1])),
         Op::AlibiBias { ranks } => one(attention::alibi_bias(x[0], 0, *ranks)),
+        Op::FlashAttention { scale, alibi_ranks, dropout, stream } => {
+            let dropout = AttentionDropout { p: *dropout, stream: *stream, seed: ctx.seed, offset: ctx.offset };
+            flash::flash_attention(x, *scale, *alibi_ranks, dropout)
+        }
+        Op::FlashAttentionGrad { scale, alibi_ranks, dropout, stream } => {
+            let dropout = AttentionDropout { p: *dropout, stream: *stream, seed: ctx.seed, offset: ctx.offset };
+            flash::flash_attention_grad(x, *scale, *alibi_ranks, dropout)
+        }
         Op::Reshape { shape } => one(layout::reshape(x[0], bind::concrete_shape(shape, ctx.bindings)?)),
         Op::Transpose { perm } => one(layout::transpose(x[0], perm)),
         Op::Split { axis, sizes } => {

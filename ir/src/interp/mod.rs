@@ -86,6 +86,16 @@
 //!   for `n` followed by the even-indexed slopes (0, 2, 4, …) for `2n`, until
 //!   there are `H` (ALiBi's reference code, MosaicBERT). See
 //!   [`alibi_slopes`].
+//! - `flash_attention {scale, alibi_ranks, dropout, stream} (q, k, v,
+//!   mask)`: per (batch, head), the unfused chain on materialised `[S, S]`
+//!   scores, step for step in its order: `s = (Σ_d q·k)·scale`, minus
+//!   `m_h·|i−j|` with ALiBi, −∞ on masked keys, `softmax`, `dropout {p:
+//!   dropout, stream}` on the flat `[B, H, S, S]` index, then `Σ_j p·v`; so
+//!   in `F64` it equals the unfused graph bit for bit. `lse = log Σ_j
+//!   exp(s)`, −∞ for a row whose every key is masked (whose `out` is 0).
+//!   `flash_attention_grad` recomputes the probabilities from `q, k, v` and
+//!   applies the unfused chain's adjoints in the same way; it reads `out`
+//!   and `lse` for their shapes only. See [`flash_attention`].
 //!
 //! # Dropout
 //!
@@ -169,6 +179,7 @@ mod bind;
 mod dispatch;
 mod elementwise;
 mod embedding;
+pub mod flash_attention;
 mod kernel;
 mod layout;
 mod loss;

@@ -21,7 +21,8 @@ pub(super) fn vjp(
         |why: &str| AutodiffError::NotDifferentiable { node: name.clone(), op: node.op.name(), why: why.to_string() };
     let this = Value { node: n, output: 0 };
     let want = |i: usize| wanted.get(i).copied().unwrap_or(false);
-    // Every op but split has one output; its gradient is present here.
+    // Every op but split and flash attention has one output; its gradient
+    // is present here (flash attention's `out` gradient is: see below).
     let dy = || dys[0].expect("the single output's gradient");
     let mut grads: Vec<Option<Value>> = vec![None; operands.len()];
     match &node.op {
@@ -97,6 +98,25 @@ pub(super) fn vjp(
         Op::AttentionMask => grads[0] = Some(g.add(back(0), Op::AttentionMaskGrad, &[dy(), operands[1]])?),
         // The bias is a constant of the positions: the gradient passes unchanged.
         Op::AlibiBias { .. } => grads[0] = Some(dy()),
+        // One op for the three gradients, recomputing the probabilities
+        // from `lse`; the integer mask gets none.
+        Op::FlashAttention { scale, alibi_ranks, dropout, stream } => {
+            if dys.get(1).is_some_and(Option::is_some) {
+                return Err(not_differentiable(
+                    "something differentiates through its log-sum-exp output, which only its own backward may read",
+                ));
+            }
+            let op =
+                Op::FlashAttentionGrad { scale: *scale, alibi_ranks: *alibi_ranks, dropout: *dropout, stream: *stream };
+            let (out, lse) = (this, Value { node: n, output: 1 });
+            let operands = [operands[0], operands[1], operands[2], operands[3], out, lse, dy()];
+            let all = g.add_multi(back(0), op, &operands)?;
+            for (i, grad) in all.into_iter().enumerate() {
+                if want(i) {
+                    grads[i] = Some(grad);
+                }
+            }
+        }
         // Megatron's conjugate pair: `f`'s adjoint is `g` and `g`'s is `f`.
         Op::TensorCopy { ranks } => grads[0] = Some(g.add(back(0), Op::TensorAllReduce { ranks: *ranks }, &[dy()])?),
         Op::TensorAllReduce { .. } => grads[0] = Some(dy()),
@@ -172,6 +192,7 @@ pub(super) fn vjp(
         | Op::LayerNormGrad { .. }
         | Op::SoftmaxGrad
         | Op::AttentionMaskGrad
+        | Op::FlashAttentionGrad { .. }
         | Op::SliceGrad { .. }
         | Op::EmbeddingGrad { .. }
         | Op::CrossEntropyGrad { .. }

@@ -51,6 +51,9 @@ pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), Strin
             unsafe { k.launch(&ins, &outs, cx.seed, cx.offset) };
             Ok(())
         }
+        Instr::Kernel { kernel: CudaKernel::Attention(a), inputs, outputs } => {
+            super::attention::run(cuda, a, inputs, outputs, cx)
+        }
         Instr::MatMul { shape, a, b, out } => {
             // SAFETY: loading checked the operands lie on the device, of one
             // type, at the shape's sizes; the plan never lets `out` overlap them.

@@ -21,6 +21,8 @@ pub enum CudaKernel {
     Gpu(Arc<LoadedKernel>),
     /// Run by the CPU over the pinned host arena.
     Host(Arc<CompiledKernel>),
+    /// A fused attention's kernels on the compute stream ([`super::attention`]).
+    Attention(Arc<super::attention::DeviceAttention>),
 }
 
 impl Named for CudaKernel {
@@ -28,6 +30,7 @@ impl Named for CudaKernel {
         match self {
             CudaKernel::Gpu(k) => &k.generated().name,
             CudaKernel::Host(k) => k.name(),
+            CudaKernel::Attention(a) => a.name(),
         }
     }
 }

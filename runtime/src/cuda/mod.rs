@@ -5,7 +5,8 @@
 //! host size ([`memory`]); instruction selection is the host runtime's
 //! (`host::select`, one selection for every device) with this device's
 //! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
-//! arena); GEMMs through cuBLAS; copies as DMA on the compute stream. Every
+//! arena); fused attention as the backend's FlashAttention-2-style kernels
+//! ([`attention`]); GEMMs through cuBLAS; copies as DMA on the compute stream. Every
 //! other instruction — embeddings, losses, layout ops, the optimizer's
 //! scalars, and collectives through a host `Communicator` — is the host
 //! runtime's routine run on a staging copy of its buffers ([`exec`]): slow
@@ -16,6 +17,7 @@
 //!
 //! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
 
+mod attention;
 mod collective;
 mod exec;
 mod kernels;
@@ -122,7 +124,8 @@ impl Device for Cuda {
             PtxCache::default_dir().map(PtxCache::new),
         );
         let mut compilers = kernels::Kernels { gpu: &gpu, nvrtc, host: None, loaded: HashMap::new(), scratch_bytes: 0 };
-        let steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
+        let mut steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
+        attention::select(&program.graph, &mut steps, rank, &gpu, &mut compilers.nvrtc)?;
         for step in &steps {
             if let Some(Instr::MatMul { shape, a, b, out }) = &step.instr {
                 let node = program.graph.node(step.node);

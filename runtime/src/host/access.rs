@@ -41,6 +41,14 @@ impl<K> Instr<K> {
                 f(dy, R);
                 f(out, W)
             }
+            Instr::FlashAttention { inputs, outputs, .. } => {
+                inputs.iter_mut().for_each(|b| f(b, R));
+                outputs.iter_mut().for_each(|b| f(b, W));
+            }
+            Instr::FlashAttentionGrad { inputs, outputs, .. } => {
+                inputs.iter_mut().for_each(|b| f(b, R));
+                outputs.iter_mut().for_each(|b| f(b, W));
+            }
             Instr::Kernel { inputs, outputs, .. } => {
                 inputs.iter_mut().for_each(|b| f(b, R));
                 outputs.iter_mut().for_each(|b| f(b, W));

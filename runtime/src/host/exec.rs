@@ -1,6 +1,7 @@
 //! Running instructions on a rank's memory.
 
 use super::arena::Memory;
+use super::ops::attention::{Draw, Operands};
 use super::ops::{broadcast, embedding, layout, loss, matmul, tensor_parallel as tp};
 use super::select::{Instr, elem};
 use zeroplan_ir::Tensor;
@@ -24,6 +25,16 @@ unsafe fn bytes_mut(mem: &Memory, b: Buf) -> &mut [u8] {
 fn floats<'m>(mem: &'m Memory, b: Buf, out: &Buf) -> std::borrow::Cow<'m, [f32]> {
     if b.dtype == zeroplan_ir::DType::F32 && !b.overlaps(out) {
         // SAFETY: f32, and the instruction writes only `out`, which is elsewhere.
+        std::borrow::Cow::Borrowed(unsafe { mem.f32s(b) })
+    } else {
+        std::borrow::Cow::Owned(mem.read_f32(b))
+    }
+}
+
+/// A float operand as f32, read where it lies only when no output overlaps it.
+fn floats_apart<'m>(mem: &'m Memory, b: Buf, outs: &[Buf]) -> std::borrow::Cow<'m, [f32]> {
+    if b.dtype == zeroplan_ir::DType::F32 && !outs.iter().any(|o| b.overlaps(o)) {
+        // SAFETY: f32, and the instruction writes only `outs`, which lie elsewhere.
         std::borrow::Cow::Borrowed(unsafe { mem.f32s(b) })
     } else {
         std::borrow::Cow::Owned(mem.read_f32(b))
@@ -125,6 +136,27 @@ pub fn run_routine<K>(instr: &Instr<K>, mem: &Memory, cx: &Ctx) -> Result<(), St
         Instr::AlibiBias { x, shape, slopes, out } => {
             let x = floats(mem, *x, out);
             write_floats(mem, *out, |o| tp::alibi_bias(&x, *shape, slopes, o));
+        }
+        Instr::FlashAttention { attention, inputs, outputs } => {
+            let [q, k, v] = [0, 1, 2].map(|i| floats_apart(mem, inputs[i], outputs));
+            let mask = mem.read_i64(inputs[3]);
+            let draw = Draw { seed: cx.seed, offset: cx.offset };
+            write_floats(mem, outputs[0], |out| {
+                let x = Operands { q: &q, k: &k, v: &v, mask: &mask };
+                write_floats(mem, outputs[1], |lse| attention.forward(x, draw, out, lse))
+            });
+        }
+        Instr::FlashAttentionGrad { attention, inputs, outputs } => {
+            // The forward's outputs (inputs 4 and 5) are not needed on the host.
+            let [q, k, v, dout] = [0, 1, 2, 6].map(|i| floats_apart(mem, inputs[i], outputs));
+            let mask = mem.read_i64(inputs[3]);
+            let draw = Draw { seed: cx.seed, offset: cx.offset };
+            let x = Operands { q: &q, k: &k, v: &v, mask: &mask };
+            write_floats(mem, outputs[0], |dq| {
+                write_floats(mem, outputs[1], |dk| {
+                    write_floats(mem, outputs[2], |dv| attention.backward(x, &dout, draw, [dq, dk, dv]))
+                })
+            });
         }
         Instr::Kernel { kernel: _, .. } => return Err("a compiled kernel is no host routine".into()),
         Instr::MatMul { shape, a, b, out } => {

@@ -5,8 +5,8 @@
 //! ops, LayerNorm, softmax and their gradients, AdamW, bias-gradient sums —
 //! lowered exactly as the `fuse` pass would, by
 //! [`zeroplan_ir::kernel::lower`]) run as Cranelift-compiled kernels;
-//! matmuls as GEMMs; embeddings, losses and layout ops as host routines;
-//! views as nothing at all.
+//! matmuls as GEMMs; fused attention, embeddings, losses and layout ops as
+//! host routines; views as nothing at all.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use zeroplan_backend_cpu::{CompiledKernel, KernelCompiler};
 use zeroplan_ir::kernel::{Kernel, lower};
 use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Value};
 
+use super::ops::attention::Attention;
 use super::ops::broadcast::Arith;
 use super::ops::matmul::MatMulShape;
 use crate::runner::buffers::{Buf, Rank, SelectError, concrete, constant_update, of_offset};
@@ -132,6 +133,18 @@ pub enum Instr<K = Arc<CompiledKernel>> {
         shape: [usize; 4],
         slopes: Vec<f32>,
         out: Buf,
+    },
+    /// Fused attention: `(q, k, v, mask) -> (out, lse)` ([`super::ops::attention`]).
+    FlashAttention {
+        attention: Box<Attention>,
+        inputs: [Buf; 4],
+        outputs: [Buf; 2],
+    },
+    /// Its adjoint: `(q, k, v, mask, out, lse, dout) -> (dq, dk, dv)`.
+    FlashAttentionGrad {
+        attention: Box<Attention>,
+        inputs: [Buf; 7],
+        outputs: [Buf; 3],
     },
     Kernel {
         kernel: K,
@@ -290,6 +303,8 @@ impl<K> Instr<K> {
             Instr::CrossEntropyCombine { .. } => "cross_entropy_combine",
             Instr::CrossEntropyShardGrad { .. } => "cross_entropy_shard_grad",
             Instr::AlibiBias { .. } => "alibi_bias",
+            Instr::FlashAttention { .. } => "flash_attention",
+            Instr::FlashAttentionGrad { .. } => "flash_attention_grad",
             Instr::Kernel { .. } => "kernel",
             Instr::MatMul { .. } => "mat_mul",
             Instr::Embedding { .. } => "embedding",
@@ -424,6 +439,24 @@ fn instruction<C: KernelCompile>(
                 operand_shape(0)?.try_into().map_err(|s| format!("ALiBi takes [B, H, Sq, Sk] scores, not {s:?}"))?;
             let slopes = zeroplan_ir::interp::alibi_slopes_of_rank(shape[1], tensor_rank, *ranks);
             Instr::AlibiBias { x: x[0], shape, slopes: slopes.into_iter().map(|m| m as f32).collect(), out: out(0) }
+        }
+        Op::FlashAttention { scale, alibi_ranks, dropout, stream }
+        | Op::FlashAttentionGrad { scale, alibi_ranks, dropout, stream } => {
+            let dims: [usize; 4] = operand_shape(0)?
+                .try_into()
+                .map_err(|s| format!("fused attention takes [B, H, S, D] operands, not {s:?}"))?;
+            let slopes = alibi_ranks.map(|ranks| {
+                let slopes = zeroplan_ir::interp::alibi_slopes_of_rank(dims[1], tensor_rank, ranks);
+                slopes.into_iter().map(|m| m as f32).collect()
+            });
+            let attention =
+                Box::new(Attention { dims, scale: *scale as f32, slopes, dropout: *dropout, stream: *stream });
+            if matches!(node.op, Op::FlashAttention { .. }) {
+                Instr::FlashAttention { attention, inputs: [x[0], x[1], x[2], x[3]], outputs: [out(0), out(1)] }
+            } else {
+                let inputs = [x[0], x[1], x[2], x[3], x[4], x[5], x[6]];
+                Instr::FlashAttentionGrad { attention, inputs, outputs: [out(0), out(1), out(2)] }
+            }
         }
         Op::Fused { kernel } => {
             let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;

@@ -1,5 +1,6 @@
 //! Host routines for the ops that are not row kernels.
 
+pub mod attention;
 pub mod broadcast;
 pub mod embedding;
 pub mod layout;
