@@ -36,7 +36,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let e_r = p * r * r + r + 1.0;
     // 2ⁿ from its exponent bits; n ∈ [−126, 128] after the clamp, and
     // n = 128 (x near 88.72) takes its last factor 2 apart to stay finite.
@@ -55,6 +55,7 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// The largest element (−∞ for an empty row); NaNs are skipped, as `f32::max` does.
+#[inline(always)]
 pub fn max(row: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut chunks = row.chunks_exact(LANES);
@@ -68,6 +69,7 @@ pub fn max(row: &[f32]) -> f32 {
 }
 
 /// `Σ a·b` in f64.
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f64 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0.0f64; LANES];
@@ -82,6 +84,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// `Σ x` in f64.
+#[inline(always)]
 pub fn sum(row: &[f32]) -> f64 {
     let mut acc = [0.0f64; LANES];
     let mut chunks = row.chunks_exact(LANES);
