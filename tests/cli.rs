@@ -147,13 +147,13 @@ fn pass_manager_flags() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for pass in ["rewrite", "mixed-precision", "training-step", "recompute", "fuse"] {
+    for pass in ["rewrite", "attention", "mixed-precision", "training-step", "recompute", "fuse"] {
         assert!(stderr.lines().any(|l| l.starts_with(pass) && l.contains(" ms ")), "{pass}: {stderr}");
     }
     assert!(stderr.contains("rewrite: {layer0.ffn.gate, layer0.ffn.up}"), "{stderr}");
     let dumps: Vec<String> =
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert_eq!(dumps.len(), 5, "{dumps:?}");
+    assert_eq!(dumps.len(), 6, "{dumps:?}");
     assert!(std::fs::read_to_string(dir.join("01-rewrite.ir")).unwrap().contains("layer0.ffn.gate_up"));
     std::fs::remove_dir_all(&dir).unwrap();
     let limited = zeroplan(&[
@@ -169,7 +169,7 @@ fn pass_manager_flags() {
     let text = String::from_utf8_lossy(&limited.stdout).into_owned();
     assert_eq!(text.matches("= split(").count(), 1, "one merge under --pass-limit 1");
     let err = failure(&["graph", "models/tiny/tiny-bert.ron", "--disable", "rewrit"]);
-    assert!(err.contains("unknown pass rewrit: the passes are rewrite, fuse"), "{err}");
+    assert!(err.contains("unknown pass rewrit: the passes are rewrite, attention, fuse"), "{err}");
 }
 
 #[test]

@@ -448,10 +448,11 @@ fn graph_dot_draws_fused_kernels_as_clusters_and_marks_recomputed_nodes() {
         "{kernel}"
     );
     // The recomputed kernels and nodes are red, and only they.
-    assert!(dot.contains("subgraph \"cluster_layer1.attn.probs.recompute.fused\" {\n      label=\"fused"));
+    assert!(dot.contains("subgraph \"cluster_layer1.attn.residual.recompute.fused\" {\n      label=\"fused"));
     let red: Vec<&str> = dot.lines().filter(|l| l.contains("#f6d5d5")).collect();
     assert!(red.len() > 10 && red.iter().all(|l| l.contains(".recompute")), "{red:?}");
-    assert!(red.iter().any(|l| l.contains("\"layer1.attn.scores.recompute\" [")), "{red:?}");
+    // The fused attention op is cloned whole (the `attention` pass is on).
+    assert!(red.iter().any(|l| l.contains("\"layer1.attn.context.recompute\" [")), "{red:?}");
     let (nodes, edges) = dot_ids(&dot);
     for (from, to) in &edges {
         assert!(nodes.contains(from) && nodes.contains(to), "{from} -> {to} leaves the declared nodes");
@@ -459,9 +460,9 @@ fn graph_dot_draws_fused_kernels_as_clusters_and_marks_recomputed_nodes() {
 
     // After `recompute`, nothing is fused yet and the recomputed nodes are there.
     let after = succeed(&[&base[..], &["--after", "recompute"]].concat());
-    assert!(!after.contains(".fused") && after.contains("\"layer1.attn.probs.recompute\" ["), "--after recompute");
+    assert!(!after.contains(".fused") && after.contains("\"layer1.attn.context.recompute\" ["), "--after recompute");
     let err = failure(&["graph", "models/tiny/tiny-bert.ron", "--after", "partition"]);
-    assert!(err.contains("--after partition: unknown pass") && err.contains("rewrite, fuse"), "{err}");
+    assert!(err.contains("--after partition: unknown pass") && err.contains("rewrite, attention, fuse"), "{err}");
 
     // Graphviz lays it out, where installed (the forward graph: a training
     // step of thousands of nodes takes dot minutes).

@@ -218,3 +218,27 @@ fn training_with_and_without_the_pass_agrees_in_the_interpreter() {
         }
     }
 }
+
+#[test]
+fn the_cost_model_counts_the_products_and_the_tensors_moved() {
+    use zeroplan_passes::cost::work::{Engine, recomputed_share, work};
+    let m = model("tiny/tiny-bert.ron");
+    let g = training(&m, 0.1, &[], None);
+    let at: zeroplan_ir::Bindings = [("batch".to_string(), 4), ("seq".to_string(), 16)].into();
+    let (b, h, s, d) = (4u64, m.heads, 16u64, m.hidden / m.heads);
+    let forward = 4.0 * (b * h * s * s * d) as f64;
+    // bf16 or f32 aside, the bytes are the tensors read and written.
+    let e = |shape: u64| shape * 4; // f32 training
+    let (bhsd, bhs, mask) = (e(b * h * s * d), e(b * h * s), b * s * 8);
+    for (name, flops, bytes, share) in [
+        ("layer0.attn.context", forward, 3 * bhsd + mask + bhsd + bhs, 0.0),
+        ("layer0.attn.context.back0", 2.5 * forward, 3 * bhsd + mask + bhsd + bhs + bhsd + 3 * bhsd, 0.2),
+    ] {
+        let n = g.node_by_name(name).unwrap();
+        let w = work(&g, n, &at).unwrap();
+        assert_eq!((w.engine, w.flops, w.bytes), (Engine::Gemm, flops, bytes as f64), "{name}");
+        let shape = w.gemm.unwrap();
+        assert_eq!((shape.batch, shape.m, shape.n, shape.k), (b * h, s, s, d), "{name}");
+        assert_eq!(recomputed_share(&g.node(n).op), share);
+    }
+}

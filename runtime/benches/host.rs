@@ -4,7 +4,9 @@
 //! Prints one JSON line per measurement (median of the timed runs after a
 //! warm-up), which `bench/cpu/run.sh` puts beside JAX's figures.
 //!
-//! `cargo bench -p zeroplan-runtime --bench host [-- RUNS]`
+//! `cargo bench -p zeroplan-runtime --bench host [-- RUNS] [--disable PASS]`
+//! (`--disable attention` times the unfused attention chain, for a
+//! before/after of the `attention` pass in one build).
 
 use std::path::Path;
 use std::time::Instant;
@@ -54,13 +56,16 @@ fn median(runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let runs: usize = std::env::args().filter_map(|a| a.parse().ok()).next().unwrap_or(5);
+    let args: Vec<String> = std::env::args().collect();
+    let runs: usize = args.iter().filter_map(|a| a.parse().ok()).next().unwrap_or(5);
+    let disabled: std::collections::BTreeSet<String> =
+        args.windows(2).filter(|w| w[0] == "--disable").map(|w| w[1].clone()).collect();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/minilm-l6.ron");
     let mut model = spec::load(&path).expect("the bundled spec");
     model.hidden_dropout = 0.0;
     model.attention_dropout = 0.0;
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
-    let options = || PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let options = || PassOptions { shape_hint: bindings.clone(), disabled: disabled.clone(), ..PassOptions::default() };
     let threads = rayon::current_num_threads();
 
     let mut encoder = model.clone();

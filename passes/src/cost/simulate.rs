@@ -74,7 +74,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
             p.micro_batch_end = p.micro_batch_end.max(finish);
             p.hardware_flops += w.flops;
             if !node.name.ends_with(".recompute") {
-                p.model_flops += w.flops;
+                p.model_flops += w.flops * (1.0 - super::work::recomputed_share(&node.op));
             }
         }
     }

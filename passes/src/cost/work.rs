@@ -5,7 +5,10 @@
 //! entry (a multiply and an add per term). Elementwise and row ops count
 //! one FLOP per output element, softmax and LayerNorm (and their
 //! gradients) a handful — they are memory-bound, so their time comes from
-//! the bytes, and their FLOPs matter only for totals. Bytes: every operand
+//! the bytes, and their FLOPs matter only for totals. Fused attention is
+//! its products: `4·B·H·S²·D` forward, 2.5 times that backward (with the
+//! recomputation of the scores), timed as a GEMM of `B·H` batches of
+//! `S × S × D`. Bytes: every operand
 //! read once and every output written once, which is what a fused kernel
 //! does and what a GEMM does when its tiles fit in cache. Views and sources
 //! move nothing.
@@ -95,6 +98,16 @@ pub struct Work {
     pub gemm: Option<GemmShape>,
 }
 
+/// The share of an op's FLOPs that recompute what the forward computed,
+/// which model FLOPs (MFU) leave out as they leave out `*.recompute` nodes:
+/// fused attention's backward redoes `q·kᵀ`, 2 of its 10 `B·H·S²·D`.
+pub fn recomputed_share(op: &Op) -> f64 {
+    match op {
+        Op::FlashAttentionGrad { .. } => 0.2,
+        _ => 0.0,
+    }
+}
+
 /// The work of node `n` under `bindings`; `None` where a size is unbound.
 pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
     let node = graph.node(n);
@@ -132,6 +145,18 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
             work.engine = Engine::Copy;
             work.flops = 0.0;
             work.bytes = size(outputs[0])? as f64;
+        }
+        Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. } => {
+            let q = graph.value_type(operands[0]).shape.dims();
+            let [b, h, s, d] = [0, 1, 2, 3].map(|i| q.get(i).and_then(|x| x.eval(bindings)));
+            let (b, h, s, d) = (b?, h?, s?, d?);
+            // Forward: q·kᵀ and P·v, 2·S²·D each per head. Backward: q·kᵀ
+            // again (the recomputation), then dv, dP, dq and dk.
+            let forward = 4.0 * (b * h * s * s * d) as f64;
+            let backward = matches!(node.op, Op::FlashAttentionGrad { .. });
+            work.engine = Engine::Gemm;
+            work.flops = if backward { 2.5 * forward } else { forward };
+            work.gemm = Some(GemmShape { batch: b * h, m: s, n: s, k: d });
         }
         Op::Softmax | Op::SoftmaxGrad | Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => work.flops *= 5.0,
         Op::AdamW { .. } => work.flops *= 12.0,

@@ -32,6 +32,8 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 use zeroplan_ir::interp::random::dropout_keeps;
 
+use super::rowmath;
+
 /// Query rows per block: a `64 × S` f32 tile is 32 KiB at S = 128 and
 /// 128 KiB at S = 512, within a core's L2.
 pub const BLOCK: usize = 64;
@@ -87,19 +89,18 @@ impl Attention {
     /// ALiBi's penalty, −∞ on masked keys.
     fn scores(&self, bh: usize, x: Operands, i0: usize, rows: usize, tile: &mut [f32]) {
         let [_, heads, s, d] = self.dims;
-        let head = bh % heads;
-        // k is S × D row-major: kᵀ (D × S) has row stride 1, column stride D.
-        gemm_into(rows, s, d, tile, false, &x.q[i0 * d..], (d, 1), x.k, (1, d));
+        // k is S × D row-major: kᵀ (D × S) has row stride 1, column stride D;
+        // the scale is the product's factor.
+        gemm_into(rows, s, d, tile, false, self.scale, &x.q[i0 * d..], (d, 1), x.k, (1, d));
         for (r, row) in tile.chunks_mut(s).take(rows).enumerate() {
-            let i = i0 + r;
-            for (j, score) in row.iter_mut().enumerate() {
-                *score *= self.scale;
-                if let Some(slopes) = &self.slopes {
-                    *score -= slopes[head] * (i.abs_diff(j) as i32) as f32;
+            if let Some(slopes) = &self.slopes {
+                let (i, slope) = (i0 + r, slopes[bh % heads]);
+                for (j, score) in row.iter_mut().enumerate() {
+                    *score -= slope * (i.abs_diff(j) as i32) as f32;
                 }
-                if x.mask[j] == 0 {
-                    *score = f32::NEG_INFINITY;
-                }
+            }
+            for (score, &m) in row.iter_mut().zip(x.mask) {
+                *score = if m == 0 { f32::NEG_INFINITY } else { *score };
             }
         }
     }
@@ -149,7 +150,7 @@ impl Attention {
                     }
                 }
                 // out rows = P (rows × S) · v (S × D).
-                gemm_into(rows, d, s, &mut out[i0 * d..][..rows * d], false, &tile, (s, 1), x.v, (d, 1));
+                gemm_into(rows, d, s, &mut out[i0 * d..][..rows * d], false, 1.0, &tile, (s, 1), x.v, (d, 1));
             }
         });
     }
@@ -190,9 +191,9 @@ impl Attention {
                 } else {
                     &probs
                 };
-                gemm_into(s, d, rows, dv, true, dropped_probs, (1, s), block_dout, (d, 1));
+                gemm_into(s, d, rows, dv, true, 1.0, dropped_probs, (1, s), block_dout, (d, 1));
                 // dP = drop(dout · vᵀ).
-                gemm_into(rows, s, d, &mut dprobs, false, block_dout, (d, 1), x.v, (1, d));
+                gemm_into(rows, s, d, &mut dprobs, false, 1.0, block_dout, (d, 1), x.v, (1, d));
                 for r in 0..rows {
                     let (p, dp) = (&probs[r * s..][..s], &mut dprobs[r * s..][..s]);
                     if dropped {
@@ -201,16 +202,16 @@ impl Attention {
                         }
                     }
                     // The row term Σ_j P·dP, from the whole row this tile holds.
-                    let row_term =
-                        p.iter().zip(dp.iter()).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32;
+                    let row_term = rowmath::dot(p, dp) as f32;
                     for (g, &pj) in dp.iter_mut().zip(p) {
-                        // dS, scaled; masked keys have P = 0 and so dS = 0.
-                        *g = pj * (*g - row_term) * self.scale;
+                        // dS (unscaled: the scale is the next products' factor);
+                        // masked keys have P = 0 and so dS = 0.
+                        *g = pj * (*g - row_term);
                     }
                 }
-                // dq = dS · k; dk += dSᵀ · q.
-                gemm_into(rows, d, s, &mut dq[i0 * d..][..rows * d], false, &dprobs, (s, 1), x.k, (d, 1));
-                gemm_into(s, d, rows, dk, true, &dprobs, (1, s), &x.q[i0 * d..][..rows * d], (d, 1));
+                // dq = scale · dS · k; dk += scale · dSᵀ · q.
+                gemm_into(rows, d, s, &mut dq[i0 * d..][..rows * d], false, self.scale, &dprobs, (s, 1), x.k, (d, 1));
+                gemm_into(s, d, rows, dk, true, self.scale, &dprobs, (1, s), &x.q[i0 * d..][..rows * d], (d, 1));
             }
         });
     }
@@ -218,18 +219,36 @@ impl Attention {
 
 /// Softmax of one row in place; returns its log-sum-exp. An all −∞ row
 /// (every key masked) becomes zeros with log-sum-exp −∞; a NaN spreads.
+/// On x86-64 with AVX2 and FMA the same code is compiled for them (8 lanes
+/// instead of SSE2's 4; Rust never contracts `a·b + c` into an FMA, so the
+/// bits are the same either way).
 fn softmax_in_place(row: &mut [f32]) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { softmax_avx2(row) };
+    }
+    softmax_lanes(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(row: &mut [f32]) -> f32 {
+    softmax_lanes(row)
+}
+
+#[inline(always)]
+fn softmax_lanes(row: &mut [f32]) -> f32 {
+    let max = rowmath::max(row);
     if max == f32::NEG_INFINITY && !row.iter().any(|x| x.is_nan()) {
         row.fill(0.0);
         return f32::NEG_INFINITY;
     }
-    // The sum in f64: S terms, at no cost next to the row's products.
-    let mut sum = 0.0f64;
     for x in row.iter_mut() {
-        *x = (*x - max).exp();
-        sum += f64::from(*x);
+        *x = rowmath::exp(*x - max);
     }
+    // The sum in f64: S terms, at no cost next to the row's products.
+    let sum = rowmath::sum(row);
     let inv = (1.0 / sum) as f32;
     for x in row.iter_mut() {
         *x *= inv;
@@ -237,7 +256,7 @@ fn softmax_in_place(row: &mut [f32]) -> f32 {
     (f64::from(max) + sum.ln()) as f32
 }
 
-/// `c (m × n, row-major) = [c +] a · b` on this thread, where `a` is
+/// `c (m × n, row-major) = [c +] factor · a · b` on this thread, where `a` is
 /// `m × k` and `b` is `k × n`, each read with its (row, column) strides.
 #[allow(clippy::too_many_arguments)]
 fn gemm_into(
@@ -246,6 +265,7 @@ fn gemm_into(
     k: usize,
     c: &mut [f32],
     accumulate: bool,
+    factor: f32,
     a: &[f32],
     (a_rs, a_cs): (usize, usize),
     b: &[f32],
@@ -281,7 +301,7 @@ fn gemm_into(
             b_cs as isize,
             b_rs as isize,
             if accumulate { 1.0 } else { 0.0 },
-            1.0,
+            factor,
             false,
             false,
             false,
@@ -385,5 +405,34 @@ mod tests {
         attention.forward(x, Draw { seed: 0, offset: 0 }, &mut out, &mut lse);
         let (want, _) = reference::forward(&problem, &wide(&q), &wide(&k), &wide(&v), &mask);
         assert!(relative(&out, &want) > 1e-4);
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release -p zeroplan-runtime --lib attention_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn attention_speed() {
+        let dims = [32, 12, 128, 32];
+        let n: usize = dims.iter().product();
+        let q: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let mask = vec![1i64; 32 * 128];
+        let a = Attention { dims, scale: 0.17, slopes: None, dropout: 0.0, stream: 0 };
+        let x = Operands { q: &q, k: &q, v: &q, mask: &mask };
+        let (mut out, mut lse) = (vec![0.0; n], vec![0.0; n / 32]);
+        let draw = Draw { seed: 0, offset: 0 };
+        let mut g = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            a.forward(x, draw, &mut out, &mut lse);
+            let f = t.elapsed();
+            let [dq, dk, dv] = &mut g;
+            let t = std::time::Instant::now();
+            a.backward(x, &out, draw, [dq, dk, dv]);
+            eprintln!("forward {:?} backward {:?}", f, t.elapsed());
+        }
     }
 }

@@ -6,4 +6,5 @@ pub mod embedding;
 pub mod layout;
 pub mod loss;
 pub mod matmul;
+pub mod rowmath;
 pub mod tensor_parallel;
