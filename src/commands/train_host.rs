@@ -152,7 +152,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
         std::fs::create_dir_all(&saver.dir)
             .map_err(|e| format!("error: could not create {}: {e}", saver.dir.display()))?;
     }
-    train_loop(args, &mut ranks, batches, batch, seq, saver.as_ref(), launched.as_deref(), setup)?;
+    train_loop(args, &mut ranks, batches, (batch, seq), saver.as_ref(), launched.as_deref(), setup)?;
     if let Some(path) = args.save.as_ref().filter(|p| checkpoints::is_weights_file(p)) {
         checkpoints::save_weights(path, model, &layout, &ranks)?;
     }
@@ -241,7 +241,7 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(
         None => (load_ranks::<D>(plan.program, args.seed, None).map_err(context)?, None),
     };
     let setup = Setup { compile_seconds: None, load_seconds: loading.elapsed().as_secs_f64() };
-    train_loop(args, &mut ranks, batches, batch as usize, seq as usize, None, launched, setup)
+    train_loop(args, &mut ranks, batches, (batch as usize, seq as usize), None, launched, setup)
 }
 
 /// This process's rank of a launched run, joined to its groups.
@@ -409,8 +409,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
     args: &TrainArgs,
     ranks: &mut [Runner<D>],
     mut batches: Batches,
-    batch: usize,
-    seq: usize,
+    (batch, seq): (usize, usize),
     saver: Option<&checkpoints::Saver>,
     launched: Option<&Launched>,
     setup: Setup,
