@@ -183,7 +183,7 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
         let _ = writeln!(program, "  run{i}(dir);");
     }
     program.push_str("}\n");
-    compile_and_run(&dir, &program);
+    compile_and_run(&dir, &program, "-O1");
 
     let mut failures = Vec::new();
     for (i, (Run { case, working, mutation }, (want, a))) in runs.iter().zip(&expected).enumerate() {

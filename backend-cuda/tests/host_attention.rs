@@ -214,7 +214,7 @@ fn fused_attention_matches_the_reference_under_host_emulation() {
         let _ = writeln!(program, "  run{i}(dir);");
     }
     program.push_str("}\n");
-    compile_and_run(&dir, &program);
+    compile_and_run(&dir, &program, "-O1");
 
     let mut failures = Vec::new();
     for (i, (name, want, mutated, dtype)) in runs.iter().enumerate() {

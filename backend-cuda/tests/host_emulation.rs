@@ -119,21 +119,7 @@ fn check_models(batch: u64, seq: u64, device: &DeviceProperties, dir: &Path) -> 
         let _ = writeln!(program, "  run{i}(dir);");
     }
     program.push_str("}\n");
-    let cpp = dir.join("kernels.cpp");
-    std::fs::write(&cpp, program).unwrap();
-    let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host");
-    let exe = dir.join("kernels");
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O0", "-pthread", "-w", "-I"])
-        .arg(&shim)
-        .arg(&cpp)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "g++ failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let run = Command::new(&exe).arg(dir).output().unwrap();
-    assert!(run.status.success(), "the emulated kernels failed: {}", String::from_utf8_lossy(&run.stderr));
+    common::host::compile_and_run(dir, &program, "-O0");
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for (i, (model, kernel, inputs)) in cases.iter().enumerate() {

@@ -10,16 +10,18 @@ pub fn gxx_present() -> bool {
     Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
-/// Compiles `program` (C++ including `shim.h`) in `dir` and runs it with
-/// `dir` as its argument; panics with g++'s or the program's errors.
-pub fn compile_and_run(dir: &Path, program: &str) {
+/// Compiles `program` (C++ including `shim.h`) in `dir` at g++'s `opt`
+/// level (`-O0` for a program of a thousand kernels, where the optimiser
+/// costs more than it saves) and runs it with `dir` as its argument; panics
+/// with g++'s or the program's errors.
+pub fn compile_and_run(dir: &Path, program: &str, opt: &str) {
     std::fs::create_dir_all(dir).unwrap();
     let cpp = dir.join("program.cpp");
     std::fs::write(&cpp, program).unwrap();
     let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host");
     let exe = dir.join("program");
     let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-pthread", "-w", "-I"])
+        .args(["-std=c++20", opt, "-pthread", "-w", "-I"])
         .arg(&shim)
         .arg(&cpp)
         .arg("-o")
