@@ -26,6 +26,7 @@ mod device;
 pub use device::{AdamWScalars, LoadedAdamW};
 use zeroplan_ir::DType;
 
+use crate::codegen::expr::c_type;
 use crate::codegen::{DeviceProperties, prelude};
 
 /// Elements per chunk (`ZP_CHUNK`).
@@ -106,24 +107,6 @@ pub struct RenderedAdamW {
 
 const TEMPLATE: &str = include_str!("adamw.cu");
 
-fn name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-    }
-}
-
-fn c_type(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-        _ => "float",
-    }
-}
-
 impl AdamWKernel {
     pub fn check(&self) -> Result<(), AdamWError> {
         if !matches!(self.grad, DType::F32 | DType::BF16 | DType::F16) {
@@ -136,8 +119,8 @@ impl AdamWKernel {
     }
 
     pub fn symbol(&self) -> String {
-        let working = self.working.map_or(String::new(), |w| format!("_working_{}", name(w)));
-        format!("zp_multi_tensor_adamw_grad_{}{working}", name(self.grad))
+        let working = self.working.map_or(String::new(), |w| format!("_working_{}", w.name()));
+        format!("zp_multi_tensor_adamw_grad_{}{working}", self.grad.name())
     }
 
     /// The CUDA C: the prelude's helpers, the types, the template.

@@ -43,6 +43,7 @@ pub use device::{BackwardTensors, ForwardTensors, LoadedAttention};
 pub use launch::{AttentionLaunch, KernelLaunch, MAX_BLOCKS_Y, ROWS_PER_BLOCK, THREADS};
 use zeroplan_ir::DType;
 
+use crate::codegen::expr::c_type;
 use crate::codegen::prelude;
 
 /// Why an attention kernel cannot be rendered, launched or given arguments.
@@ -271,8 +272,8 @@ impl AttentionKernel {
         format!(
             "zp_flash_attention_{pass}_d{}_{}_mask_{}{}{}",
             self.head_dim,
-            dtype_name(self.dtype),
-            dtype_name(self.mask),
+            self.dtype.name(),
+            self.mask.name(),
             if self.alibi { "_alibi" } else { "" },
             if self.dropout { "_dropout" } else { "" },
         )
@@ -328,26 +329,6 @@ impl AttentionKernel {
         }
         let entries = pass.entries().iter().map(|&e| (e, self.symbol(e))).collect();
         Ok(RenderedAttention { kernel: *self, pass, source: s, entries })
-    }
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-    }
-}
-
-fn c_type(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "float",
-        DType::BF16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-        DType::I32 => "int",
-        DType::I64 => "long long",
     }
 }
 
