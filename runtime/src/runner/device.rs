@@ -44,6 +44,14 @@ pub trait Instruction {
     fn kind(&self) -> String;
     /// Floating-point operations it does (0 where not counted).
     fn flops(&self) -> f64;
+    /// The buffers it reads (`false`) and writes (`true`). A device may run
+    /// several nodes as one instruction (a GEMM with its epilogue kernel,
+    /// one launch over many parameters), standing at one node's step and
+    /// touching buffers that node does not name; the communication
+    /// stream's hazards must see them. Empty: only its node's own.
+    fn touches(&self) -> Vec<(Buf, bool)> {
+        Vec::new()
+    }
 }
 
 /// A loaded device and its schedule of instructions.
