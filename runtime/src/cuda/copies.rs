@@ -85,3 +85,25 @@ impl CopyStream {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use zeroplan_ir::{DType, Place};
+
+    use super::*;
+
+    #[test]
+    fn compute_waits_for_a_copy_whose_destination_it_touches_or_source_it_overwrites() {
+        let grad = Buf { place: Place::Device, offset: 0, len: 8, dtype: DType::F32 };
+        let host = Buf { place: Place::Host, offset: 0, len: 8, dtype: DType::F32 };
+        let other = Buf { offset: 256, ..grad };
+        // A gradient going down to the pinned arena.
+        assert!(!must_wait(&[(grad, false)], &grad, &host), "reading the source can overlap the copy");
+        assert!(must_wait(&[(grad, true)], &grad, &host), "overwriting the source must wait");
+        assert!(!must_wait(&[(other, true)], &grad, &host));
+        // A parameter coming up from it.
+        assert!(must_wait(&[(grad, false)], &host, &grad), "reading the destination must wait");
+        assert!(must_wait(&[(grad, true)], &host, &grad));
+        assert!(!must_wait(&[(other, false), (other, true)], &host, &grad));
+    }
+}

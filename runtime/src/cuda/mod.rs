@@ -37,6 +37,8 @@ mod exec;
 mod kernels;
 mod memory;
 pub mod schedule;
+#[cfg(test)]
+mod testing;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -32,3 +32,29 @@ pub fn first_conflict(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use zeroplan_ir::{DType, Place};
+
+    use super::*;
+
+    fn buf(offset: usize) -> Buf {
+        Buf { place: Place::Device, offset, len: 4, dtype: DType::F32 }
+    }
+
+    #[test]
+    fn conflicts_are_writes_of_what_is_read_and_any_touch_of_what_is_written() {
+        let touched = vec![vec![(buf(0), false)], vec![(buf(64), true)], vec![(buf(128), false)], vec![]];
+        // Reading what the moved work reads: no conflict.
+        assert_eq!(first_conflict(&touched, 0..4, &[buf(0)], &[]), None);
+        // Writing it: a conflict.
+        assert_eq!(first_conflict(&touched, 0..4, &[buf(64)], &[]), Some(1));
+        // Reading what it writes: a conflict; outside the range: none.
+        assert_eq!(first_conflict(&touched, 0..4, &[], &[buf(128)]), Some(2));
+        assert_eq!(first_conflict(&touched, 3..4, &[], &[buf(128)]), None);
+        // Overlap by one byte counts; another place does not.
+        assert_eq!(first_conflict(&touched, 0..4, &[], &[Buf { offset: 12, ..buf(0) }]), Some(0));
+        assert_eq!(first_conflict(&touched, 0..4, &[], &[Buf { place: Place::Host, ..buf(0) }]), None);
+    }
+}
