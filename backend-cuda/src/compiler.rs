@@ -72,7 +72,14 @@ pub struct CudaKernelCompiler {
 impl CudaKernelCompiler {
     /// A compiler for `device`; `disk`, when given, keeps PTX across processes.
     pub fn new(device: DeviceProperties, nvrtc: Nvrtc, disk: Option<PtxCache>) -> CudaKernelCompiler {
-        CudaKernelCompiler { device, nvrtc, disk, memory: HashMap::new(), attention: HashMap::new(), adamw: HashMap::new() }
+        CudaKernelCompiler {
+            device,
+            nvrtc,
+            disk,
+            memory: HashMap::new(),
+            attention: HashMap::new(),
+            adamw: HashMap::new(),
+        }
     }
 
     pub fn device(&self) -> &DeviceProperties {

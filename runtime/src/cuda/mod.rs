@@ -171,9 +171,7 @@ impl Device for Cuda {
         let (compute, copy) = (stream("compute")?, stream("copy")?);
         let blas = Blas::new(Arc::clone(&compute)).map_err(|e| fail(e.to_string()))?;
         // cuBLASLt is an optimisation: without it the plain GEMMs run.
-        let lt = BlasLt::new(Arc::clone(&compute))
-            .inspect_err(|e| tracing::debug!("no GEMM epilogues: {e}"))
-            .ok();
+        let lt = BlasLt::new(Arc::clone(&compute)).inspect_err(|e| tracing::debug!("no GEMM epilogues: {e}")).ok();
         if let Some(lt) = &lt {
             let fused = epilogue::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers)?;
             tracing::debug!(
@@ -190,11 +188,7 @@ impl Device for Cuda {
         }
         let grouped = adamw::select(&program.graph, &mut steps, bufs, &memory, &gpu, &mut compilers.nvrtc)
             .map_err(|e| fail(format!("multi-tensor AdamW: {e}")))?;
-        tracing::debug!(
-            "multi-tensor AdamW: {} launches for {} parameter updates",
-            grouped.launches,
-            grouped.updates
-        );
+        tracing::debug!("multi-tensor AdamW: {} launches for {} parameter updates", grouped.launches, grouped.updates);
         let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
         let copies = copies::CopyStream::new(copy);
         let tables = grouped.tables;

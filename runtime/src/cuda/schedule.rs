@@ -27,9 +27,9 @@ pub fn first_conflict(
     writes: &[Buf],
 ) -> Option<usize> {
     between.into_iter().find(|&at| {
-        touched[at].iter().any(|(b, write)| {
-            writes.iter().any(|w| w.overlaps(b)) || (*write && reads.iter().any(|r| r.overlaps(b)))
-        })
+        touched[at]
+            .iter()
+            .any(|(b, write)| writes.iter().any(|w| w.overlaps(b)) || (*write && reads.iter().any(|r| r.overlaps(b))))
     })
 }
 

@@ -106,9 +106,11 @@ pub fn groups(updates: &[Update], touched: &[Vec<(Buf, bool)>], optimizer: &[boo
             let between = last.step + 1..u.step;
             let reads: Vec<Buf> = open.iter().flat_map(Update::reads).collect();
             let writes: Vec<Buf> = open.iter().flat_map(Update::writes).collect();
-            let apart = u.writes().iter().all(|w| {
-                !writes.iter().any(|x| x.overlaps(w)) && !reads.iter().any(|x| x.overlaps(w))
-            }) && u.reads().all(|r| !writes.iter().any(|x| x.overlaps(&r)));
+            let apart = u
+                .writes()
+                .iter()
+                .all(|w| !writes.iter().any(|x| x.overlaps(w)) && !reads.iter().any(|x| x.overlaps(w)))
+                && u.reads().all(|r| !writes.iter().any(|x| x.overlaps(&r)));
             last.key == u.key
                 && apart
                 && optimizer[between.clone()].iter().all(|&o| o)

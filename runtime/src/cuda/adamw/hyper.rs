@@ -48,8 +48,13 @@ fn candidates(k: &Kernel) -> Option<Hyper> {
 /// fuse pass lowers it.
 fn relower(k: &Kernel, [beta1, beta2, eps, weight_decay]: Hyper) -> Option<Kernel> {
     let mut g = Graph::new("adamw");
-    let operands: Vec<Value> =
-        k.inputs.iter().enumerate().map(|(i, a)| g.input(format!("in{i}"), a.ty.clone())).collect::<Result<_, _>>().ok()?;
+    let operands: Vec<Value> = k
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| g.input(format!("in{i}"), a.ty.clone()))
+        .collect::<Result<_, _>>()
+        .ok()?;
     let op = Op::AdamW { beta1, beta2, eps, weight_decay };
     let outputs = g.add_multi("adamw", op, &operands).ok()?;
     let (kernel, _) = lower::lower(&g, &[outputs[0].node], &outputs, "adamw", &k.shape).ok()?;

@@ -97,9 +97,8 @@ pub fn select(
             Some(done) => Arc::clone(done),
             None => {
                 let compiled = compiler.compile_adamw(&kernel).map_err(|e| e.to_string());
-                let module = compiled.and_then(|c| {
-                    LoadedAdamW::load(gpu, &c.rendered, &c.ptx).map_err(|e| e.to_string()).map(Arc::new)
-                });
+                let module = compiled
+                    .and_then(|c| LoadedAdamW::load(gpu, &c.rendered, &c.ptx).map_err(|e| e.to_string()).map(Arc::new));
                 match module {
                     Ok(m) => {
                         loaded.insert(kernel, Arc::clone(&m));

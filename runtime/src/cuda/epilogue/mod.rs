@@ -55,8 +55,9 @@ use crate::runner::buffers::concrete;
 use crate::runner::{Buf, Instruction, SelectError, Step};
 use matching::Fit;
 
-/// Where cuBLASLt reads the bias: at least this aligned (an assumption
-/// kept on the safe side: cuBLASLt documents no preference for it).
+/// Where cuBLASLt reads the bias and writes the aux matrix: at least this
+/// aligned (an assumption kept on the safe side: the heuristic takes no
+/// alignment preference for either, unlike A, B, C and D).
 const BIAS_ALIGNMENT: usize = 16;
 
 /// A matmul with its bias epilogue as one cuBLASLt product. Its
@@ -172,6 +173,8 @@ pub fn options<K>(
         let gemm = DeviceGemm { shape: shape.clone(), dtype, epilogue, name: label(epilogue) };
         let why = if outs.iter().any(|o| o.dtype != dtype) {
             Some("an output of another dtype than the product".to_string())
+        } else if outs.iter().skip(1).any(|x| x.offset % BIAS_ALIGNMENT != 0) {
+            Some(format!("the aux matrix is not {BIAS_ALIGNMENT}-byte aligned"))
         } else if outs.iter().any(|o| [a, b, bias_buf].iter().any(|x| x.overlaps(o))) {
             Some("an output overlaps the GEMM's inputs".into())
         } else if let Some(at) = schedule::first_conflict(touched, m + 1..k, &[a, b], &[]) {
@@ -180,7 +183,15 @@ pub fn options<K>(
             gemm.lt().plan().err().map(|e| e.to_string())
         };
         match why {
-            None => found.push(Pair { matmul: m, kernel: k, whole: true, gemm, inputs: [a, b, bias_buf], outputs: outs, rest: None }),
+            None => found.push(Pair {
+                matmul: m,
+                kernel: k,
+                whole: true,
+                gemm,
+                inputs: [a, b, bias_buf],
+                outputs: outs,
+                rest: None,
+            }),
             Some(why) => refused.push(format!("whole kernel: {why}")),
         }
     }
@@ -197,7 +208,15 @@ pub fn options<K>(
             let rest = rewrite::drop_bias(ir, mm, bias, add);
             let mut rest_inputs = inputs.clone();
             rest_inputs.remove(bias);
-            let pair = Pair { matmul: m, kernel: k, whole: false, gemm, inputs: [a, b, bias_buf], outputs: vec![*out], rest: Some((rest, rest_inputs)) };
+            let pair = Pair {
+                matmul: m,
+                kernel: k,
+                whole: false,
+                gemm,
+                inputs: [a, b, bias_buf],
+                outputs: vec![*out],
+                rest: Some((rest, rest_inputs)),
+            };
             found.push(pair);
         }
         Some(why) => refused.push(format!("bias only: {why}")),

@@ -15,8 +15,8 @@ use super::{Pair, options};
 use crate::cuda::schedule;
 use crate::cuda::testing::{Ir, Selected, model, selected};
 use crate::host::Instr;
-use crate::runner::{Buf, Step};
 use crate::runner::buffers::concrete;
+use crate::runner::{Buf, Step};
 
 fn on_gpu(k: &Ir) -> bool {
     k.on_device
@@ -95,7 +95,11 @@ fn an_aux_matrix_cublaslt_cannot_take_falls_back_to_the_bias_alone() {
 }
 
 /// Step `k`'s (the kernel named `name`) options after `edit` changed the steps.
-fn after(s: &mut Selected, name: &str, edit: impl FnOnce(&mut Vec<Step<Instr<Ir>>>, usize, usize)) -> Result<Vec<Pair>, String> {
+fn after(
+    s: &mut Selected,
+    name: &str,
+    edit: impl FnOnce(&mut Vec<Step<Instr<Ir>>>, usize, usize),
+) -> Result<Vec<Pair>, String> {
     let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name == name).unwrap();
     let touched = schedule::touches(&s.steps);
     let m = options(&s.program.graph, &s.steps, &touched, k, on_gpu).unwrap().unwrap()[0].matmul;
@@ -114,7 +118,10 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
     let mut s = selected(&tiny_bert(Activation::GeluTanh, 64), &TrainingSpec::default());
     let got = after(&mut s, name, |steps, m, _| {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
-        steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out: a }) });
+        steps.insert(
+            m + 1,
+            Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out: a }) },
+        );
     })
     .unwrap();
     assert_eq!(got.len(), 1);
@@ -126,7 +133,10 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
         let Some(Instr::Kernel { inputs, .. }) = steps[k].instr.clone() else { panic!() };
         for out in [a, inputs[1]] {
-            steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out }) });
+            steps.insert(
+                m + 1,
+                Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out }) },
+            );
         }
     });
     let why = got.unwrap_err();
@@ -203,13 +213,25 @@ fn epilogue_kernel(then: Option<Unary>, keep: bool) -> Kernel {
 #[test]
 fn the_matching_reads_the_kernel_ir() {
     let tanh = Unary::Gelu(GeluApproximation::Tanh);
-    assert!(matches!(fit(&epilogue_kernel(None, true), 0), Ok(Fit::Whole { bias: 1, epilogue: Epilogue::Bias, out: 0, aux: None, .. })));
+    assert!(matches!(
+        fit(&epilogue_kernel(None, true), 0),
+        Ok(Fit::Whole { bias: 1, epilogue: Epilogue::Bias, out: 0, aux: None, .. })
+    ));
     let gelu = Epilogue::Gelu { bias: true, aux: false, approximation: GeluApproximation::Tanh };
-    assert_eq!(fit(&epilogue_kernel(Some(tanh), false), 0), Ok(Fit::Whole { bias: 1, add: 2, epilogue: gelu, out: 0, aux: None }));
+    assert_eq!(
+        fit(&epilogue_kernel(Some(tanh), false), 0),
+        Ok(Fit::Whole { bias: 1, add: 2, epilogue: gelu, out: 0, aux: None })
+    );
     let aux = Epilogue::Gelu { bias: true, aux: true, approximation: GeluApproximation::Tanh };
-    assert_eq!(fit(&epilogue_kernel(Some(tanh), true), 0), Ok(Fit::Whole { bias: 1, add: 2, epilogue: aux, out: 1, aux: Some(0) }));
+    assert_eq!(
+        fit(&epilogue_kernel(Some(tanh), true), 0),
+        Ok(Fit::Whole { bias: 1, add: 2, epilogue: aux, out: 1, aux: Some(0) })
+    );
     // cuBLASLt has no erf GELU and no ReLU epilogue here: the bias alone.
-    assert_eq!(fit(&epilogue_kernel(Some(Unary::Gelu(GeluApproximation::Erf)), true), 0), Ok(Fit::BiasOnly { bias: 1, add: 2 }));
+    assert_eq!(
+        fit(&epilogue_kernel(Some(Unary::Gelu(GeluApproximation::Erf)), true), 0),
+        Ok(Fit::BiasOnly { bias: 1, add: 2 })
+    );
     assert_eq!(fit(&epilogue_kernel(Some(Unary::Relu), false), 0), Ok(Fit::BiasOnly { bias: 1, add: 2 }));
     // The product read without its bias, or the bias used again: nothing.
     let mut k = epilogue_kernel(Some(Unary::Relu), false);
