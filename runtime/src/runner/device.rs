@@ -5,8 +5,8 @@
 //! walks the schedule — micro-batches, optimizer phase, deferred updates,
 //! outputs — without knowing which device is behind it. The host CPU
 //! (`crate::host::Host`: Cranelift kernels, GEMMs, host routines) is one;
-//! `crate::cuda::Cuda` (NVRTC kernels, cuBLAS GEMMs; compiled, not yet run
-//! on a GPU) is another.
+//! `crate::cuda::Cuda` (NVRTC kernels, cuBLAS/cuBLASLt GEMMs, multi-tensor
+//! AdamW; compiled, not yet run on a GPU) is another.
 
 use std::collections::HashMap;
 

@@ -11,7 +11,8 @@
 //!   `GELU_AUX_BIAS` product writes the kernel's outputs at the kernel's
 //!   step (the pre-activation, when the kernel keeps it for the backward,
 //!   as the epilogue's aux matrix); the matmul's step is left empty and its
-//!   product never written.
+//!   product never written (no one reads it; a `Runner::capture` of it
+//!   would see stale bytes, as `--check-finite` skips empty steps).
 //! - **Bias only**: the kernel does more (BERT's erf GELU, which cuBLASLt
 //!   lacks; dropout, a residual, LayerNorm). The `BIAS` product writes
 //!   `mm + bias` into the product's own buffer at the matmul's step, and the
