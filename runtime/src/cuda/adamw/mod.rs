@@ -22,7 +22,15 @@
 //! communication stream's waits) see all of them.
 //!
 //! The mixed-precision working copy the kernel can write is not used: the
-//! plan's `cast` of the new master weights stays its own instruction.
+//! plan's `cast` of the new master weights stays its own instruction. Under
+//! `Runner::set_finite_checks` only the launch's step (the group's last
+//! update) is checked right after it runs; the other members' steps are
+//! empty.
+//!
+//! ZeRO-1/2 updates are not taken: their new parameter shard goes to a
+//! buffer of its own (then all-gathered), which the in-place table cannot
+//! express; those plans update per flat shard (8 launches for tiny-bert).
+//! ZeRO-3 updates its shards in place and they group.
 
 pub mod grouping;
 pub mod hyper;
