@@ -3,6 +3,7 @@
 //! (kernel text, dims) and on disk by (source, options, NVRTC version).
 //! Mirrors the CPU backend's `KernelCompiler::compile(&kernel, &dims)`.
 //! The fused attention passes ([`CudaKernelCompiler::compile_attention`])
+//! and the multi-tensor AdamW ([`CudaKernelCompiler::compile_adamw`])
 //! share the caches.
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use zeroplan_ir::kernel::Kernel;
 
+use crate::adamw::{AdamWError, AdamWKernel, RenderedAdamW};
 use crate::attention::{AttentionError, AttentionKernel, Pass, RenderedAttention};
 use crate::cache::PtxCache;
 use crate::codegen::{self, CodegenError, DeviceProperties, GeneratedKernel};
@@ -24,6 +26,8 @@ pub enum CompileError {
     Nvrtc(#[from] NvrtcError),
     #[error(transparent)]
     Attention(#[from] AttentionError),
+    #[error(transparent)]
+    AdamW(#[from] AdamWError),
     /// The PTX could not be written to the disk cache.
     #[error("cannot write the PTX cache in {dir}: {source}")]
     Cache { dir: String, source: std::io::Error },
@@ -46,6 +50,14 @@ pub struct CompiledAttention {
     pub cached: bool,
 }
 
+/// The multi-tensor AdamW's CUDA C and its PTX.
+#[derive(Clone, Debug)]
+pub struct CompiledAdamW {
+    pub rendered: RenderedAdamW,
+    pub ptx: String,
+    pub cached: bool,
+}
+
 /// Compiles kernels for one device, once each.
 pub struct CudaKernelCompiler {
     device: DeviceProperties,
@@ -54,12 +66,20 @@ pub struct CudaKernelCompiler {
     /// `(kernel text, dims)` → its PTX.
     memory: HashMap<(String, Vec<usize>), Arc<CompiledPtx>>,
     attention: HashMap<(AttentionKernel, Pass), Arc<CompiledAttention>>,
+    adamw: HashMap<AdamWKernel, Arc<CompiledAdamW>>,
 }
 
 impl CudaKernelCompiler {
     /// A compiler for `device`; `disk`, when given, keeps PTX across processes.
     pub fn new(device: DeviceProperties, nvrtc: Nvrtc, disk: Option<PtxCache>) -> CudaKernelCompiler {
-        CudaKernelCompiler { device, nvrtc, disk, memory: HashMap::new(), attention: HashMap::new() }
+        CudaKernelCompiler {
+            device,
+            nvrtc,
+            disk,
+            memory: HashMap::new(),
+            attention: HashMap::new(),
+            adamw: HashMap::new(),
+        }
     }
 
     pub fn device(&self) -> &DeviceProperties {
@@ -95,6 +115,18 @@ impl CudaKernelCompiler {
         Ok(compiled)
     }
 
+    /// The PTX of one multi-tensor AdamW specialisation.
+    pub fn compile_adamw(&mut self, kernel: &AdamWKernel) -> Result<Arc<CompiledAdamW>, CompileError> {
+        if let Some(done) = self.adamw.get(kernel) {
+            return Ok(Arc::clone(done));
+        }
+        let rendered = kernel.render()?;
+        let (ptx, cached) = self.ptx(&rendered.entry, &rendered.source)?;
+        let compiled = Arc::new(CompiledAdamW { rendered, ptx, cached });
+        self.adamw.insert(*kernel, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
     /// `source`'s PTX for this device, from the disk cache or NVRTC (then
     /// cached); whether it was a cache hit.
     fn ptx(&self, name: &str, source: &str) -> Result<(String, bool), CompileError> {
@@ -114,7 +146,7 @@ impl CudaKernelCompiler {
 
     /// How many distinct (kernel, dims) and attention passes are compiled.
     pub fn len(&self) -> usize {
-        self.memory.len() + self.attention.len()
+        self.memory.len() + self.attention.len() + self.adamw.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -34,7 +34,7 @@ pub use adamw::{AdamWError, AdamWKernel};
 pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
-pub use compiler::{CompileError, CompiledAttention, CompiledPtx, CudaKernelCompiler};
+pub use compiler::{CompileError, CompiledAdamW, CompiledAttention, CompiledPtx, CudaKernelCompiler};
 pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
 pub use gemm::{Blas, BlasLt, Epilogue, Gemm, GemmError, LtGemm};
 pub use nvrtc::{Nvrtc, NvrtcError};

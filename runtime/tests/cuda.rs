@@ -15,8 +15,8 @@
 use std::collections::BTreeSet;
 
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
-use zeroplan_ir::plan::Program;
-use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::plan::{DataParallel, Offload, Program};
+use zeroplan_ir::spec::{Activation, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Graph, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
@@ -29,8 +29,13 @@ mod common;
 use common::{BATCH, SEQ, batch, max_abs_diff, model};
 
 fn program(model: &ModelSpec, train: &TrainingSpec) -> Program {
+    program_with(model, train, None)
+}
+
+/// [`program`] under a data-parallel strategy (one rank: ZeRO-Offload).
+fn program_with(model: &ModelSpec, train: &TrainingSpec, dp: Option<DataParallel>) -> Program {
     let bindings: zeroplan_ir::Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
-    let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
+    let options = PassOptions { shape_hint: bindings.clone(), data_parallel: dp, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
     zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
@@ -87,9 +92,14 @@ fn agree(precision: Precision, tol: f64) {
 
 /// [`agree`] for `model`; returns the GPU's instruction kinds (profiled).
 fn agree_on(model: &ModelSpec, precision: Precision, tol: f64) -> Vec<String> {
+    agree_with(model, precision, None, tol)
+}
+
+/// [`agree_on`] under a data-parallel strategy `dp` (one rank).
+fn agree_with(model: &ModelSpec, precision: Precision, dp: Option<DataParallel>, tol: f64) -> Vec<String> {
     let model = model.clone();
     let train = TrainingSpec { precision, dropout: Some(0.1), ..TrainingSpec::default() };
-    let program = program(&model, &train);
+    let program = program_with(&model, &train, dp);
     let noise = zero_gradients(&program.graph, &batch(&model, 0));
     let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));
     gpu.set_profiling(true);
@@ -155,4 +165,46 @@ fn tiny_bert_f32_steps_match_the_host_runtime() {
 #[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
 fn tiny_bert_bf16_steps_match_the_host_runtime() {
     agree(Precision::Bf16, 1e-2);
+}
+
+/// Tiny-bert with the tanh GELU (the FFN's bias + GELU is one cuBLASLt
+/// product, the pre-activation as its aux matrix) and with BERT's erf GELU
+/// (every bias in its GEMM, the kernels rewritten without it): three steps
+/// against the host runtime, and the profile shows what ran.
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver, NVRTC and cuBLASLt"]
+fn bias_epilogue_gemms_match_the_host_runtime() {
+    let tanh = ModelSpec { activation: Activation::GeluTanh, ..model("tiny-bert") };
+    let kinds = agree_on(&tanh, Precision::F32, 1e-5);
+    let has = |kinds: &[String], what: &str| kinds.iter().any(|k| k.contains(what));
+    assert!(has(&kinds, "cublaslt_bias_gelu_aux(layer*.ffn.act.fused)"), "no whole epilogue ran: {kinds:?}");
+    assert!(!has(&kinds, "kernel layer*.ffn.act.fused"), "the GELU kernel still ran: {kinds:?}");
+    let kinds = agree_on(&model("tiny-bert"), Precision::F32, 1e-5);
+    assert!(has(&kinds, "cublaslt_bias(layer*.ffn.act.fused)"), "no bias epilogue ran: {kinds:?}");
+    assert!(has(&kinds, "layer*.ffn.act.fused.bias_in_gemm"), "the rewritten kernel did not run: {kinds:?}");
+    let kinds = agree_on(&tanh, Precision::Bf16, 1e-2);
+    assert!(has(&kinds, "cublaslt_bias_gelu_aux"), "bf16: {kinds:?}");
+}
+
+/// Every parameter of tiny-bert stepped by one multi-tensor AdamW launch,
+/// f32 and bf16 gradients, against the host runtime's per-parameter kernels.
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn multi_tensor_adamw_matches_the_host_runtime() {
+    for (precision, tol, grad) in [(Precision::F32, 1e-5, "f32"), (Precision::Bf16, 1e-2, "bf16")] {
+        let kinds = agree_on(&model("tiny-bert"), precision, tol);
+        let launch = format!("kernel multi_tensor_adamw_{grad}[");
+        assert!(kinds.iter().any(|k| k.starts_with(&launch)), "{precision:?}: no multi-tensor launch: {kinds:?}");
+        assert!(!kinds.iter().any(|k| k.contains("adamw.fused")), "{precision:?}: per-parameter AdamW ran: {kinds:?}");
+    }
+}
+
+/// ZeRO-Offload on one rank: gradients down to the pinned arena and
+/// parameters up on the copy stream, AdamW by the CPU there.
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn offloaded_optimizer_copies_match_the_host_runtime() {
+    let dp = DataParallel { ranks: 1, zero_stage: 1, offload: Offload::Optimizer };
+    let kinds = agree_with(&model("tiny-bert"), Precision::Bf16, Some(dp), 1e-2);
+    assert!(kinds.iter().any(|k| k == "copy"), "no copy ran: {kinds:?}");
 }

@@ -100,6 +100,23 @@ unsafe fn set<T>(desc: &Desc, attribute: sys::cublasLtMatmulDescAttributes_t, va
     Ok(())
 }
 
+/// The alignment cuBLASLt may assume of a device pointer: its largest
+/// power-of-two divisor, capped at the 256 bytes the heuristic assumes by
+/// default (`CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES`). Operands at a
+/// plan's offsets (views into a buffer) can be less aligned than an
+/// allocation; telling the heuristic keeps it from an algorithm that needs
+/// more.
+pub fn pointer_alignment(ptr: u64) -> u32 {
+    if ptr == 0 { 256 } else { 1u32 << ptr.trailing_zeros().min(8) }
+}
+
+/// One product's descriptors and the heuristic's algorithm for them.
+struct Prepared {
+    desc: Desc,
+    layouts: [Layout; 3],
+    heuristic: sys::cublasLtMatmulHeuristicResult_t,
+}
+
 impl BlasLt {
     /// A handle queuing its work on `stream`, with its own workspace.
     pub fn new(stream: Arc<CudaStream>) -> Result<BlasLt, GemmError> {
@@ -116,15 +133,18 @@ impl BlasLt {
         Ok(BlasLt { handle, workspace, stream })
     }
 
-    /// Queues `g` (product and epilogue) on the handle's stream, in f32
-    /// accumulation without TF32.
-    ///
-    /// # Safety
-    /// The pointers address the matrices and vectors `g`'s plan names, of
-    /// its dtype, on this handle's device; `d` overlaps no input; all stay
-    /// valid until the stream ran it.
-    pub unsafe fn matmul(&self, g: &LtGemm<'_>, p: &LtPointers) -> Result<(), GemmError> {
+    /// Whether cuBLASLt has an algorithm for `g` at the alignments of `p`'s
+    /// pointers (nothing is queued): a caller with another way to run the
+    /// product asks this once, when it loads, rather than fail at run time.
+    pub fn check(&self, g: &LtGemm<'_>, p: &LtPointers) -> Result<(), GemmError> {
+        self.prepare(g, p).map(|_| ())
+    }
+
+    /// Descriptors, layouts and the heuristic's algorithm for `g` with `p`'s
+    /// pointers (the epilogue's, and the alignments of all).
+    fn prepare(&self, g: &LtGemm<'_>, p: &LtPointers) -> Result<Prepared, GemmError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
         let plan: LtPlan = g.plan()?;
         let missing = |what: &str| GemmError::Unsupported(format!("the {what} pointer the epilogue needs is missing"));
         let bias = plan.bias.map(|_| p.bias.ok_or_else(|| missing("bias"))).transpose()?;
@@ -152,22 +172,32 @@ impl BlasLt {
                 set(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &x.batch_stride)?;
             }
         }
-        let (a, b, d) = (
+        let layouts = [
             layout(plan.data_type, &plan.a, plan.batch)?,
             layout(plan.data_type, &plan.b, plan.batch)?,
             layout(plan.data_type, &plan.d, plan.batch)?,
-        );
+        ];
         let pref = Pref(result::create_matmul_pref()?);
-        let (workspace, _record) = self.workspace.device_ptr(&self.stream);
         let size = self.workspace.len();
-        // SAFETY: live handle and descriptors.
+        // cuBLASLt's A is our B and its B our A; C is D (beta 0).
+        let alignments = [
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointer_alignment(p.b)),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointer_alignment(p.a)),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, pointer_alignment(p.d)),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointer_alignment(p.d)),
+        ];
+        // SAFETY: live handle and descriptors; each value has its attribute's type.
         let heuristic = unsafe {
             result::set_matmul_pref_attribute(
                 pref.0,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 ptr(&size),
                 std::mem::size_of::<usize>(),
             )?;
+            for (attribute, bytes) in &alignments {
+                result::set_matmul_pref_attribute(pref.0, *attribute, ptr(bytes), std::mem::size_of::<u32>())?;
+            }
+            let [a, b, d] = &layouts;
             result::get_matmul_algo_heuristic(self.handle, desc.0, a.0, b.0, d.0, d.0, pref.0)
         }
         .map_err(|e| {
@@ -176,6 +206,20 @@ impl BlasLt {
                 plan.epilogue
             ))
         })?;
+        Ok(Prepared { desc, layouts, heuristic })
+    }
+
+    /// Queues `g` (product and epilogue) on the handle's stream, in f32
+    /// accumulation without TF32.
+    ///
+    /// # Safety
+    /// The pointers address the matrices and vectors `g`'s plan names, of
+    /// its dtype, on this handle's device; `d` overlaps no input; all stay
+    /// valid until the stream ran it.
+    pub unsafe fn matmul(&self, g: &LtGemm<'_>, p: &LtPointers) -> Result<(), GemmError> {
+        let Prepared { desc, layouts: [a, b, d], heuristic } = self.prepare(g, p)?;
+        let (workspace, _record) = self.workspace.device_ptr(&self.stream);
+        let size = self.workspace.len();
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller's contract for the pointers; C is D with beta 0.
         unsafe {
@@ -206,5 +250,18 @@ impl Drop for BlasLt {
     fn drop(&mut self) {
         // SAFETY: the handle is live and dropped once.
         let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pointer_alignment;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_up_to_256() {
+        assert_eq!(pointer_alignment(0x7f00_0000_0000), 256);
+        assert_eq!(pointer_alignment(0x7f00_0000_0080), 128);
+        assert_eq!(pointer_alignment(0x7f00_0000_0104), 4);
+        assert_eq!(pointer_alignment(0x7f00_0000_0102), 2);
     }
 }

@@ -21,7 +21,7 @@ mod epilogue;
 mod lt;
 
 pub use epilogue::{Epilogue, LtExtra, LtGemm, LtLayout, LtPlan};
-pub use lt::{BlasLt, LtPointers};
+pub use lt::{BlasLt, LtPointers, pointer_alignment};
 
 use std::ffi::{c_int, c_longlong, c_void};
 use std::sync::Arc;

@@ -1,19 +1,34 @@
 //! Running instructions on a CUDA rank.
 //!
-//! Kernels, GEMMs and DMA copies are queued on the compute stream and not
-//! waited for: the stream keeps schedule order. Anything the CPU does —
-//! host routines and collectives on a staging copy, Cranelift kernels on
-//! the pinned arena, reads and writes for the runner — first waits for the
-//! compute stream, so it sees every earlier instruction's result and no
-//! queued kernel still reads what it overwrites. The communication thread
-//! runs its collectives the same way, so the runner's hazards between the
-//! two threads (it waits for an instruction to return) hold on the GPU too.
+//! **Ordering.** Two streams, and the CPU:
+//!
+//! - *Compute stream*: kernels, GEMMs (cuBLAS, cuBLASLt), the multi-tensor
+//!   AdamW, fused attention and device↔device copies are queued on it and
+//!   not waited for: the stream keeps schedule order.
+//! - *Copy stream* (`copies.rs`): host↔device DMA (the pinned arena of
+//!   ZeRO-Offload). A copy waits for all work queued on the compute stream
+//!   before it (an event): so whatever produced its source, and whatever
+//!   still reads its destination, has finished. Compute work queued later
+//!   that reads or writes a pending copy's destination, or overwrites its
+//!   source, first makes the compute stream wait for that copy's event
+//!   (the instruction's buffers against each pending copy's byte ranges).
+//!   Compute that does not touch them runs beside the copy.
+//! - *CPU*: host routines and collectives on a staging copy, Cranelift
+//!   kernels on the pinned arena, reads and writes for the runner first
+//!   wait for both streams, so they see every earlier instruction's result
+//!   and no queued kernel or copy still reads what they overwrite.
+//!
+//! The communication thread runs its collectives the same way (an NCCL
+//! collective first orders the compute stream after the pending copies it
+//! touches, then waits for the compute stream by an event), so the runner's
+//! hazards between the two threads (it waits for an instruction to return)
+//! hold on the GPU too.
 
 use zeroplan_ir::{Place, Tensor};
 
 use super::{Cuda, CudaKernel, gemm};
 use crate::host::{Access, Arena, Instr, Memory, exec as host};
-use crate::runner::{Buf, Ctx};
+use crate::runner::{Buf, Ctx, Instruction};
 
 /// Staged buffers start on this boundary (the widest host SIMD access).
 const STAGE_ALIGN: usize = 64;
@@ -23,15 +38,35 @@ fn driver(e: cudarc::driver::DriverError) -> String {
 }
 
 /// Binds the rank's context to this thread (the runner's communication
-/// thread calls in too) and waits for the compute stream.
+/// thread calls in too) and waits for the compute and copy streams.
 fn settle(cuda: &Cuda) -> Result<(), String> {
     cuda.gpu.context().bind_to_thread().map_err(driver)?;
-    cuda.compute.synchronize().map_err(driver)
+    cuda.compute.synchronize().map_err(driver)?;
+    cuda.copies.synchronize().map_err(driver)
+}
+
+/// Makes the compute stream wait for the pending copies `instr` must follow.
+pub fn after_copies(cuda: &Cuda, instr: &Instr<CudaKernel>) -> Result<(), String> {
+    cuda.copies.order(&cuda.compute, || instr.touches()).map_err(driver)
 }
 
 pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), String> {
     cuda.gpu.context().bind_to_thread().map_err(driver)?;
     let mem = &cuda.memory;
+    // Work queued on the compute stream (NCCL's stream joins it) follows the
+    // pending copies it touches; the CPU's work settles both streams instead.
+    let on_gpu = match instr {
+        Instr::Kernel { kernel, .. } => !matches!(kernel, CudaKernel::Host(_)),
+        Instr::MatMul { .. }
+        | Instr::AllReduce { .. }
+        | Instr::ReduceScatter { .. }
+        | Instr::AllGather { .. }
+        | Instr::TensorAllReduce { .. } => true,
+        _ => false,
+    };
+    if on_gpu {
+        after_copies(cuda, instr)?;
+    }
     match instr {
         Instr::Kernel { kernel: CudaKernel::Gpu(k), inputs, outputs } => {
             let ins: Vec<u64> = inputs.iter().map(|b| mem.device_ptr(*b)).collect();
@@ -54,10 +89,15 @@ pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), Strin
         Instr::Kernel { kernel: CudaKernel::Attention(a), inputs, outputs } => {
             super::attention::run(cuda, a, inputs, outputs, cx)
         }
+        Instr::Kernel { kernel: CudaKernel::Gemm(g), inputs, outputs } => {
+            super::epilogue::run(cuda, g, inputs, outputs)
+        }
+        Instr::Kernel { kernel: CudaKernel::AdamW(a), .. } => super::adamw::run(cuda, a),
         Instr::MatMul { shape, a, b, out } => {
+            let g = gemm(shape, a.dtype);
             // SAFETY: loading checked the operands lie on the device, of one
             // type, at the shape's sizes; the plan never lets `out` overlap them.
-            unsafe { cuda.blas.gemm(&gemm(shape, *a), mem.device_ptr(*a), mem.device_ptr(*b), mem.device_ptr(*out)) }
+            unsafe { cuda.blas.gemm(&g, mem.device_ptr(*a), mem.device_ptr(*b), mem.device_ptr(*out)) }
                 .map_err(|e| e.to_string())
         }
         Instr::Copy { from, to } => copy(cuda, *from, *to),
@@ -129,12 +169,21 @@ pub fn fill(cuda: &Cuda, buf: Buf, value: f64) -> Result<(), String> {
     cuda.memory.upload(buf, stage(&scratch, there)).map_err(driver)
 }
 
-/// DMA on the compute stream where it can; else (host to host, or an
-/// overlapping device copy) through the CPU after the stream is idle.
+/// Host↔device: DMA on the copy stream. Device↔device without overlap:
+/// DMA on the compute stream, after the pending copies it touches. Else
+/// (host to host, or an overlapping device copy) through the CPU after
+/// both streams are idle.
 pub fn copy(cuda: &Cuda, from: Buf, to: Buf) -> Result<(), String> {
     cuda.gpu.context().bind_to_thread().map_err(driver)?;
-    if cuda.memory.copy_async(from, to, &cuda.compute).map_err(driver)? {
-        return Ok(());
+    if from.place != to.place {
+        if cuda.copies.copy(&cuda.memory, &cuda.compute, from, to).map_err(driver)? {
+            return Ok(());
+        }
+    } else if from.place == Place::Device && !from.overlaps(&to) {
+        cuda.copies.order(&cuda.compute, || vec![(from, false), (to, true)]).map_err(driver)?;
+        if cuda.memory.copy_async(from, to, &cuda.compute).map_err(driver)? {
+            return Ok(());
+        }
     }
     settle(cuda)?;
     let n = from.bytes().min(to.bytes());

@@ -23,6 +23,10 @@ pub enum CudaKernel {
     Host(Arc<CompiledKernel>),
     /// A fused attention's kernels on the compute stream ([`super::attention`]).
     Attention(Arc<super::attention::DeviceAttention>),
+    /// A matmul with its bias epilogue, one cuBLASLt product ([`super::epilogue`]).
+    Gemm(Arc<super::epilogue::DeviceGemm>),
+    /// One launch stepping many parameters ([`super::adamw`]).
+    AdamW(Arc<super::adamw::DeviceAdamW>),
 }
 
 impl Named for CudaKernel {
@@ -31,6 +35,15 @@ impl Named for CudaKernel {
             CudaKernel::Gpu(k) => &k.generated().name,
             CudaKernel::Host(k) => k.name(),
             CudaKernel::Attention(a) => a.name(),
+            CudaKernel::Gemm(g) => &g.name,
+            CudaKernel::AdamW(a) => a.name(),
+        }
+    }
+
+    fn flops(&self) -> f64 {
+        match self {
+            CudaKernel::Gemm(g) => g.flops(),
+            _ => 0.0,
         }
     }
 }

@@ -37,6 +37,17 @@ impl DeviceArena {
     pub fn ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }
+
+    /// Copies `bytes` to `offset`, waiting for it (tables made at load).
+    pub fn upload(&self, offset: usize, bytes: &[u8]) -> Result<(), DriverError> {
+        assert!(offset + bytes.len() <= self.len, "an upload past the end of a device buffer");
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: inside the allocation, checked above.
+        unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, bytes) }
+    }
 }
 
 impl Drop for DeviceArena {

@@ -5,32 +5,49 @@
 //! host size ([`memory`]); instruction selection is the host runtime's
 //! (`host::select`, one selection for every device) with this device's
 //! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
-//! arena); fused attention as the backend's FlashAttention-2-style kernels
-//! ([`attention`]); GEMMs through cuBLAS; copies as DMA on the compute stream. Every
-//! other instruction — embeddings, losses, layout ops, the optimizer's
-//! scalars, and collectives through a host `Communicator` — is the host
-//! runtime's routine run on a staging copy of its buffers ([`exec`]): slow
-//! (a round trip over PCIe each), but the same code and the same answers,
-//! which is what a first GPU run needs to be checked against. Under an NCCL
+//! arena), then device passes over the selected steps that replace groups
+//! of instructions with device-specific ones:
+//!
+//! - fused attention as the backend's FlashAttention-2-style kernels
+//!   ([`attention`]);
+//! - a matmul and its bias-epilogue kernel as one cuBLASLt product with the
+//!   `BIAS` / `GELU_BIAS` / `GELU_AUX_BIAS` epilogue, or the bias alone in
+//!   the product and the rest of the kernel rewritten without it
+//!   ([`epilogue`]); other matmuls through cuBLAS;
+//! - runs of AdamW updates as one multi-tensor launch ([`adamw`]).
+//!
+//! Host↔device copies run on a copy stream ordered by events ([`copies`]);
+//! device copies on the compute stream. Every other instruction —
+//! embeddings, losses, layout ops, the optimizer's scalars, and
+//! collectives through a host `Communicator` — is the host runtime's
+//! routine run on a staging copy of its buffers ([`exec`]): slow (a round
+//! trip over PCIe each), but the same code and the same answers, which is
+//! what a first GPU run needs to be checked against. Under an NCCL
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
 //! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
 
+pub mod adamw;
 mod attention;
 mod collective;
+mod copies;
+pub mod epilogue;
 mod exec;
 mod kernels;
 mod memory;
+pub mod schedule;
+#[cfg(test)]
+mod testing;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use zeroplan_backend_cuda::{Blas, CudaDevice, CudaKernelCompiler, Gemm, Nvrtc, Probe, PtxCache, probe};
+use zeroplan_backend_cuda::{Blas, BlasLt, CudaDevice, CudaKernelCompiler, Gemm, Nvrtc, Probe, PtxCache, probe};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, NodeIndex, Place, Tensor, Value};
+use zeroplan_ir::{Bindings, DType, NodeIndex, Place, Tensor, Value};
 
 pub use kernels::CudaKernel;
 use memory::{DeviceArena, GpuMemory, PinnedArena};
@@ -100,8 +117,15 @@ pub struct Cuda {
     /// Cross-row partials of the GPU kernels (one kernel at a time uses them).
     partials: DeviceArena,
     blas: Blas,
-    /// Kernels, GEMMs and DMA copies, in schedule order.
+    /// cuBLASLt, for the products with epilogues (`None` without libcublasLt:
+    /// then none is selected).
+    lt: Option<BlasLt>,
+    /// Kernels, GEMMs and device copies, in schedule order.
     compute: Arc<CudaStream>,
+    /// Host↔device copies, ordered against `compute` by events.
+    copies: copies::CopyStream,
+    /// The multi-tensor AdamW launches' tables.
+    tables: DeviceArena,
     gpu: CudaDevice,
 }
 
@@ -134,7 +158,6 @@ impl Device for Cuda {
                 check_matmul(shape, *a, *b, *out).map_err(unsupported)?;
             }
         }
-        let scratch = compilers.scratch_bytes;
         let context = gpu.context();
         let size = |n: u64| usize::try_from(n).map_err(|_| fail(format!("{n} bytes do not fit this host")));
         let driver = |e: cudarc::driver::DriverError| fail(format!("allocating the plan's arenas: {e:?}"));
@@ -142,10 +165,34 @@ impl Device for Cuda {
             device: DeviceArena::new(context, size(program.arena_bytes)?).map_err(driver)?,
             host: PinnedArena::new(context, size(program.host_arena_bytes)?).map_err(driver)?,
         };
-        let partials = DeviceArena::new(context, scratch).map_err(driver)?;
-        let compute = context.new_stream().map_err(|e| fail(format!("creating the compute stream: {e:?}")))?;
+        let stream = |what: &str| {
+            context.new_stream().map_err(|e| SelectError::Device(format!("creating the {what} stream: {e:?}")))
+        };
+        let (compute, copy) = (stream("compute")?, stream("copy")?);
         let blas = Blas::new(Arc::clone(&compute)).map_err(|e| fail(e.to_string()))?;
-        Ok((Cuda { memory, partials, blas, compute, gpu }, steps))
+        // cuBLASLt is an optimisation: without it the plain GEMMs run.
+        let lt = BlasLt::new(Arc::clone(&compute)).inspect_err(|e| tracing::debug!("no GEMM epilogues: {e}")).ok();
+        if let Some(lt) = &lt {
+            let fused = epilogue::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers)?;
+            tracing::debug!(
+                whole = fused.whole,
+                bias_only = fused.bias_only,
+                left = fused.left.len(),
+                "cuBLASLt epilogues: {} kernels whole, {} biases only",
+                fused.whole,
+                fused.bias_only
+            );
+            for (kernel, why) in &fused.left {
+                tracing::debug!("`{kernel}` keeps the plain GEMM: {why}");
+            }
+        }
+        let grouped = adamw::select(&program.graph, &mut steps, bufs, &memory, &gpu, &mut compilers.nvrtc)
+            .map_err(|e| fail(format!("multi-tensor AdamW: {e}")))?;
+        tracing::debug!("multi-tensor AdamW: {} launches for {} parameter updates", grouped.launches, grouped.updates);
+        let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
+        let copies = copies::CopyStream::new(copy);
+        let tables = grouped.tables;
+        Ok((Cuda { memory, partials, blas, lt, compute, copies, tables, gpu }, steps))
     }
 
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String> {
@@ -181,11 +228,11 @@ fn check_matmul(shape: &crate::host::ops::matmul::MatMulShape, a: Buf, b: Buf, o
             a.dtype, b.dtype, out.dtype
         ));
     }
-    gemm(shape, a).check().map(|_| ()).map_err(|e| e.to_string())
+    gemm(shape, a.dtype).check().map(|_| ()).map_err(|e| e.to_string())
 }
 
-/// The cuBLAS call of a host matmul shape.
-fn gemm(shape: &crate::host::ops::matmul::MatMulShape, a: Buf) -> Gemm<'_> {
+/// The cuBLAS call of a host matmul shape on operands of `dtype`.
+fn gemm(shape: &crate::host::ops::matmul::MatMulShape, dtype: DType) -> Gemm<'_> {
     Gemm {
         m: shape.m,
         n: shape.n,
@@ -193,6 +240,6 @@ fn gemm(shape: &crate::host::ops::matmul::MatMulShape, a: Buf) -> Gemm<'_> {
         transpose_a: shape.transpose_a,
         transpose_b: shape.transpose_b,
         batches: &shape.batches,
-        dtype: a.dtype,
+        dtype,
     }
 }

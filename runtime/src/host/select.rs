@@ -33,6 +33,11 @@ pub trait KernelCompile {
 /// A compiled kernel's name, as profiles count it.
 pub trait Named {
     fn name(&self) -> &str;
+    /// Floating-point operations of one run, where counted (a device's
+    /// GEMM standing as a kernel); 0 for row kernels.
+    fn flops(&self) -> f64 {
+        0.0
+    }
 }
 
 impl Named for Arc<CompiledKernel> {
@@ -631,7 +636,7 @@ pub fn elem(dtype: DType) -> usize {
 /// The kind an instruction is counted under: its variant, and for a
 /// generated kernel its name less the layer number (so `layer3.attn.softmax`
 /// and `layer4.attn.softmax` add up), for a matmul its m×n×k.
-impl<K: Named> Instruction for Instr<K> {
+impl<K: Named + Clone> Instruction for Instr<K> {
     fn kind(&self) -> String {
         match self {
             Instr::Kernel { kernel, .. } => format!("kernel {}", strip_layer(kernel.name())),
@@ -651,8 +656,15 @@ impl<K: Named> Instruction for Instr<K> {
     fn flops(&self) -> f64 {
         match self {
             Instr::MatMul { shape, .. } => shape.flops(),
+            Instr::Kernel { kernel, .. } => kernel.flops(),
             _ => 0.0,
         }
+    }
+
+    fn touches(&self) -> Vec<(Buf, bool)> {
+        let mut touched = Vec::new();
+        self.clone().for_each_buf(|b, access| touched.push((*b, access == super::Access::Write)));
+        touched
     }
 }
 

@@ -5,8 +5,8 @@
 //! walks the schedule — micro-batches, optimizer phase, deferred updates,
 //! outputs — without knowing which device is behind it. The host CPU
 //! (`crate::host::Host`: Cranelift kernels, GEMMs, host routines) is one;
-//! `crate::cuda::Cuda` (NVRTC kernels, cuBLAS GEMMs; compiled, not yet run
-//! on a GPU) is another.
+//! `crate::cuda::Cuda` (NVRTC kernels, cuBLAS/cuBLASLt GEMMs, multi-tensor
+//! AdamW; compiled, not yet run on a GPU) is another.
 
 use std::collections::HashMap;
 
@@ -44,6 +44,14 @@ pub trait Instruction {
     fn kind(&self) -> String;
     /// Floating-point operations it does (0 where not counted).
     fn flops(&self) -> f64;
+    /// The buffers it reads (`false`) and writes (`true`). A device may run
+    /// several nodes as one instruction (a GEMM with its epilogue kernel,
+    /// one launch over many parameters), standing at one node's step and
+    /// touching buffers that node does not name; the communication
+    /// stream's hazards must see them. Empty: only its node's own.
+    fn touches(&self) -> Vec<(Buf, bool)> {
+        Vec::new()
+    }
 }
 
 /// A loaded device and its schedule of instructions.

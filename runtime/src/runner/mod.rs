@@ -505,15 +505,26 @@ fn apply_updates<D: Device>(device: &D, updates: &[DeferredUpdate], optimizer: b
 }
 
 /// What each step reads and writes: its operands' and outputs' buffers,
-/// for the communication stream's hazards.
-fn accesses<I>(g: &Graph, steps: &[Step<I>], bufs: &HashMap<Value, Buf>) -> Vec<Access> {
+/// and whatever else its instruction touches ([`Instruction::touches`]:
+/// a device instruction standing for several nodes), for the
+/// communication stream's hazards.
+fn accesses<I: Instruction>(g: &Graph, steps: &[Step<I>], bufs: &HashMap<Value, Buf>) -> Vec<Access> {
     steps
         .iter()
-        .map(|s| Access {
-            reads: g.operands(s.node).iter().map(|v| bufs[v]).collect(),
-            writes: (0..g.node(s.node).outputs.len() as u32)
-                .map(|output| bufs[&Value { node: s.node, output }])
-                .collect(),
+        .map(|s| {
+            let mut access = Access {
+                reads: g.operands(s.node).iter().map(|v| bufs[v]).collect(),
+                writes: (0..g.node(s.node).outputs.len() as u32)
+                    .map(|output| bufs[&Value { node: s.node, output }])
+                    .collect(),
+            };
+            for (b, write) in s.instr.as_ref().map(Instruction::touches).unwrap_or_default() {
+                let list = if write { &mut access.writes } else { &mut access.reads };
+                if !list.contains(&b) {
+                    list.push(b);
+                }
+            }
+            access
         })
         .collect()
 }
