@@ -26,6 +26,7 @@ use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_passes::recompute::Policy;
 use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
@@ -41,26 +42,28 @@ const STEPS: i64 = 3;
 const SP_SEQ: usize = 8;
 
 fn program(model: &ModelSpec, train: &TrainingSpec, t: u64, dp: Option<DataParallel>) -> Program {
-    program_of(model, train, Split { t, sp: false, seq: SEQ }, dp)
+    program_of(model, train, Split { t, sp: false, seq: SEQ, recompute: Policy::None }, dp)
 }
 
 /// How one replica is split: `t` tensor ranks, with sequence parallelism
-/// or not, at sequence length `seq`.
+/// or not, at sequence length `seq`, recomputing as `recompute` says.
 #[derive(Clone, Copy)]
 struct Split {
     t: u64,
     sp: bool,
     seq: usize,
+    recompute: Policy,
 }
 
 fn program_of(model: &ModelSpec, train: &TrainingSpec, split: Split, dp: Option<DataParallel>) -> Program {
-    let Split { t, sp, seq } = split;
+    let Split { t, sp, seq, recompute } = split;
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), seq as u64)].into();
     let options = PassOptions {
         shape_hint: bindings.clone(),
         data_parallel: dp,
         tensor_parallel: (t > 1).then_some(t),
         sequence_parallel: sp,
+        recompute,
         ..PassOptions::default()
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
@@ -86,7 +89,7 @@ fn close(what: &str, got: f64, want: f64) -> f64 {
 /// steps and checks it against one rank; returns every rank's final state
 /// (global rank order) and the worst errors.
 fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> (Vec<State>, Worst) {
-    agree_split(model, Split { t: t as u64, sp: false, seq: SEQ }, d, stage, offload)
+    agree_split(model, Split { t: t as u64, sp: false, seq: SEQ, recompute: Policy::None }, d, stage, offload)
 }
 
 /// [`agree`] for any [`Split`] of the replica.
@@ -100,8 +103,10 @@ fn agree_split(model: &ModelSpec, split: Split, d: usize, stage: u8, offload: Of
     let plan = program_of(model, &train, split, Some(dp));
     let scatters = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "sequence_reduce_scatter").count();
     assert_eq!(scatters > 0, split.sp, "{what}: sequence reduce-scatters in the plan");
+    let recomputed = plan.graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).count();
+    assert_eq!(recomputed > 0, split.recompute != Policy::None, "{what}: {recomputed} recomputed nodes");
     let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
-    let one = Split { t: 1, sp: false, seq };
+    let one = Split { t: 1, sp: false, seq, recompute: Policy::None };
     let mut reference =
         ReferenceTrainer::new(program_of(model, &accumulated, one, None).graph, 7, Exactness::Native).unwrap();
     let mut hosts: Vec<HostProgram> = InProcess::grid(d, t)
@@ -311,8 +316,21 @@ fn sequence_parallel_ranks_train_as_one_rank() {
         ("tiny-bert-sts", 4, 2, 2),
     ] {
         let model = model(name);
-        let (_, worst) = agree_split(&model, Split { t, sp: true, seq: SP_SEQ }, d, stage, Offload::None);
+        let split = Split { t, sp: true, seq: SP_SEQ, recompute: Policy::None };
+        let (_, worst) = agree_split(&model, split, d, stage, Offload::None);
         report(&model, t as usize, d, stage, &worst);
+    }
+}
+
+/// The backward's recomputation replays the sequence-parallel forward
+/// (its collectives included) and still trains as one rank.
+#[test]
+fn recomputed_sequence_parallel_ranks_train_as_one_rank() {
+    for (name, recompute) in [("tiny-bert", Policy::Full), ("tiny-megatron-bert", Policy::Full)] {
+        let model = model(name);
+        let split = Split { t: 2, sp: true, seq: SP_SEQ, recompute };
+        let (_, worst) = agree_split(&model, split, 2, 2, Offload::None);
+        report(&model, 2, 2, 2, &worst);
     }
 }
 
