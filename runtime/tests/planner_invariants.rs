@@ -121,6 +121,8 @@ fn pins() -> impl Strategy<Value = Pins> {
         offload,
         recompute,
         micro_batch: None,
+        // The search tries sequence parallelism wherever there are several tensor ranks.
+        sequence_parallel: None,
     })
 }
 
