@@ -216,10 +216,34 @@ fn depth_extrapolation_tracks_whole_planning() {
     let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     for choice in [
-        Choice { tensor_parallel: 1, sequence_parallel: false, zero_stage: 0, offload: Offload::None, recompute: Policy::None },
-        Choice { tensor_parallel: 1, sequence_parallel: false, zero_stage: 1, offload: Offload::None, recompute: Policy::Selective },
-        Choice { tensor_parallel: 1, sequence_parallel: false, zero_stage: 3, offload: Offload::None, recompute: Policy::Full },
-        Choice { tensor_parallel: 1, sequence_parallel: false, zero_stage: 2, offload: Offload::Optimizer, recompute: Policy::None },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 0,
+            offload: Offload::None,
+            recompute: Policy::None,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 1,
+            offload: Offload::None,
+            recompute: Policy::Selective,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 3,
+            offload: Offload::None,
+            recompute: Policy::Full,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 2,
+            offload: Offload::Optimizer,
+            recompute: Policy::None,
+        },
     ] {
         let (b, micro_batches) = (8, 4);
         let probe = Probe::compile(&req, choice, 8, b, micro_batches).unwrap();
@@ -259,7 +283,13 @@ fn sharding_costs_time_when_memory_is_ample() {
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     req.pins.micro_batch = Some(16);
     let time = |zero_stage| {
-        let choice = Choice { tensor_parallel: 1, sequence_parallel: false, zero_stage, offload: Offload::None, recompute: Policy::None };
+        let choice = Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage,
+            offload: Offload::None,
+            recompute: Policy::None,
+        };
         let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
         probe.predict(&req, &machine, 16, 1).unwrap()
     };
