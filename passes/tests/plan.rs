@@ -101,6 +101,7 @@ fn pins_are_honoured() {
         offload: Some(Offload::None),
         recompute: Some(Policy::Full),
         micro_batch: Some(8),
+        sequence_parallel: None,
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -179,6 +180,7 @@ fn nothing_fits_names_what_would() {
         offload: Some(offload),
         recompute: Some(recompute),
         micro_batch: None,
+        sequence_parallel: None,
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -348,4 +350,41 @@ fn host_memory_bounds_what_is_offloaded() {
     assert!(shortfalls.iter().all(|s| s.host_bytes_per_node.is_some() == (s.choice.contains("offload optimizer"))));
     let message = e.to_string();
     assert!(message.contains("over --host-memory") && message.contains("The GPUs fit, the hosts do not"), "{message}");
+}
+
+/// `--sp` pins sequence parallelism (Korthikanti et al., 2022) on: the plan
+/// says so and keeps fewer activations than `--no-sp` at the same pins;
+/// without tensor ranks, or with a sequence the ranks do not divide, it is
+/// refused by name.
+#[test]
+fn sequence_parallelism_is_pinned_or_refused_by_name() {
+    let m = model("bert-base.ron");
+    let mut req = request(&m, cluster("h100-80gb-sxm", 8, None), 128, 256);
+    let pinned = |sp: bool| Pins {
+        tensor_parallel: Some(2),
+        zero_stage: Some(1),
+        offload: Some(Offload::None),
+        recompute: Some(Policy::None),
+        micro_batch: Some(8),
+        sequence_parallel: Some(sp),
+    };
+    req.pins = pinned(true);
+    let with = planned(&req);
+    assert!(with.strategy.sequence_parallel && with.strategy.to_string().starts_with("TP-2+SP "), "{}", with.strategy);
+    req.pins = pinned(false);
+    let without = planned(&req);
+    assert!(!without.strategy.sequence_parallel);
+    assert!(
+        with.memory.activations_bytes < without.memory.activations_bytes,
+        "activations {} B with sequence parallelism, {} B without",
+        with.memory.activations_bytes,
+        without.memory.activations_bytes
+    );
+    req.pins = Pins { tensor_parallel: Some(1), ..pinned(true) };
+    let err = plan(&req).expect_err("refused").to_string();
+    assert!(err.starts_with("--sp:") && err.contains("--tp 2 or more"), "{err}");
+    req.pins = pinned(true);
+    req.seq = 127;
+    let err = plan(&req).expect_err("refused").to_string();
+    assert!(err.starts_with("--sp:") && err.contains("multiple of 2"), "{err}");
 }
