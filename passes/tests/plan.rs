@@ -61,15 +61,18 @@ fn the_winner_fits_and_is_the_fastest_candidate() {
     }
     // The search saw every tensor-parallel degree inside a node that splits
     // bert-base's 12 heads (1, 2, 4), and at each every ZeRO stage, offload
-    // and fixed policy, and an optimal one where keeping every activation
-    // did not fit.
+    // and fixed policy (with sequence parallelism and without at 2 and 4
+    // ranks), and an optimal one where keeping every activation did not fit.
     let fixed = p.candidates.iter().filter(|c| !c.strategy.recompute.starts_with("optimal:")).count();
-    assert_eq!(fixed, 3 * (4 * 3 + 3 * 3 + 3));
+    assert_eq!(fixed, (1 + 2 * 2) * (4 * 3 + 3 * 3 + 3));
+    assert!(p.candidates.iter().any(|c| c.strategy.sequence_parallel), "no sequence-parallel candidate");
     for t in [1, 2, 4] {
         assert!(p.candidates.iter().any(|c| c.strategy.tensor_parallel == t && c.strategy.ranks == 8 / t), "TP-{t}");
     }
     let runner = p.runner_up.as_ref().expect("others fit");
-    let choice = |s: &zeroplan_ir::plan::Strategy| (s.tensor_parallel, s.zero_stage, s.offload, s.recompute.clone());
+    let choice = |s: &zeroplan_ir::plan::Strategy| {
+        (s.tensor_parallel, s.sequence_parallel, s.zero_stage, s.offload, s.recompute.clone())
+    };
     assert_ne!(choice(&runner.strategy), choice(s));
     assert!(runner.reason.contains("fewer tokens/s"), "{}", runner.reason);
     // The program places every tensor inside the arena.
