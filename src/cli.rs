@@ -201,6 +201,14 @@ pub struct CompileArgs {
     /// the divisors of --gpus that fit in a node).
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
+    /// Pin Megatron's sequence parallelism on (LayerNorm, dropout and residual activations split over
+    /// the tensor ranks along the sequence; needs T > 1 dividing --seq). Default: the search tries
+    /// both wherever T > 1.
+    #[arg(long, conflicts_with = "no_sp")]
+    pub sp: bool,
+    /// Pin sequence parallelism off.
+    #[arg(long)]
+    pub no_sp: bool,
     /// Pin the ZeRO stage (0–3), over the data-parallel ranks.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u8>,
@@ -395,6 +403,10 @@ pub struct TrainArgs {
     /// threads, a replica's T ranks sharing its batch.
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     pub tp: Option<u64>,
+    /// `--backend cpu`, with --tp T > 1: Megatron's sequence parallelism (LayerNorm, dropout and
+    /// residual regions on seq/T positions per tensor rank; T must divide --seq-len).
+    #[arg(long)]
+    pub sp: bool,
     /// Seed of the initialisation, the synthetic batch and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -504,6 +516,10 @@ pub struct PassArgs {
     /// Build training steps for one of T tensor-parallel ranks (Megatron-LM layers).
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
+    /// With --tp T > 1: Megatron's sequence parallelism (LayerNorm, dropout and residual regions on
+    /// seq/T positions per tensor rank).
+    #[arg(long)]
+    pub sp: bool,
     /// The per-GPU micro-batch cost models assume.
     #[arg(long, default_value_t = 32)]
     pub batch_size: u64,
@@ -546,6 +562,7 @@ impl PassArgs {
             recompute: self.recompute,
             data_parallel: self.data_parallel.strategy(),
             tensor_parallel: self.tp,
+            sequence_parallel: self.sp,
         }
     }
 }

@@ -25,6 +25,27 @@ fn flat_len(op: &Op, t: &TensorType, ranks: u64) -> Result<u64, String> {
     }
 }
 
+/// `t` with axis `axis` cut to `1/ranks` (one tensor rank's slice).
+fn sequence_split(op: &Op, t: &TensorType, ranks: u64, axis: usize) -> Result<TensorType, String> {
+    let Some(d) = t.shape.dims().get(axis) else {
+        return Err(format!("{} cuts axis {axis}, but {t} has {} axes", op.name(), t.shape.rank()));
+    };
+    let Some(part) = d.divided_by(ranks) else {
+        return Err(format!("{}: axis {axis} of {t} (`{d}`) does not split over {ranks} ranks", op.name()));
+    };
+    let mut dims = t.shape.dims().to_vec();
+    dims[axis] = part;
+    Ok(TensorType::new(Shape(dims), t.dtype))
+}
+
+/// Sequence collectives move float activations `[B, S, …]` along axis 1.
+fn float_sequence(op: &Op, t: &TensorType) -> Result<(), String> {
+    if t.shape.rank() < 2 || !t.dtype.is_float() {
+        return Err(format!("{} moves float activations [batch, seq, …] along the sequence, not {t}", op.name()));
+    }
+    Ok(())
+}
+
 /// A flat buffer is rank 1, and its members fit the whole (all shards).
 fn check_flat(init: &crate::op::Init, t: &TensorType) -> Result<(), String> {
     let crate::op::Init::Flat { members, shards } = init else { return Ok(()) };
@@ -259,6 +280,20 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
                 return Err(format!("{} needs at least one rank", op.name()));
             }
             one(operands[0].clone())
+        }
+        Op::SequenceSlice { ranks, axis } => one(sequence_split(op, operands[0], *ranks, *axis)?),
+        Op::SequenceReduceScatter { ranks } => {
+            float_sequence(op, operands[0])?;
+            one(sequence_split(op, operands[0], *ranks, 1)?)
+        }
+        Op::SequenceAllGather { ranks, .. } => {
+            float_sequence(op, operands[0])?;
+            if *ranks == 0 {
+                return Err(format!("{} needs at least one rank", op.name()));
+            }
+            let mut dims = operands[0].shape.dims().to_vec();
+            dims[1] = dims[1].product(&Dim::constant(*ranks));
+            one(TensorType::new(Shape(dims), operands[0].dtype))
         }
         Op::VocabShard { ranks, rows } => {
             if *ranks == 0 || *rows == 0 || !operands[0].dtype.is_int() {

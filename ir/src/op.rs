@@ -375,6 +375,36 @@ pub enum Op {
     TensorAllReduce {
         ranks: u64,
     },
+    /// `[B, S, …] -> [B, S/ranks, …]` (along `axis`): this tensor rank's
+    /// consecutive `1/ranks` of the sequence, rank `r` holding positions
+    /// `r·S/ranks …`. Sequence parallelism (Korthikanti et al., 2022) cuts
+    /// the token ids and position ids with it where a replicated region
+    /// becomes a sequence-parallel one; its adjoint is the gather of the
+    /// slices ([`Op::SequenceAllGather`] with `partial_grad: false`).
+    SequenceSlice {
+        ranks: u64,
+        axis: usize,
+    },
+    /// `[B, S/ranks, …] -> [B, S, …]`: every tensor rank's slice of the
+    /// sequence (axis 1), concatenated in rank order: sequence parallelism's
+    /// `f`, where a sequence-parallel region enters a column-parallel one.
+    /// The adjoint depends on what reads the whole sequence: a
+    /// tensor-parallel region gives each rank a partial gradient, which
+    /// [`Op::SequenceReduceScatter`] sums (`partial_grad`); replicated
+    /// consumers give every rank the same gradient, of which each keeps its
+    /// slice ([`Op::SequenceSlice`]).
+    SequenceAllGather {
+        ranks: u64,
+        partial_grad: bool,
+    },
+    /// `[B, S, …] -> [B, S/ranks, …]`: the sum over the tensor ranks, of
+    /// which each keeps its slice of the sequence (axis 1): sequence
+    /// parallelism's `g` after a row-parallel projection, the same volume
+    /// as the all-reduce it replaces. Its adjoint is
+    /// [`Op::SequenceAllGather`] (`partial_grad: true`).
+    SequenceReduceScatter {
+        ranks: u64,
+    },
     /// `ids -> local ids` of a vocabulary-parallel table: tensor rank `r`
     /// holds rows `r·rows … (r+1)·rows − 1` of the whole table; an id there
     /// becomes its row in the shard, any other id −1, which an `embedding`
@@ -504,6 +534,9 @@ impl Op {
             Op::Copy => "copy",
             Op::TensorCopy { .. } => "tensor_copy",
             Op::TensorAllReduce { .. } => "tensor_all_reduce",
+            Op::SequenceSlice { .. } => "sequence_slice",
+            Op::SequenceAllGather { .. } => "sequence_all_gather",
+            Op::SequenceReduceScatter { .. } => "sequence_reduce_scatter",
             Op::VocabShard { .. } => "vocab_shard",
             Op::CrossEntropyStats { .. } => "cross_entropy_stats",
             Op::CrossEntropyCombine { .. } => "cross_entropy_combine",
@@ -540,6 +573,9 @@ impl Op {
             | Op::Copy
             | Op::TensorCopy { .. }
             | Op::TensorAllReduce { .. }
+            | Op::SequenceSlice { .. }
+            | Op::SequenceAllGather { .. }
+            | Op::SequenceReduceScatter { .. }
             | Op::VocabShard { .. } => Exactly(1),
             Op::Embedding
             | Op::MatMul { .. }
@@ -577,7 +613,12 @@ impl Op {
     pub fn is_collective(&self) -> bool {
         matches!(
             self,
-            Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. } | Op::TensorAllReduce { .. }
+            Op::AllReduce { .. }
+                | Op::ReduceScatter { .. }
+                | Op::AllGather { .. }
+                | Op::TensorAllReduce { .. }
+                | Op::SequenceAllGather { .. }
+                | Op::SequenceReduceScatter { .. }
         )
     }
 
@@ -587,6 +628,9 @@ impl Op {
         match *self {
             Op::TensorCopy { ranks }
             | Op::TensorAllReduce { ranks }
+            | Op::SequenceSlice { ranks, .. }
+            | Op::SequenceAllGather { ranks, .. }
+            | Op::SequenceReduceScatter { ranks }
             | Op::VocabShard { ranks, .. }
             | Op::CrossEntropyStats { ranks, .. }
             | Op::CrossEntropyShardGrad { ranks, .. } => Some(ranks),
@@ -702,7 +746,13 @@ impl Op {
                 }
                 attrs
             }
-            Op::TensorCopy { ranks } | Op::TensorAllReduce { ranks } => vec![("ranks", ranks.to_string())],
+            Op::TensorCopy { ranks } | Op::TensorAllReduce { ranks } | Op::SequenceReduceScatter { ranks } => {
+                vec![("ranks", ranks.to_string())]
+            }
+            Op::SequenceSlice { ranks, axis } => vec![("ranks", ranks.to_string()), ("axis", axis.to_string())],
+            Op::SequenceAllGather { ranks, partial_grad } => {
+                vec![("ranks", ranks.to_string()), ("partial_grad", partial_grad.to_string())]
+            }
             Op::VocabShard { ranks, rows } => vec![("ranks", ranks.to_string()), ("rows", rows.to_string())],
             Op::CrossEntropyStats { ranks, vocab } => vec![("ranks", ranks.to_string()), ("vocab", vocab.to_string())],
             Op::CrossEntropyCombine { ignore_index } => vec![("ignore_index", ignore_index.to_string())],

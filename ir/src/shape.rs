@@ -5,6 +5,16 @@
 //! bound to numbers at plan time. Monomials are closed under the products that
 //! reshapes need (flattening `[batch, seq, 768]` to `[batch*seq, 768]`), so the
 //! verifier can check element counts exactly without knowing the batch size.
+//!
+//! A monomial may also carry a constant divisor, `seq/2`: the sequence a
+//! tensor rank keeps under sequence parallelism (Korthikanti et al., 2022)
+//! is `1/t` of the whole, and saying so in the type keeps one graph for
+//! every sequence length — and every size the memory and cost models read
+//! exact — instead of a second symbol each caller would have to bind. The
+//! factor and divisor are kept coprime, so `[batch, seq/2, 64]` has the
+//! same element count as `[batch*seq, 32]`. A divisor that does not divide
+//! the bound value has no value ([`Dim::eval`] is `None`; [`Dim::indivisible`]
+//! says why).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
@@ -16,20 +26,70 @@ use crate::dtype::DType;
 /// Values for the symbols of a graph, e.g. `batch = 32, seq = 128`.
 pub type Bindings = BTreeMap<String, u64>;
 
-/// One dimension: `factor × Π symbols` (symbols sorted, repeats allowed).
+/// One dimension: `factor × Π symbols / divisor` (symbols sorted, repeats
+/// allowed; factor and divisor coprime, and the divisor 1 without symbols).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Dim {
     factor: u64,
     symbols: Vec<String>,
+    divisor: u64,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 impl Dim {
     pub fn constant(n: u64) -> Dim {
-        Dim { factor: n, symbols: Vec::new() }
+        Dim { factor: n, symbols: Vec::new(), divisor: 1 }
     }
 
     pub fn symbol(name: &str) -> Dim {
-        Dim { factor: 1, symbols: vec![name.to_string()] }
+        Dim { factor: 1, symbols: vec![name.to_string()], divisor: 1 }
+    }
+
+    /// `factor·Π symbols / divisor` in lowest terms.
+    fn reduced(factor: u64, symbols: Vec<String>, divisor: u64) -> Dim {
+        let g = gcd(factor, divisor).max(1);
+        let (factor, divisor) = if factor == 0 { (0, 1) } else { (factor / g, divisor / g) };
+        Dim { factor, symbols, divisor }
+    }
+
+    /// `self / n`: exact for a constant `n` divides (else `None`), and for
+    /// a symbolic dimension a divisor its bound value must honour.
+    pub fn divided_by(&self, n: u64) -> Option<Dim> {
+        if n == 0 {
+            return None;
+        }
+        if self.symbols.is_empty() {
+            return self.factor.is_multiple_of(n).then(|| Dim::constant(self.factor / n));
+        }
+        Some(Dim::reduced(self.factor, self.symbols.clone(), self.divisor.checked_mul(n)?))
+    }
+
+    /// The constant this dimension is divided by (1 for most).
+    pub fn divisor(&self) -> u64 {
+        self.divisor
+    }
+
+    /// Why `self` has no value under `bindings` although every symbol is
+    /// bound: the divisor does not divide the product, e.g. `seq/4` with
+    /// `seq = 126`. `None` when it divides (or a symbol is unbound).
+    pub fn indivisible(&self, bindings: &Bindings) -> Option<String> {
+        if self.divisor == 1 {
+            return None;
+        }
+        let whole = Dim { divisor: 1, ..self.clone() };
+        let value = whole.eval(bindings)?;
+        let named: Vec<String> = self.symbols.iter().map(|s| format!("{s} = {}", bindings[s])).collect();
+        (!value.is_multiple_of(self.divisor)).then(|| {
+            format!(
+                "dimension `{self}` needs {whole} divisible by {} ({}): with sequence parallelism the sequence \
+                 length must be a multiple of the tensor-parallel ranks",
+                self.divisor,
+                named.join(", ")
+            )
+        })
     }
 
     /// The value of a dimension without symbols.
@@ -48,25 +108,31 @@ impl Dim {
     pub fn product(&self, other: &Dim) -> Dim {
         let mut symbols: Vec<String> = self.symbols.iter().chain(&other.symbols).cloned().collect();
         symbols.sort();
-        Dim { factor: self.factor * other.factor, symbols }
+        // Symbols are never cancelled, so a divisor keeps its symbols.
+        Dim::reduced(self.factor * other.factor, symbols, self.divisor * other.divisor)
     }
 
-    /// `self + other`, when the sum is again a monomial (same symbols, or a zero term).
+    /// `self + other`, when the sum is again a monomial (same symbols and
+    /// divisor, or a zero term).
     pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
         if self.factor == 0 {
             return Some(other.clone());
         }
-        if other.factor == 0 || self.symbols == other.symbols {
-            let factor = self.factor.checked_add(if other.factor == 0 { 0 } else { other.factor })?;
-            return Some(Dim { factor, symbols: self.symbols.clone() });
+        if other.factor == 0 {
+            return Some(self.clone());
+        }
+        if self.symbols == other.symbols && self.divisor == other.divisor {
+            let factor = self.factor.checked_add(other.factor)?;
+            return Some(Dim::reduced(factor, self.symbols.clone(), self.divisor));
         }
         None
     }
 
-    /// The dimension's value under `bindings`; `None` if a symbol is unbound
-    /// or the product overflows.
+    /// The dimension's value under `bindings`; `None` if a symbol is
+    /// unbound, the product overflows or the divisor does not divide it.
     pub fn eval(&self, bindings: &Bindings) -> Option<u64> {
-        self.symbols.iter().try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))
+        let whole = self.symbols.iter().try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))?;
+        whole.is_multiple_of(self.divisor).then(|| whole / self.divisor)
     }
 }
 
@@ -84,13 +150,20 @@ impl fmt::Display for Dim {
         if self.factor != 1 {
             write!(f, "{}*", self.factor)?;
         }
-        f.write_str(&self.symbols.join("*"))
+        f.write_str(&self.symbols.join("*"))?;
+        if self.divisor != 1 {
+            write!(f, "/{}", self.divisor)?;
+        }
+        Ok(())
     }
 }
 
 /// Error from parsing a dimension such as `2*batch*seq`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a dimension: write a number, a symbol such as `seq`, or a product such as `batch*seq`")]
+#[error(
+    "`{0}` is not a dimension: write a number, a symbol such as `seq`, a product such as `batch*seq`, or one \
+     divided by a number such as `seq/2`"
+)]
 pub struct ParseDimError(pub String);
 
 impl FromStr for Dim {
@@ -98,6 +171,16 @@ impl FromStr for Dim {
 
     fn from_str(s: &str) -> Result<Dim, ParseDimError> {
         let err = || ParseDimError(s.to_string());
+        let (s, divisor) = match s.split_once('/') {
+            Some((product, divisor)) => {
+                let divisor = divisor.trim();
+                if divisor.is_empty() || !divisor.chars().all(|c| c.is_ascii_digit()) {
+                    return Err(err());
+                }
+                (product, divisor.parse::<u64>().map_err(|_| err())?)
+            }
+            None => (s, 1),
+        };
         let mut dim = Dim::constant(1);
         for part in s.split('*').map(str::trim) {
             let term = if part.chars().all(|c| c.is_ascii_digit()) && !part.is_empty() {
@@ -109,7 +192,10 @@ impl FromStr for Dim {
             };
             dim = dim.product(&term);
         }
-        Ok(dim)
+        if divisor == 1 {
+            return Ok(dim);
+        }
+        dim.divided_by(divisor).ok_or_else(err)
     }
 }
 
@@ -231,8 +317,31 @@ mod tests {
     }
 
     #[test]
+    fn divided_monomials_reduce_and_evaluate_only_when_exact() {
+        let half = Dim::symbol("seq").divided_by(2).unwrap();
+        assert_eq!(half.to_string(), "seq/2");
+        assert_eq!("seq/2".parse::<Dim>().unwrap(), half);
+        // [batch, seq/2, 64] has as many elements as [batch*seq, 32].
+        let numel = Shape(vec![Dim::symbol("batch"), half.clone(), Dim::constant(64)]).numel();
+        assert_eq!(numel, "32*batch*seq".parse().unwrap());
+        let three_halves = half.product(&Dim::constant(3));
+        assert_eq!(three_halves.to_string(), "3*seq/2");
+        assert_eq!(half.checked_add(&half), Some(Dim::symbol("seq")));
+        assert_eq!(half.checked_add(&Dim::symbol("seq")), None);
+        let b: Bindings = [("seq".to_string(), 6)].into();
+        assert_eq!(three_halves.eval(&b), Some(9));
+        assert_eq!(half.indivisible(&b), None);
+        let odd: Bindings = [("seq".to_string(), 7)].into();
+        assert_eq!(half.eval(&odd), None);
+        let why = half.indivisible(&odd).unwrap();
+        assert!(why.contains("seq = 7") && why.contains("divisible by 2"), "{why}");
+        assert_eq!(Dim::constant(6).divided_by(4), None);
+        assert_eq!(Dim::constant(8).divided_by(4), Some(Dim::constant(2)));
+    }
+
+    #[test]
     fn bad_dimensions_are_rejected() {
-        for bad in ["", "2*", "a-b", "3x", "*"] {
+        for bad in ["", "2*", "a-b", "3x", "*", "seq/", "seq/0", "seq/x", "6/4"] {
             assert!(bad.parse::<Dim>().is_err(), "{bad:?} parsed");
         }
     }

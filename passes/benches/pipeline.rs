@@ -17,12 +17,14 @@ fn bert_large(c: &mut Criterion) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/bert-large.ron");
     let model = spec::load(&path).expect("bundled spec");
     let train = TrainingSpec { precision: spec::Precision::Bf16, ..TrainingSpec::default() };
-    let forward = training_forward(&model, &train, 1).expect("builds");
+    let forward = training_forward(&model, &train, 1, false).expect("builds");
     let step = TrainingStep { train: train.clone() };
     let passes: [&dyn Pass; 4] = [&Rewrite, &MixedPrecision, &step, &Fuse];
     let mut group = c.benchmark_group("bert-large bf16 training step");
     group.sample_size(20);
-    group.bench_function("build forward graph", |b| b.iter(|| training_forward(black_box(&model), &train, 1).unwrap()));
+    group.bench_function("build forward graph", |b| {
+        b.iter(|| training_forward(black_box(&model), &train, 1, false).unwrap())
+    });
     group.bench_function("pass pipeline", |b| {
         b.iter(|| {
             let mut cx = PassContext::new(PassOptions::default());

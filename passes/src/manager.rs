@@ -57,6 +57,9 @@ pub struct PassOptions {
     /// Tensor-parallel ranks the training step is built for (Megatron-LM
     /// layers, [`zeroplan_ir::build`]); `None`: one.
     pub tensor_parallel: Option<u64>,
+    /// Megatron's sequence parallelism over those tensor ranks (needs more
+    /// than one): LayerNorm, dropout and residual regions on `seq/t`.
+    pub sequence_parallel: bool,
 }
 
 /// What passes share while a pipeline runs.

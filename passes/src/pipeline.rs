@@ -69,7 +69,8 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
             run_passes(forward, &[&Rewrite, &Attention, &Fuse], &mut cx)
         }
         Target::Training(train) => {
-            let forward = training_forward(model, train, cx.options.tensor_parallel.unwrap_or(1))?;
+            let (t, sp) = (cx.options.tensor_parallel.unwrap_or(1), cx.options.sequence_parallel);
+            let forward = training_forward(model, train, t, sp)?;
             let step = TrainingStep { train: (*train).clone() };
             let recompute = Recompute { policy: cx.options.recompute };
             let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &Attention, &MixedPrecision, &step, &recompute];

@@ -35,9 +35,15 @@ pub enum TrainError {
 
 /// The forward graph of `model` built for training under `train`: its
 /// dropout overridden, in the compute dtype of `train`'s precision, one
-/// rank's of `tensor_parallel`. A model without a loss (the bare encoder)
-/// cannot be trained.
-pub fn training_forward(model: &ModelSpec, train: &TrainingSpec, tensor_parallel: u64) -> Result<Graph, TrainError> {
+/// rank's of `tensor_parallel` (with Megatron's sequence parallelism when
+/// `sequence_parallel`). A model without a loss (the bare encoder) cannot
+/// be trained.
+pub fn training_forward(
+    model: &ModelSpec,
+    train: &TrainingSpec,
+    tensor_parallel: u64,
+    sequence_parallel: bool,
+) -> Result<Graph, TrainError> {
     train.validate().map_err(|problems| {
         TrainError::Spec(problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; "))
     })?;
@@ -51,7 +57,7 @@ pub fn training_forward(model: &ModelSpec, train: &TrainingSpec, tensor_parallel
         Precision::Bf16 => DType::BF16,
         Precision::F16(_) => DType::F16,
     };
-    let forward = build::forward(&model, &BuildOptions { dtype, tensor_parallel })?;
+    let forward = build::forward(&model, &BuildOptions { dtype, tensor_parallel, sequence_parallel })?;
     if !forward.outputs.iter().any(|(name, _)| name == "loss") {
         return Err(TrainError::NoLoss);
     }
@@ -61,7 +67,7 @@ pub fn training_forward(model: &ModelSpec, train: &TrainingSpec, tensor_parallel
 /// The training-step graph of `model` under `train`, verified, without
 /// the optimising passes.
 pub fn training_graph(model: &ModelSpec, train: &TrainingSpec) -> Result<Graph, TrainError> {
-    let forward = training_forward(model, train, 1)?;
+    let forward = training_forward(model, train, 1, false)?;
     let step = TrainingStep { train: train.clone() };
     let mut cx = PassContext::new(PassOptions::default());
     let (graph, _) =

@@ -61,15 +61,18 @@ fn the_winner_fits_and_is_the_fastest_candidate() {
     }
     // The search saw every tensor-parallel degree inside a node that splits
     // bert-base's 12 heads (1, 2, 4), and at each every ZeRO stage, offload
-    // and fixed policy, and an optimal one where keeping every activation
-    // did not fit.
+    // and fixed policy (with sequence parallelism and without at 2 and 4
+    // ranks), and an optimal one where keeping every activation did not fit.
     let fixed = p.candidates.iter().filter(|c| !c.strategy.recompute.starts_with("optimal:")).count();
-    assert_eq!(fixed, 3 * (4 * 3 + 3 * 3 + 3));
+    assert_eq!(fixed, (1 + 2 * 2) * (4 * 3 + 3 * 3 + 3));
+    assert!(p.candidates.iter().any(|c| c.strategy.sequence_parallel), "no sequence-parallel candidate");
     for t in [1, 2, 4] {
         assert!(p.candidates.iter().any(|c| c.strategy.tensor_parallel == t && c.strategy.ranks == 8 / t), "TP-{t}");
     }
     let runner = p.runner_up.as_ref().expect("others fit");
-    let choice = |s: &zeroplan_ir::plan::Strategy| (s.tensor_parallel, s.zero_stage, s.offload, s.recompute.clone());
+    let choice = |s: &zeroplan_ir::plan::Strategy| {
+        (s.tensor_parallel, s.sequence_parallel, s.zero_stage, s.offload, s.recompute.clone())
+    };
     assert_ne!(choice(&runner.strategy), choice(s));
     assert!(runner.reason.contains("fewer tokens/s"), "{}", runner.reason);
     // The program places every tensor inside the arena.
@@ -101,6 +104,7 @@ fn pins_are_honoured() {
         offload: Some(Offload::None),
         recompute: Some(Policy::Full),
         micro_batch: Some(8),
+        sequence_parallel: None,
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -179,6 +183,7 @@ fn nothing_fits_names_what_would() {
         offload: Some(offload),
         recompute: Some(recompute),
         micro_batch: None,
+        sequence_parallel: None,
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -216,10 +221,34 @@ fn depth_extrapolation_tracks_whole_planning() {
     let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     for choice in [
-        Choice { tensor_parallel: 1, zero_stage: 0, offload: Offload::None, recompute: Policy::None },
-        Choice { tensor_parallel: 1, zero_stage: 1, offload: Offload::None, recompute: Policy::Selective },
-        Choice { tensor_parallel: 1, zero_stage: 3, offload: Offload::None, recompute: Policy::Full },
-        Choice { tensor_parallel: 1, zero_stage: 2, offload: Offload::Optimizer, recompute: Policy::None },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 0,
+            offload: Offload::None,
+            recompute: Policy::None,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 1,
+            offload: Offload::None,
+            recompute: Policy::Selective,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 3,
+            offload: Offload::None,
+            recompute: Policy::Full,
+        },
+        Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage: 2,
+            offload: Offload::Optimizer,
+            recompute: Policy::None,
+        },
     ] {
         let (b, micro_batches) = (8, 4);
         let probe = Probe::compile(&req, choice, 8, b, micro_batches).unwrap();
@@ -259,7 +288,13 @@ fn sharding_costs_time_when_memory_is_ample() {
     let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
     req.pins.micro_batch = Some(16);
     let time = |zero_stage| {
-        let choice = Choice { tensor_parallel: 1, zero_stage, offload: Offload::None, recompute: Policy::None };
+        let choice = Choice {
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            zero_stage,
+            offload: Offload::None,
+            recompute: Policy::None,
+        };
         let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
         probe.predict(&req, &machine, 16, 1).unwrap()
     };
@@ -318,4 +353,41 @@ fn host_memory_bounds_what_is_offloaded() {
     assert!(shortfalls.iter().all(|s| s.host_bytes_per_node.is_some() == (s.choice.contains("offload optimizer"))));
     let message = e.to_string();
     assert!(message.contains("over --host-memory") && message.contains("The GPUs fit, the hosts do not"), "{message}");
+}
+
+/// `--sp` pins sequence parallelism (Korthikanti et al., 2022) on: the plan
+/// says so and keeps fewer activations than `--no-sp` at the same pins;
+/// without tensor ranks, or with a sequence the ranks do not divide, it is
+/// refused by name.
+#[test]
+fn sequence_parallelism_is_pinned_or_refused_by_name() {
+    let m = model("bert-base.ron");
+    let mut req = request(&m, cluster("h100-80gb-sxm", 8, None), 128, 256);
+    let pinned = |sp: bool| Pins {
+        tensor_parallel: Some(2),
+        zero_stage: Some(1),
+        offload: Some(Offload::None),
+        recompute: Some(Policy::None),
+        micro_batch: Some(8),
+        sequence_parallel: Some(sp),
+    };
+    req.pins = pinned(true);
+    let with = planned(&req);
+    assert!(with.strategy.sequence_parallel && with.strategy.to_string().starts_with("TP-2+SP "), "{}", with.strategy);
+    req.pins = pinned(false);
+    let without = planned(&req);
+    assert!(!without.strategy.sequence_parallel);
+    assert!(
+        with.memory.activations_bytes < without.memory.activations_bytes,
+        "activations {} B with sequence parallelism, {} B without",
+        with.memory.activations_bytes,
+        without.memory.activations_bytes
+    );
+    req.pins = Pins { tensor_parallel: Some(1), ..pinned(true) };
+    let err = plan(&req).expect_err("refused").to_string();
+    assert!(err.starts_with("--sp:") && err.contains("--tp 2 or more"), "{err}");
+    req.pins = pinned(true);
+    req.seq = 127;
+    let err = plan(&req).expect_err("refused").to_string();
+    assert!(err.starts_with("--sp:") && err.contains("multiple of 2"), "{err}");
 }

@@ -91,3 +91,155 @@ fn zero_runs_over_the_data_parallel_ranks_of_each_tensor_rank() {
         assert_eq!(count(&g, Phase::Optimizer, "tensor_all_reduce"), 1, "ZeRO-{zero_stage}");
     }
 }
+
+fn sequence_parallel_step(m: &ModelSpec, t: u64, train: &TrainingSpec, options: PassOptions) -> Result<Graph, String> {
+    let options = PassOptions { tensor_parallel: Some(t), sequence_parallel: true, ..options };
+    compile(m, &Target::Training(train), options).map(|c| c.graph).map_err(|e| e.to_string())
+}
+
+fn count_where(g: &Graph, phase: Phase, f: impl Fn(&Op) -> bool) -> usize {
+    g.petgraph().node_weights().filter(|n| n.phase == phase && f(&n.op)).count()
+}
+
+/// Sequence parallelism (Korthikanti et al., 2022) turns each layer's two
+/// `g` all-reduces into reduce-scatters and the two `f`s into all-gathers
+/// (each the other's adjoint), the embeddings' all-reduce into a
+/// reduce-scatter; the loss statistics stay an all-reduce. The
+/// LayerNorm/bias parameters of the sequence-parallel regions get one
+/// gradient all-reduce each.
+#[test]
+fn sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduces() {
+    let train = TrainingSpec::default();
+    for file in tiny_models() {
+        let m = model(&file);
+        if let Sharing::TemplateBank { .. } = m.sharing {
+            continue;
+        }
+        for t in [2, 4] {
+            let g = sequence_parallel_step(&m, t, &train, PassOptions::default())
+                .unwrap_or_else(|e| panic!("{file} t={t}: {e}"));
+            assert_eq!(g.model_parameter_count(), closed_form_params(&m), "{file} t={t}");
+            let layers = m.layers as usize;
+            let mlm = usize::from(g.petgraph().node_weights().any(|n| n.op.name() == "cross_entropy_stats"));
+            let pooler = 1 - mlm;
+            let at = |what: &str| format!("{file} t={t}: {what}");
+            let scatter = |op: &Op| matches!(op, Op::SequenceReduceScatter { ranks } if *ranks == t);
+            let gather = |partial: bool| move |op: &Op| matches!(op, Op::SequenceAllGather { ranks, partial_grad } if *ranks == t && *partial_grad == partial);
+            // Forward: g after attention output and feed-forward down, and the word embeddings.
+            assert_eq!(count_where(&g, Phase::Forward, scatter), 2 * layers + 1, "{}", at("forward reduce-scatters"));
+            // f before attention and feed-forward, and the MLM decoder.
+            assert_eq!(count_where(&g, Phase::Forward, gather(true)), 2 * layers + mlm, "{}", at("forward gathers"));
+            // The pooler reads the whole sequence, gathered once.
+            assert_eq!(count_where(&g, Phase::Forward, gather(false)), pooler, "{}", at("gathers for the pooler"));
+            assert_eq!(count(&g, Phase::Forward, "tensor_all_reduce"), mlm, "{}", at("forward all-reduces"));
+            // Backward: the adjoints, pairwise.
+            assert_eq!(count_where(&g, Phase::Backward, gather(true)), 2 * layers + 1, "{}", at("backward gathers"));
+            assert_eq!(count_where(&g, Phase::Backward, scatter), 2 * layers + mlm, "{}", at("backward scatters"));
+            assert_eq!(count(&g, Phase::Backward, "sequence_slice"), pooler, "{}", at("backward slices"));
+            // Each sequence-parallel parameter is read through one tensor_copy
+            // whose adjoint all-reduces its partial gradient.
+            let copies = count(&g, Phase::Forward, "tensor_copy");
+            assert_eq!(count(&g, Phase::Backward, "tensor_all_reduce"), copies, "{}", at("partial-gradient sums"));
+            for n in g.petgraph().node_indices() {
+                let node = g.node(n);
+                if node.phase == Phase::Forward && node.op.name() == "tensor_copy" {
+                    let from = g.node(g.operands(n)[0].node);
+                    assert!(matches!(from.op, Op::Param { .. }), "{}: {} reads {}", file, node.name, from.name);
+                }
+                // Every LayerNorm runs on this rank's positions (the MLM
+                // head's and the pooler's inputs too).
+                if node.phase == Phase::Forward && node.op.name() == "layer_norm" {
+                    let x = g.value_type(g.operands(n)[0]);
+                    assert_eq!(x.shape.dims()[1].to_string(), format!("seq/{t}"), "{}: {} on {x}", file, node.name);
+                }
+            }
+            // The gradient norm is still summed over the tensor ranks once.
+            assert_eq!(count(&g, Phase::Optimizer, "tensor_all_reduce"), 1, "{}", at("norm"));
+        }
+    }
+}
+
+/// For a fixed configuration (tiny BERT, batch 2, sequence 8, 4 tensor
+/// ranks, the model's dropout) the memory plan gives every activation of
+/// the LayerNorm, dropout and residual regions a quarter of its bytes under
+/// sequence parallelism, and a smaller activation peak.
+#[test]
+fn sequence_parallel_regions_keep_a_tth_of_their_activations() {
+    let m = model("tiny/tiny-bert.ron");
+    let train = TrainingSpec::default();
+    let t = 4;
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), 2), ("seq".to_string(), 8)].into();
+    // Unfused, so that the regions' nodes keep their names.
+    let options = || PassOptions {
+        shape_hint: bindings.clone(),
+        disabled: ["fuse".to_string()].into(),
+        tensor_parallel: Some(t),
+        ..PassOptions::default()
+    };
+    let tp = step_with(&m, &train, options()).unwrap();
+    let sp = sequence_parallel_step(&m, t, &train, options()).unwrap();
+    let bytes_by_name = |g: &Graph| -> std::collections::BTreeMap<String, u64> {
+        let plan = zeroplan_passes::memory::plan(g, &bindings).unwrap();
+        plan.intervals
+            .iter()
+            .filter(|i| g.node(i.value.node).phase == Phase::Forward)
+            .map(|i| (g.node(i.value.node).name.clone(), i.bytes))
+            .collect()
+    };
+    let (whole, sliced) = (bytes_by_name(&tp), bytes_by_name(&sp));
+    let region = |name: &str| {
+        name.ends_with(".residual")
+            || name.ends_with(".norm")
+            || name.ends_with("_dropout")
+            || name.ends_with("ffn.dropout")
+            || name == "embeddings.dropout"
+            || name.ends_with("attn.out")
+            || name.ends_with("ffn.down")
+    };
+    let mut total = (0, 0);
+    let mut regions = 0;
+    for (name, &bytes) in whole.iter().filter(|(n, _)| region(n) && !n.ends_with("probs_dropout")) {
+        let sp_bytes = sliced[name];
+        assert_eq!(sp_bytes * t, bytes, "{name}: {sp_bytes} B per rank with sequence parallelism, {bytes} B without");
+        total = (total.0 + bytes, total.1 + sp_bytes);
+        regions += 1;
+    }
+    // Per layer: attention output, its dropout, residual and norm; the same
+    // for the feed-forward block; the embeddings' norm and dropout; the MLM norm.
+    assert_eq!(regions, 8 * m.layers as usize + 3, "{:?}", whole.keys().filter(|n| region(n)).collect::<Vec<_>>());
+    // 2 × 8 × 32 f32 per tensor: 2048 B whole, 512 B per rank.
+    assert_eq!(total, (2048 * regions as u64, 512 * regions as u64));
+    let peak = |g: &Graph| {
+        let plan = zeroplan_passes::memory::plan(g, &bindings).unwrap();
+        plan.at_peak.get(&zeroplan_passes::memory::Category::Activations).copied().unwrap_or(0)
+    };
+    assert!(
+        peak(&sp) < peak(&tp),
+        "activation peak {} B with sequence parallelism, {} B without",
+        peak(&sp),
+        peak(&tp)
+    );
+}
+
+fn step_with(m: &ModelSpec, train: &TrainingSpec, options: PassOptions) -> Result<Graph, String> {
+    compile(m, &Target::Training(train), options).map(|c| c.graph).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_sequence_the_ranks_do_not_divide_is_refused_by_name() {
+    let m = model("tiny/tiny-bert.ron");
+    let g = sequence_parallel_step(&m, 4, &TrainingSpec::default(), PassOptions::default()).unwrap();
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), 2), ("seq".to_string(), 6)].into();
+    let err = zeroplan_passes::memory::plan(&g, &bindings).err().expect("refused").to_string();
+    assert!(
+        err.contains("seq/4") && err.contains("seq = 6") && err.contains("multiple of the tensor-parallel ranks"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sequence_parallelism_needs_several_tensor_ranks() {
+    let m = model("tiny/tiny-bert.ron");
+    let err = sequence_parallel_step(&m, 1, &TrainingSpec::default(), PassOptions::default()).unwrap_err();
+    assert!(err.contains("needs more than one"), "{err}");
+}

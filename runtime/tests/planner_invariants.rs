@@ -121,6 +121,8 @@ fn pins() -> impl Strategy<Value = Pins> {
         offload,
         recompute,
         micro_batch: None,
+        // The search tries sequence parallelism wherever there are several tensor ranks.
+        sequence_parallel: None,
     })
 }
 
@@ -200,6 +202,8 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
     let bad_stage = pins.zero_stage.is_some_and(|z| z > 3);
     let bad_micro_batch = pins.micro_batch.is_some_and(|b| !per_rank.is_multiple_of(b));
     match err {
+        // Only a pinned `--sp` can be refused.
+        PlanError::SequenceParallel(_) => prop_assert!(pins.sequence_parallel == Some(true), "{err}: not pinned"),
         PlanError::Stage(z) => prop_assert!(bad_stage && pins.zero_stage == Some(*z)),
         PlanError::MicroBatch { micro_batch, per_rank: p } => {
             prop_assert!(!bad_stage && bad_micro_batch && pins.micro_batch == Some(*micro_batch) && *p == per_rank)

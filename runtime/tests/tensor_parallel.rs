@@ -26,28 +26,49 @@ use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_passes::recompute::Policy;
 use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 mod common;
 
-use common::{BATCH, SEQ, batch, max_abs_diff, model, relative};
+use common::{BATCH, SEQ, batch_of, max_abs_diff, model, relative};
 
 const LR: f64 = 1e-3;
 const STEPS: i64 = 3;
 
+/// The sequence length of the sequence-parallel cases: a multiple of 2 and 4.
+const SP_SEQ: usize = 8;
+
 fn program(model: &ModelSpec, train: &TrainingSpec, t: u64, dp: Option<DataParallel>) -> Program {
-    let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), SEQ as u64)].into();
+    program_of(model, train, Split { t, sp: false, seq: SEQ, recompute: Policy::None }, dp)
+}
+
+/// How one replica is split: `t` tensor ranks, with sequence parallelism
+/// or not, at sequence length `seq`, recomputing as `recompute` says.
+#[derive(Clone, Copy)]
+struct Split {
+    t: u64,
+    sp: bool,
+    seq: usize,
+    recompute: Policy,
+}
+
+fn program_of(model: &ModelSpec, train: &TrainingSpec, split: Split, dp: Option<DataParallel>) -> Program {
+    let Split { t, sp, seq, recompute } = split;
+    let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), seq as u64)].into();
     let options = PassOptions {
         shape_hint: bindings.clone(),
         data_parallel: dp,
         tensor_parallel: (t > 1).then_some(t),
+        sequence_parallel: sp,
+        recompute,
         ..PassOptions::default()
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, seq as u64)
 }
 
 /// The worst errors of a configuration, for the test's output.
@@ -68,14 +89,26 @@ fn close(what: &str, got: f64, want: f64) -> f64 {
 /// steps and checks it against one rank; returns every rank's final state
 /// (global rank order) and the worst errors.
 fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> (Vec<State>, Worst) {
+    agree_split(model, Split { t: t as u64, sp: false, seq: SEQ, recompute: Policy::None }, d, stage, offload)
+}
+
+/// [`agree`] for any [`Split`] of the replica.
+fn agree_split(model: &ModelSpec, split: Split, d: usize, stage: u8, offload: Offload) -> (Vec<State>, Worst) {
+    let (t, seq) = (split.t as usize, split.seq);
     let train = TrainingSpec { lr: LR, dropout: Some(0.0), ..TrainingSpec::default() };
     let accumulated = TrainingSpec { micro_batches: d as u64, ..train.clone() };
     let dp = DataParallel { ranks: d as u64, zero_stage: stage, offload };
-    let what = format!("{} on {t} tensor × {d} data ranks, ZeRO-{stage}, offload {offload:?}", model.name);
-    let plan = program(model, &train, t as u64, Some(dp));
+    let sp = if split.sp { " with sequence parallelism" } else { "" };
+    let what = format!("{} on {t} tensor × {d} data ranks{sp}, ZeRO-{stage}, offload {offload:?}", model.name);
+    let plan = program_of(model, &train, split, Some(dp));
+    let scatters = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "sequence_reduce_scatter").count();
+    assert_eq!(scatters > 0, split.sp, "{what}: sequence reduce-scatters in the plan");
+    let recomputed = plan.graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).count();
+    assert_eq!(recomputed > 0, split.recompute != Policy::None, "{what}: {recomputed} recomputed nodes");
     let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
+    let one = Split { t: 1, sp: false, seq, recompute: Policy::None };
     let mut reference =
-        ReferenceTrainer::new(program(model, &accumulated, 1, None).graph, 7, Exactness::Native).unwrap();
+        ReferenceTrainer::new(program_of(model, &accumulated, one, None).graph, 7, Exactness::Native).unwrap();
     let mut hosts: Vec<HostProgram> = InProcess::grid(d, t)
         .into_iter()
         .map(|groups| {
@@ -86,7 +119,7 @@ fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> 
     let mut worst = Worst::default();
     for step in 0..STEPS {
         // Data rank r's batch, the same on each of its tensor ranks.
-        let feeds: Vec<Feeds> = (0..d as i64).map(|r| batch(model, step * d as i64 + r)).collect();
+        let feeds: Vec<Feeds> = (0..d as i64).map(|r| batch_of(model, BATCH, seq, step * d as i64 + r)).collect();
         let want = reference.step(&feeds).unwrap();
         let logs: Vec<StepLog> = std::thread::scope(|s| {
             let runs: Vec<_> = hosts
@@ -132,7 +165,8 @@ fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> 
 
 /// Every parameter, joined from the ranks, equals the reference's within
 /// 2e-5 relative (the attention key bias, zero-gradient in exact
-/// arithmetic, within `lr` a step: see `ranks.rs`). Returns the worst
+/// arithmetic, within `lr` a step: see `ranks.rs`; other zero-initialised
+/// ones within 5e-3 `lr` where the relative bound fails, see below). Returns the worst
 /// relative error and where.
 fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, reference: &State) -> (f64, String) {
     let d = states.len() / t;
@@ -174,7 +208,16 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, refere
                 assert!(moved <= STEPS as f64 * LR * 1.0001, "{what}: {name} moved {moved:e} from one rank's");
             } else {
                 let err = relative(&got, want);
-                assert!(err <= 2e-5, "{what}: final {name}: relative error {err:e}");
+                // A parameter that starts at zero (a bias, a beta) is, after
+                // three steps, three AdamW steps of at most `lr` each: its
+                // relative error measures the rounding of its steps, not of
+                // a value. Where a gradient element nearly cancels, rounding-
+                // level differences in it (the ranks sum in another order)
+                // move its step by a few 1e-4 of `lr` (measured: up to 9e-7
+                // for the feed-forward up bias of one-replica ALBERT and the
+                // regression BERT, with or without sequence parallelism).
+                let bound_step = starts_at_zero(init) && max_abs_diff(&got, want) <= 5e-3 * LR;
+                assert!(err <= 2e-5 || bound_step, "{what}: final {name}: relative error {err:e}");
                 if err > worst.0 {
                     worst = (err, name.clone());
                 }
@@ -184,6 +227,15 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, refere
     }
     assert!(compared > 0, "{what}: no parameter compared");
     worst
+}
+
+/// Whether a parameter initialised as `init` starts at zero (its shards too).
+fn starts_at_zero(init: &Init) -> bool {
+    match init {
+        Init::Zeros => true,
+        Init::TensorShard { init, .. } => starts_at_zero(init),
+        _ => false,
+    }
 }
 
 /// The whole tensor from its `t` shards along `axis` of `whole`, cut to
@@ -238,6 +290,47 @@ fn every_family_trains_as_one_rank() {
         let model = model(name);
         let (_, worst) = agree(&model, t, d, stage, Offload::None);
         report(&model, t, d, stage, &worst);
+    }
+}
+
+/// Megatron's sequence parallelism (Korthikanti et al., 2022): the
+/// LayerNorm, dropout and residual regions on `seq/t` positions per tensor
+/// rank, the partial LayerNorm and bias gradients summed over the tensor
+/// ranks, train as one rank within the same bounds; post-norm BERT, pre-norm
+/// Megatron-BERT, MosaicBERT (ALiBi, GLU, no position table), ALBERT
+/// (factorised embeddings, shared layers) and a regression head (the pooler
+/// reads the gathered sequence).
+#[test]
+fn sequence_parallel_ranks_train_as_one_rank() {
+    for (name, t, d, stage) in [
+        ("tiny-bert", 2, 1, 0),
+        ("tiny-bert", 4, 1, 2),
+        ("tiny-bert", 2, 2, 2),
+        ("tiny-bert", 4, 2, 0),
+        ("tiny-megatron-bert", 4, 1, 0),
+        ("tiny-megatron-bert", 2, 2, 2),
+        ("tiny-mosaicbert", 2, 1, 2),
+        ("tiny-albert", 4, 1, 0),
+        ("tiny-albert", 2, 2, 3),
+        ("tiny-bert-sts", 2, 1, 0),
+        ("tiny-bert-sts", 4, 2, 2),
+    ] {
+        let model = model(name);
+        let split = Split { t, sp: true, seq: SP_SEQ, recompute: Policy::None };
+        let (_, worst) = agree_split(&model, split, d, stage, Offload::None);
+        report(&model, t as usize, d, stage, &worst);
+    }
+}
+
+/// The backward's recomputation replays the sequence-parallel forward
+/// (its collectives included) and still trains as one rank.
+#[test]
+fn recomputed_sequence_parallel_ranks_train_as_one_rank() {
+    for (name, recompute) in [("tiny-bert", Policy::Full), ("tiny-megatron-bert", Policy::Full)] {
+        let model = model(name);
+        let split = Split { t: 2, sp: true, seq: SP_SEQ, recompute };
+        let (_, worst) = agree_split(&model, split, 2, 2, Offload::None);
+        report(&model, 2, 2, 2, &worst);
     }
 }
 

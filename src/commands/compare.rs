@@ -87,12 +87,16 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
     if flags.micro_batch.is_some() {
         note("--micro-batch");
     }
+    if flags.sequence_parallel.is_some() {
+        note("--sp");
+    }
     Pins {
         tensor_parallel: flags.tensor_parallel.or(config.tensor_parallel),
         zero_stage: flags.zero_stage.or(config.zero_stage),
         offload: flags.offload.or(config.offload),
         recompute: flags.recompute.or(config.recompute),
         micro_batch: flags.micro_batch.or(config.micro_batch),
+        sequence_parallel: flags.sequence_parallel.or(config.sequence_parallel),
     }
 }
 

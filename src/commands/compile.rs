@@ -72,6 +72,13 @@ pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
 pub fn pins(args: &CompileArgs) -> Pins {
     Pins {
         tensor_parallel: args.tp,
+        sequence_parallel: if args.sp {
+            Some(true)
+        } else if args.no_sp {
+            Some(false)
+        } else {
+            None
+        },
         zero_stage: args.zero,
         offload: args.offload,
         recompute: args.recompute,

@@ -93,7 +93,8 @@ pub fn text(plan: &Plan) -> String {
         gib(c.budget_bytes)
     );
     let groups = if s.tensor_parallel > 1 {
-        format!(" ({} tensor-parallel × {} data-parallel ranks)", s.tensor_parallel, s.ranks)
+        let sp = if s.sequence_parallel { ", sequence-parallel" } else { "" };
+        format!(" ({} tensor-parallel{sp} × {} data-parallel ranks)", s.tensor_parallel, s.ranks)
     } else {
         String::new()
     };
@@ -160,9 +161,10 @@ pub fn text(plan: &Plan) -> String {
             candidate.strategy.to_string()
         } else {
             let tp = candidate.strategy.tensor_parallel;
+            let sp = if candidate.strategy.sequence_parallel { "+SP" } else { "" };
             format!(
                 "{}ZeRO-{} offload {} recompute {}",
-                if tp > 1 { format!("TP-{tp} ") } else { String::new() },
+                if tp > 1 { format!("TP-{tp}{sp} ") } else { String::new() },
                 candidate.strategy.zero_stage,
                 candidate.strategy.offload.name(),
                 candidate.strategy.recompute

@@ -85,8 +85,13 @@ pub fn run<D: Device<Instr: Send> + Send>(
     if args.tp.is_some_and(|t| t > 1) && (args.save.is_some() || args.resume.is_some() || args.weights.is_some()) {
         return Err(context(TENSOR_PARALLEL_CHECKPOINTS.into()));
     }
-    let options =
-        PassOptions { shape_hint: bindings.clone(), data_parallel, tensor_parallel: args.tp, ..PassOptions::default() };
+    let options = PassOptions {
+        shape_hint: bindings.clone(),
+        data_parallel,
+        tensor_parallel: args.tp,
+        sequence_parallel: args.sp,
+        ..PassOptions::default()
+    };
     let compiling = Instant::now();
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;

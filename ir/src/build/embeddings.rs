@@ -12,7 +12,8 @@ impl Builder<'_> {
     ///
     /// word (+ learned position) (+ token type), then LayerNorm (post-norm
     /// models only: Megatron-BERT has none here), dropout, and for ALBERT's
-    /// factorised embeddings a projection from E to `hidden`.
+    /// factorised embeddings a projection from E to `hidden`. With sequence
+    /// parallelism `[batch, seq/t, hidden]`: this rank's positions.
     pub(super) fn embeddings(&mut self) -> Result<Value, GraphError> {
         let spec = self.spec;
         let e = spec.embedding_width();
@@ -22,13 +23,17 @@ impl Builder<'_> {
         if spec.position == PositionEncoding::Learned {
             let ids = TensorType::new(Shape(vec![seq()]), DType::I64);
             let positions = self.graph.source("embeddings.position_ids", Op::Arange, ids)?;
+            let positions = self.sequence_slice("embeddings.position_ids", positions, 0)?;
             let table = self.param("embeddings.position.weight", &[spec.max_position, e], normal.clone())?;
+            let table = self.sequence_param(table)?;
             let pos = self.graph.add("embeddings.position", Op::Embedding, &[table, positions])?;
             x = self.graph.add("embeddings.with_position", Op::Add, &[x, pos])?;
         }
         if spec.type_vocab > 0 {
             let token_types = self.token_input("token_type_ids")?;
+            let token_types = self.sequence_slice("token_type_ids", token_types, 1)?;
             let table = self.param("embeddings.token_type.weight", &[spec.type_vocab, e], normal.clone())?;
+            let table = self.sequence_param(table)?;
             let types = self.graph.add("embeddings.token_type", Op::Embedding, &[table, token_types])?;
             x = self.graph.add("embeddings.with_token_type", Op::Add, &[x, types])?;
         }
@@ -41,6 +46,7 @@ impl Builder<'_> {
         if e != spec.hidden {
             let w = self.param("embeddings.project.weight", &[spec.hidden, e], normal)?;
             let b = self.param("embeddings.project.bias", &[spec.hidden], Init::Zeros)?;
+            let (w, b) = (self.sequence_param(w)?, self.sequence_param(b)?);
             x = self.linear("embeddings.project", x, w, Some(b))?;
         }
         Ok(x)
@@ -48,7 +54,8 @@ impl Builder<'_> {
 
     /// The word embeddings of `ids`: one table, or with tensor parallelism a
     /// vocabulary shard per rank whose rows the ranks sum (each id's row is
-    /// on exactly one rank; the others contribute zeros).
+    /// on exactly one rank; the others contribute zeros), of which each rank
+    /// keeps its positions with sequence parallelism.
     fn word_embeddings(&mut self, ids: Value) -> Result<Value, GraphError> {
         let (e, normal) = (self.spec.embedding_width(), self.normal());
         let rows = self.vocab_rows();
@@ -58,6 +65,6 @@ impl Builder<'_> {
         }
         let local = self.graph.add("embeddings.word.ids", Op::VocabShard { ranks: self.t, rows }, &[ids])?;
         let partial = self.graph.add("embeddings.word.partial", Op::Embedding, &[table, local])?;
-        self.reduce_parallel("embeddings.word", partial)
+        self.exit_parallel("embeddings.word", partial)
     }
 }

@@ -41,13 +41,16 @@ impl Builder<'_> {
 
     /// Layer `l`'s row-parallel dense projection `slot`: each tensor rank
     /// multiplies its `in/t` inputs, the partial products are summed over
-    /// the ranks, then the (replicated) bias is added.
+    /// the ranks, then the (replicated) bias is added. With sequence
+    /// parallelism each rank keeps its slice of the sum, and adds the bias
+    /// to that.
     fn row_linear(&mut self, l: u64, slot: &str, x: Value, out: u64, inp: u64) -> Result<Value, GraphError> {
         let w = self.layer_weight(l, slot, out, inp, Some(1))?;
         let b = self.layer_vector(l, &format!("{slot}.bias"), out, Init::Zeros, false)?;
+        let b = self.sequence_param(b)?;
         let name = format!("layer{l}.{slot}");
         let product = self.linear(&format!("{name}.mm"), x, w, None)?;
-        let summed = self.reduce_parallel(&name, product)?;
+        let summed = self.exit_parallel(&name, product)?;
         self.graph.add(name, Op::Add, &[summed, b])
     }
 

@@ -12,10 +12,12 @@ impl Builder<'_> {
         match self.spec.head {
             Head::Mlm => self.mlm_head(x),
             Head::Classification { num_labels } => {
+                let x = self.whole_sequence("encoder.output", x)?;
                 let pooled = self.pooler(x)?;
                 self.classifier(pooled, num_labels)
             }
             Head::Pooler => {
+                let x = self.whole_sequence("encoder.output", x)?;
                 let pooled = self.pooler(x)?;
                 self.graph.set_output("sequence_output", x);
                 self.graph.set_output("pooled", pooled);
@@ -26,13 +28,16 @@ impl Builder<'_> {
 
     /// BERT's MLM head: dense + activation + LayerNorm at the embedding width,
     /// a decoder tied to the word embeddings, a bias; cross-entropy over the
-    /// positions whose label is not -100.
+    /// positions whose label is not -100. With sequence parallelism the
+    /// transform runs on this rank's positions and the decoder's input is
+    /// gathered (Megatron's order).
     fn mlm_head(&mut self, x: Value) -> Result<(), GraphError> {
         let spec = self.spec;
         let (e, v) = (spec.embedding_width(), spec.vocab_size);
         let normal = self.normal();
         let w = self.param("mlm.transform.weight", &[e, spec.hidden], normal)?;
         let b = self.param("mlm.transform.bias", &[e], Init::Zeros)?;
+        let (w, b) = (self.sequence_param(w)?, self.sequence_param(b)?);
         let t = self.linear("mlm.transform", x, w, Some(b))?;
         let t = self.activation("mlm.act", t)?;
         let gamma = self.param("mlm.norm.gamma", &[e], Init::Ones)?;

@@ -25,6 +25,22 @@
 //! a reduction, position and token-type embeddings and the pooler and
 //! classifier are replicated: every tensor rank computes them identically.
 //! Sharded parameters carry [`Init::TensorShard`].
+//!
+//! With sequence parallelism as well ([`BuildOptions::sequence_parallel`];
+//! Korthikanti et al., 2022) the regions between the column- and
+//! row-parallel blocks — LayerNorms, dropouts, residual adds, the row
+//! projections' biases, the embeddings' sums, norm and projection, the MLM
+//! transform — run on this rank's `[batch, seq/t, hidden]` slice of the
+//! sequence (the type says `seq/t`, see [`crate::shape`]): the `tensor_copy`
+//! before a column-parallel block becomes a `sequence_all_gather` and the
+//! `tensor_all_reduce` after a row-parallel one a `sequence_reduce_scatter`.
+//! Position and token-type ids are cut to the slice (`sequence_slice`);
+//! attention still sees the whole sequence and mask. The parameters of those
+//! regions get a partial gradient on each rank (from its positions only), so
+//! each is read through a `tensor_copy` (`P.sequence_parallel`), whose
+//! adjoint sums the gradient over the tensor ranks: afterwards it is
+//! replicated, as the optimizer and the global norm expect. The pooler and
+//! classifier read the whole sequence, gathered once.
 
 mod embeddings;
 mod encoder;
@@ -45,12 +61,15 @@ pub struct BuildOptions {
     pub dtype: DType,
     /// Tensor-parallel ranks `t` (1: none); the graph built is one tensor rank's.
     pub tensor_parallel: u64,
+    /// Megatron's sequence parallelism over the same `t` ranks (needs `t > 1`):
+    /// LayerNorm, dropout and residual regions on `[batch, seq/t, hidden]`.
+    pub sequence_parallel: bool,
 }
 
 impl BuildOptions {
     /// One rank's whole model in `dtype`.
     pub fn new(dtype: DType) -> BuildOptions {
-        BuildOptions { dtype, tensor_parallel: 1 }
+        BuildOptions { dtype, tensor_parallel: 1, sequence_parallel: false }
     }
 }
 
@@ -104,7 +123,19 @@ pub fn forward(spec: &ModelSpec, options: &BuildOptions) -> Result<Graph, BuildE
     }
     let t = options.tensor_parallel;
     check_tensor_parallel(spec, t).map_err(|why| BuildError::TensorParallel { ranks: t, why })?;
-    let mut b = Builder { spec, graph: Graph::new(spec.name.clone()), dtype: options.dtype, next_stream: 0, t };
+    if options.sequence_parallel && t == 1 {
+        let why = "sequence parallelism splits the sequence over the tensor-parallel ranks: it needs more than one \
+                   (use --tp 2 or more, or leave it off)";
+        return Err(BuildError::TensorParallel { ranks: t, why: why.into() });
+    }
+    let mut b = Builder {
+        spec,
+        graph: Graph::new(spec.name.clone()),
+        dtype: options.dtype,
+        next_stream: 0,
+        t,
+        sp: options.sequence_parallel,
+    };
     let x = b.embeddings()?;
     let x = b.encoder(x)?;
     b.head(x)?;
@@ -121,6 +152,8 @@ struct Builder<'a> {
     next_stream: u32,
     /// Tensor-parallel ranks (1: none).
     t: u64,
+    /// Sequence parallelism over the `t` ranks.
+    sp: bool,
 }
 
 fn batch() -> Dim {
@@ -158,15 +191,64 @@ impl Builder<'_> {
         self.param(name, &local, init)
     }
 
-    /// Megatron's `f` before a column-parallel region (nothing with one rank).
+    /// Megatron's `f` before a column-parallel region (nothing with one
+    /// rank): with sequence parallelism, the gather of the ranks' slices.
     fn enter_parallel(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
         if self.t == 1 {
             return Ok(x);
         }
+        if self.sp {
+            let gather = Op::SequenceAllGather { ranks: self.t, partial_grad: true };
+            return self.graph.add(format!("{name}.sequence_all_gather"), gather, &[x]);
+        }
         self.graph.add(format!("{name}.tensor_copy"), Op::TensorCopy { ranks: self.t }, &[x])
     }
 
-    /// Megatron's `g`: the sum of the ranks' partial results (nothing with one rank).
+    /// Megatron's `g` after a row-parallel region: the sum of the ranks'
+    /// partial results, or with sequence parallelism each rank's slice of it.
+    fn exit_parallel(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
+        if self.t > 1 && self.sp {
+            let scatter = Op::SequenceReduceScatter { ranks: self.t };
+            return self.graph.add(format!("{name}.sequence_reduce_scatter"), scatter, &[x]);
+        }
+        self.reduce_parallel(name, x)
+    }
+
+    /// The whole sequence for replicated consumers (the pooler): gathered
+    /// with sequence parallelism, where each rank then keeps its slice of
+    /// the (equal) gradients; `x` itself otherwise.
+    fn whole_sequence(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
+        if !self.sp {
+            return Ok(x);
+        }
+        let gather = Op::SequenceAllGather { ranks: self.t, partial_grad: false };
+        self.graph.add(format!("{name}.sequence_all_gather"), gather, &[x])
+    }
+
+    /// This rank's slice of a `[.., seq, ..]` tensor of ids along `axis`
+    /// with sequence parallelism; `ids` itself otherwise.
+    fn sequence_slice(&mut self, name: &str, ids: Value, axis: usize) -> Result<Value, GraphError> {
+        if !self.sp {
+            return Ok(ids);
+        }
+        self.graph.add(format!("{name}.sequence_slice"), Op::SequenceSlice { ranks: self.t, axis }, &[ids])
+    }
+
+    /// A replicated parameter read in a sequence-parallel region: through a
+    /// `tensor_copy` (one per parameter, shared by its readers), whose
+    /// adjoint sums the ranks' partial gradients. `p` itself otherwise.
+    fn sequence_param(&mut self, p: Value) -> Result<Value, GraphError> {
+        if !self.sp {
+            return Ok(p);
+        }
+        let name = format!("{}.sequence_parallel", self.graph.node(p.node).name);
+        if let Some(node) = self.graph.node_by_name(&name) {
+            return Ok(Value { node, output: 0 });
+        }
+        self.graph.add(name, Op::TensorCopy { ranks: self.t }, &[p])
+    }
+
+    /// The sum of the ranks' partial results (nothing with one rank).
     fn reduce_parallel(&mut self, name: &str, x: Value) -> Result<Value, GraphError> {
         if self.t == 1 {
             return Ok(x);
@@ -197,7 +279,9 @@ impl Builder<'_> {
         }
     }
 
+    /// A LayerNorm; always in a sequence-parallel region when there is one.
     fn layer_norm(&mut self, name: &str, x: Value, gamma: Value, beta: Value) -> Result<Value, GraphError> {
+        let (gamma, beta) = (self.sequence_param(gamma)?, self.sequence_param(beta)?);
         self.graph.add(name, Op::LayerNorm { eps: self.spec.layer_norm_eps }, &[x, gamma, beta])
     }
 

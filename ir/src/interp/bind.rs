@@ -23,6 +23,9 @@ fn concrete_dim(d: &Dim, bindings: &Bindings) -> Result<usize, String> {
     if let Some(s) = d.symbols().iter().find(|s| !bindings.contains_key(*s)) {
         return Err(format!("dimension `{d}` has the unbound symbol `{s}` ({})", describe(bindings)));
     }
+    if let Some(why) = d.indivisible(bindings) {
+        return Err(why);
+    }
     d.eval(bindings)
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| format!("dimension `{d}` overflows under {}", describe(bindings)))

@@ -128,7 +128,11 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
         }
         Op::Copy => Ok(vec![x[0].clone()]),
         // One tensor rank (checked above): these are the whole ops' forms.
-        Op::TensorCopy { .. } | Op::TensorAllReduce { .. } => Ok(vec![x[0].clone()]),
+        Op::TensorCopy { .. }
+        | Op::TensorAllReduce { .. }
+        | Op::SequenceSlice { .. }
+        | Op::SequenceAllGather { .. }
+        | Op::SequenceReduceScatter { .. } => Ok(vec![x[0].clone()]),
         Op::VocabShard { ranks, rows } => one(tp::vocab_shard(x[0], 0, *ranks, *rows)),
         Op::CrossEntropyStats { ranks, vocab } => one(tp::stats(x[0], x[1], 0, *ranks, *vocab)),
         Op::CrossEntropyCombine { ignore_index } => one(tp::combine(x[0], x[1], x[2], *ignore_index)),

@@ -190,6 +190,7 @@ mod pass;
 pub mod philox;
 pub mod random;
 mod rows;
+pub mod sequence_parallel;
 pub mod tensor_parallel;
 
 use petgraph::stable_graph::NodeIndex;

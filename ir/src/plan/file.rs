@@ -76,6 +76,10 @@ pub struct Strategy {
     /// Tensor-parallel ranks per replica (Megatron-LM layers); 1: none.
     #[serde(default = "one")]
     pub tensor_parallel: u64,
+    /// Megatron's sequence parallelism over the tensor ranks (Korthikanti
+    /// et al., 2022); plans written before it have none.
+    #[serde(default)]
+    pub sequence_parallel: bool,
     pub zero_stage: u8,
     pub offload: Offload,
     /// The recomputation policy's name (`none`, `selective`, `full`, …).
@@ -101,7 +105,8 @@ impl Strategy {
 impl std::fmt::Display for Strategy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.tensor_parallel > 1 {
-            write!(f, "TP-{} ", self.tensor_parallel)?;
+            let sp = if self.sequence_parallel { "+SP" } else { "" };
+            write!(f, "TP-{}{sp} ", self.tensor_parallel)?;
         }
         write!(
             f,

@@ -120,6 +120,30 @@ pub(super) fn vjp(
         // Megatron's conjugate pair: `f`'s adjoint is `g` and `g`'s is `f`.
         Op::TensorCopy { ranks } => grads[0] = Some(g.add(back(0), Op::TensorAllReduce { ranks: *ranks }, &[dy()])?),
         Op::TensorAllReduce { .. } => grads[0] = Some(dy()),
+        // Sequence parallelism's pairs (Korthikanti et al., 2022): the gather
+        // into a tensor-parallel region and the reduce-scatter out of one are
+        // each other's adjoints; the gather into replicated consumers and the
+        // slice of a replicated tensor are too.
+        Op::SequenceAllGather { ranks, partial_grad: true } => {
+            grads[0] = Some(g.add(back(0), Op::SequenceReduceScatter { ranks: *ranks }, &[dy()])?)
+        }
+        Op::SequenceAllGather { ranks, partial_grad: false } => {
+            grads[0] = Some(g.add(back(0), Op::SequenceSlice { ranks: *ranks, axis: 1 }, &[dy()])?)
+        }
+        Op::SequenceReduceScatter { ranks } => {
+            let gather = Op::SequenceAllGather { ranks: *ranks, partial_grad: true };
+            grads[0] = Some(g.add(back(0), gather, &[dy()])?)
+        }
+        Op::SequenceSlice { ranks, axis } => {
+            // Ids (the usual operand) have no gradient.
+            if want(0) && g.value_type(operands[0]).dtype.is_float() {
+                if *axis != 1 {
+                    return Err(not_differentiable("only a slice of axis 1 (the sequence) has a gathered adjoint"));
+                }
+                let gather = Op::SequenceAllGather { ranks: *ranks, partial_grad: false };
+                grads[0] = Some(g.add(back(0), gather, &[dy()])?);
+            }
+        }
         // Integer ids: nothing to differentiate.
         Op::VocabShard { .. } => {}
         // The statistics' gradient reaches the logits through the combine's

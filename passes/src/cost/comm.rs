@@ -14,7 +14,12 @@ use zeroplan_ir::{Bindings, Graph, Op, Phase, Value};
 pub fn ring_share(op: &Op) -> Option<f64> {
     let (ranks, passes) = match *op {
         Op::AllReduce { ranks } | Op::TensorAllReduce { ranks } => (ranks, 2.0),
-        Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks, 1.0),
+        // A sequence all-gather and reduce-scatter pair moves what the
+        // tensor all-reduce it replaces did (Korthikanti et al., 2022).
+        Op::ReduceScatter { ranks }
+        | Op::AllGather { ranks }
+        | Op::SequenceAllGather { ranks, .. }
+        | Op::SequenceReduceScatter { ranks } => (ranks, 1.0),
         _ => return None,
     };
     Some(passes * (ranks - 1) as f64 / ranks as f64)
@@ -26,7 +31,7 @@ pub fn ring_share(op: &Op) -> Option<f64> {
 pub fn whole_elements(graph: &Graph, value: Value, bindings: &Bindings) -> Option<u64> {
     let node = graph.node(value.node);
     let whole = match node.op {
-        Op::AllGather { .. } => value,
+        Op::AllGather { .. } | Op::SequenceAllGather { .. } => value,
         _ => graph.operands(value.node)[0],
     };
     graph.value_type(whole).shape.numel().eval(bindings)

@@ -83,6 +83,7 @@ impl Machine {
                     Op::AllReduce { ranks } => (2 * (ranks - 1), ranks * tensor_parallel),
                     Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks - 1, ranks * tensor_parallel),
                     Op::TensorAllReduce { ranks } => (2 * (ranks - 1), ranks),
+                    Op::SequenceAllGather { ranks, .. } | Op::SequenceReduceScatter { ranks } => (ranks - 1, ranks),
                     _ => (0, 1),
                 };
                 LAUNCH_SECONDS

@@ -59,6 +59,8 @@ pub enum LivenessError {
     Cycle,
     #[error("the size of `{0}` is not known: bind every symbol (batch, seq)")]
     Unbound(String),
+    #[error("`{value}`: {why}")]
+    Indivisible { value: String, why: String },
 }
 
 /// Lifetimes of every value of `graph` under the schedule `order`.
@@ -150,9 +152,13 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         };
         for output in 0..node.outputs.len() as u32 {
             let value = Value { node: n, output };
-            let bytes = node.outputs[output as usize]
-                .size_bytes(bindings)
-                .ok_or_else(|| LivenessError::Unbound(graph.value_ref(value)))?;
+            let ty = &node.outputs[output as usize];
+            let bytes = ty.size_bytes(bindings).ok_or_else(|| {
+                match ty.shape.dims().iter().find_map(|d| d.indivisible(bindings)) {
+                    Some(why) => LivenessError::Indivisible { value: graph.value_ref(value), why },
+                    None => LivenessError::Unbound(graph.value_ref(value)),
+                }
+            })?;
             let start = if persistent { 0 } else { position[&n] };
             let end = if persistent { last } else { last_use.get(&value).copied().unwrap_or(position[&n]) };
             let alias_of = alias.get(&value).copied();

@@ -122,7 +122,11 @@ pub fn capacity(req: &Request, ladder: &[(u64, u64)]) -> Result<Capacity, PlanEr
         }
         let zero_stage = req.pins.zero_stage.unwrap_or(3);
         let count = |t: u64| -> Result<u64, PlanError> {
-            let options = BuildOptions { dtype: compute_dtype(req.train.precision), tensor_parallel: t };
+            let options = BuildOptions {
+                dtype: compute_dtype(req.train.precision),
+                tensor_parallel: t,
+                sequence_parallel: false,
+            };
             let graph = build::forward(&model, &options).map_err(|e| PlanError::Compile(e.to_string()))?;
             Ok(graph.parameter_count())
         };

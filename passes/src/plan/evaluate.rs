@@ -19,6 +19,8 @@ use crate::recompute::Policy;
 pub struct Choice {
     /// Tensor-parallel ranks per data-parallel replica.
     pub tensor_parallel: u64,
+    /// Sequence parallelism over them (only with more than one).
+    pub sequence_parallel: bool,
     pub zero_stage: u8,
     pub offload: Offload,
     pub recompute: Policy,
@@ -35,6 +37,7 @@ impl Choice {
         Strategy {
             ranks: self.data_ranks(world),
             tensor_parallel: self.tensor_parallel,
+            sequence_parallel: self.sequence_parallel,
             zero_stage: self.zero_stage,
             offload: self.offload,
             recompute: self.recompute.name(),
@@ -47,7 +50,8 @@ impl Choice {
 impl std::fmt::Display for Choice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.tensor_parallel > 1 {
-            write!(f, "TP-{} ", self.tensor_parallel)?;
+            let sp = if self.sequence_parallel { "+SP" } else { "" };
+            write!(f, "TP-{}{sp} ", self.tensor_parallel)?;
         }
         write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())
     }
@@ -87,6 +91,7 @@ impl Step {
             shape_hint: bindings(hint_batch, req.seq),
             data_parallel: Some(DataParallel { ranks, zero_stage: choice.zero_stage, offload: choice.offload }),
             tensor_parallel: Some(choice.tensor_parallel),
+            sequence_parallel: choice.sequence_parallel,
             ..PassOptions::default()
         };
         let graph = compile(model, &Target::Training(&train), options)
@@ -99,10 +104,11 @@ impl Step {
     /// The stored activation bytes of the whole model's step without
     /// recomputation at `micro_batch` sequences, on one of
     /// `tensor_parallel` tensor ranks (the step before the `recompute`
-    /// pass: the same for every ZeRO stage).
+    /// pass: the same for every ZeRO stage), with sequence parallelism
+    /// when `sequence_parallel`.
     pub fn before_recompute(
         req: &Request,
-        tensor_parallel: u64,
+        (tensor_parallel, sequence_parallel): (u64, bool),
         micro_batch: u64,
         micro_batches: u64,
     ) -> Result<u64, PlanError> {
@@ -112,6 +118,7 @@ impl Step {
             disabled: ["recompute", "partition", "fuse"].map(String::from).into(),
             shape_hint: hint.clone(),
             tensor_parallel: Some(tensor_parallel),
+            sequence_parallel,
             ..PassOptions::default()
         };
         let graph = compile(req.model, &Target::Training(&train), options)

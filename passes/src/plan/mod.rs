@@ -32,6 +32,9 @@ use search::Outcome;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Pins {
     pub tensor_parallel: Option<u64>,
+    /// Sequence parallelism on or off (`None`: the search tries both where
+    /// there are several tensor ranks).
+    pub sequence_parallel: Option<bool>,
     pub zero_stage: Option<u8>,
     pub offload: Option<Offload>,
     pub recompute: Option<Policy>,
@@ -75,6 +78,8 @@ pub enum PlanError {
     Precision { gpu: String, precision: &'static str, instead: &'static str },
     #[error("--zero {0}: ZeRO has stages 0 to 3")]
     Stage(u8),
+    #[error("--sp: {0}")]
+    SequenceParallel(String),
     #[error("--tp {tensor_parallel}: {why}")]
     TensorParallel { tensor_parallel: u64, why: String },
     #[error("the pins leave nothing to search: {0}")]
@@ -104,6 +109,13 @@ pub fn precision_name(precision: Precision) -> &'static str {
 pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     let machine = check(req)?;
     let choices = search::choices(req);
+    if choices.is_empty() && req.pins.sequence_parallel == Some(true) {
+        return Err(PlanError::SequenceParallel(format!(
+            "no tensor-parallel degree the search may use (a divisor of the GPU count within a node that splits \
+             the model) divides the sequence of {} tokens: pin --tp, or leave --sp to the search",
+            req.seq
+        )));
+    }
     if choices.is_empty() {
         return Err(PlanError::Pins("offloading the optimizer needs ZeRO stage ≥ 1, the parameters stage 3".into()));
     }
@@ -174,6 +186,22 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
         };
         if let Some(why) = why {
             return Err(PlanError::TensorParallel { tensor_parallel: t, why });
+        }
+    }
+    if req.pins.sequence_parallel == Some(true) {
+        let why = match req.pins.tensor_parallel {
+            Some(1) => Some("sequence parallelism splits the sequence over the tensor-parallel ranks: pin --tp 2 or more (or leave --tp to the search)".to_string()),
+            Some(t) if !req.seq.is_multiple_of(t) => Some(format!(
+                "the {t} tensor ranks do not divide the sequence of {} tokens: use a --seq that is a multiple of {t}",
+                req.seq
+            )),
+            None if req.cluster.gpus_per_node < 2 && req.cluster.world_size() < 2 => {
+                Some("sequence parallelism needs at least two GPUs for its tensor ranks".to_string())
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(PlanError::SequenceParallel(why));
         }
     }
     // The data-parallel ranks split the batch.

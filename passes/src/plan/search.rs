@@ -43,6 +43,22 @@ pub fn tensor_degrees(req: &Request) -> Vec<u64> {
         .collect()
 }
 
+/// Sequence parallelism at `t` tensor ranks: none with one rank; the pinned
+/// choice; else both (it moves what tensor parallelism moves and keeps
+/// `1/t` of the LayerNorm, dropout and residual activations, but adds a
+/// small gradient all-reduce per LayerNorm and bias parameter, and a
+/// sequence length that `t` does not divide cannot have it).
+fn sequence_parallel_choices(req: &Request, t: u64) -> Vec<bool> {
+    let possible = t > 1 && req.seq.is_multiple_of(t);
+    match req.pins.sequence_parallel {
+        Some(true) if possible => vec![true],
+        Some(true) => Vec::new(),
+        Some(false) => vec![false],
+        None if possible => vec![false, true],
+        None => vec![false],
+    }
+}
+
 /// The choices the pins leave, in a fixed order.
 pub fn choices(req: &Request) -> Vec<Choice> {
     let mut out = Vec::new();
@@ -67,13 +83,14 @@ fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
             // The search tries the fixed policies; an `optimal` one only when pinned.
             let policies = req.pins.recompute.map_or(vec![Policy::None, Policy::Selective, Policy::Full], |r| vec![r]);
             for recompute in policies {
-                let choice = Choice { tensor_parallel, zero_stage, offload, recompute };
                 let pins = &req.pins;
                 if allowed
                     && pins.zero_stage.is_none_or(|z| z == zero_stage)
                     && pins.offload.is_none_or(|o| o == offload)
                 {
-                    out.push(choice);
+                    for sequence_parallel in sequence_parallel_choices(req, tensor_parallel) {
+                        out.push(Choice { tensor_parallel, sequence_parallel, zero_stage, offload, recompute });
+                    }
                 }
             }
         }
@@ -135,7 +152,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
     let world = req.cluster.world_size();
     let budget = req.cluster.budget_bytes();
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
-    let mut stored_none: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut stored_none: HashMap<(u64, bool, u64), u64> = HashMap::new();
     let mut out = Vec::new();
     for o in outcomes.iter().filter(|o| o.choice.recompute == Policy::Full) {
         let Some(full) = &o.best else { continue };
@@ -147,11 +164,12 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
         }
         let micro_batches = per_rank / b;
         let peak_none = Probe::compile(req, keep, ranks, b, micro_batches)?.memory(req, b)?.peak_bytes;
-        let key = (o.choice.tensor_parallel, b);
+        let key = (o.choice.tensor_parallel, o.choice.sequence_parallel, b);
         let stored = match stored_none.get(&key) {
             Some(&s) => s,
             None => {
-                let s = Step::before_recompute(req, o.choice.tensor_parallel, b, micro_batches)?;
+                let split = (o.choice.tensor_parallel, o.choice.sequence_parallel);
+                let s = Step::before_recompute(req, split, b, micro_batches)?;
                 stored_none.insert(key, s);
                 s
             }

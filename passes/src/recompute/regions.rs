@@ -170,10 +170,18 @@ pub fn layer_of(graph: &Graph, n: NodeIndex) -> Option<u64> {
 }
 
 /// A value the forward computes from the batch: not a source, not a working
-/// copy of weights (a cast of parameters).
+/// copy of weights (a cast of parameters, or the `tensor_copy` through which
+/// sequence parallelism reads one).
 pub fn is_activation(graph: &Graph, n: NodeIndex) -> bool {
     let node = graph.node(n);
-    let working_copy = matches!(node.op, Op::Cast { .. })
-        && graph.operands(n).iter().all(|v| matches!(graph.node(v.node).op, Op::Param { .. }));
-    node.phase == Phase::Forward && !node.op.is_source() && !working_copy
+    node.phase == Phase::Forward && !node.op.is_source() && !is_weight(graph, n)
+}
+
+/// A parameter, or a cast or tensor copy of weights.
+fn is_weight(graph: &Graph, n: NodeIndex) -> bool {
+    match graph.node(n).op {
+        Op::Param { .. } => true,
+        Op::Cast { .. } | Op::TensorCopy { .. } => graph.operands(n).iter().all(|v| is_weight(graph, v.node)),
+        _ => false,
+    }
 }

@@ -25,6 +25,9 @@ impl<K> Instr<K> {
             }
             Instr::AllReduce { x, out }
             | Instr::TensorAllReduce { x, out }
+            | Instr::SequenceAllGather { x, out, .. }
+            | Instr::SequenceReduceScatter { x, out, .. }
+            | Instr::SequenceSlice { x, out, .. }
             | Instr::AlibiBias { x, out, .. }
             | Instr::VocabShard { ids: x, out, .. }
             | Instr::ReduceScatter { x, out }

@@ -6,6 +6,7 @@ use super::ops::{broadcast, embedding, layout, loss, matmul, tensor_parallel as 
 use super::select::{Instr, elem};
 use zeroplan_ir::Tensor;
 use zeroplan_ir::interp;
+use zeroplan_ir::interp::sequence_parallel;
 
 use crate::runner::{Buf, Ctx};
 
@@ -113,6 +114,24 @@ pub fn run_routine<K>(instr: &Instr<K>, mem: &Memory, cx: &Ctx) -> Result<(), St
             let mut v = mem.read_f32(*x);
             cx.tensor.all_reduce(&mut v).map_err(|e| e.to_string())?;
             mem.write_f32(*out, &v);
+        }
+        Instr::SequenceAllGather { x, outer, out } => {
+            let mut all = vec![0.0; out.len];
+            cx.tensor.all_gather(&mem.read_f32(*x), &mut all).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &sequence_parallel::from_rank_major(&all, *outer, cx.tensor.ranks()));
+        }
+        Instr::SequenceReduceScatter { x, outer, out } => {
+            let whole = sequence_parallel::to_rank_major(&mem.read_f32(*x), *outer, cx.tensor.ranks());
+            let mut part = vec![0.0; out.len];
+            cx.tensor.reduce_scatter(&whole, &mut part).map_err(|e| e.to_string())?;
+            mem.write_f32(*out, &part);
+        }
+        Instr::SequenceSlice { x, shape, axis, rank, ranks, out } => {
+            if x.dtype.is_int() {
+                mem.write_i64(*out, &sequence_parallel::slice(&mem.read_i64(*x), shape, *axis, *rank, *ranks));
+            } else {
+                mem.write_f32(*out, &sequence_parallel::slice(&mem.read_f32(*x), shape, *axis, *rank, *ranks));
+            }
         }
         Instr::VocabShard { ids, rank, ranks, rows, out } => {
             let local = interp::tensor_parallel::vocab_shard(&mem.read_i64(*ids), *rank, *ranks, *rows)?;

@@ -96,6 +96,29 @@ pub enum Instr<K = Arc<CompiledKernel>> {
         x: Buf,
         out: Buf,
     },
+    /// Sequence parallelism: every tensor rank's `[outer, S/t, …]` slice,
+    /// gathered into `[outer, S, …]`.
+    SequenceAllGather {
+        x: Buf,
+        outer: usize,
+        out: Buf,
+    },
+    /// The sum over the tensor ranks of `[outer, S, …]`, of which this rank
+    /// keeps its `[outer, S/t, …]` slice.
+    SequenceReduceScatter {
+        x: Buf,
+        outer: usize,
+        out: Buf,
+    },
+    /// This tensor rank's slice of `axis` (ids or floats).
+    SequenceSlice {
+        x: Buf,
+        shape: Vec<usize>,
+        axis: usize,
+        rank: usize,
+        ranks: usize,
+        out: Buf,
+    },
     /// Ids to this tensor rank's rows of a vocabulary-parallel table.
     VocabShard {
         ids: Buf,
@@ -303,6 +326,9 @@ impl<K> Instr<K> {
             Instr::ReduceScatter { .. } => "reduce_scatter",
             Instr::AllGather { .. } => "all_gather",
             Instr::TensorAllReduce { .. } => "tensor_all_reduce",
+            Instr::SequenceAllGather { .. } => "sequence_all_gather",
+            Instr::SequenceReduceScatter { .. } => "sequence_reduce_scatter",
+            Instr::SequenceSlice { .. } => "sequence_slice",
             Instr::VocabShard { .. } => "vocab_shard",
             Instr::CrossEntropyStats { .. } => "cross_entropy_stats",
             Instr::CrossEntropyCombine { .. } => "cross_entropy_combine",
@@ -409,6 +435,19 @@ fn instruction<C: KernelCompile>(
         Op::AllGather { .. } => Instr::AllGather { x: x[0], out: out(0) },
         Op::TensorAllReduce { ranks: 1 } => Instr::Copy { from: x[0], to: out(0) },
         Op::TensorAllReduce { .. } => Instr::TensorAllReduce { x: x[0], out: out(0) },
+        Op::SequenceAllGather { ranks: 1, .. } | Op::SequenceReduceScatter { ranks: 1 } => {
+            Instr::Copy { from: x[0], to: out(0) }
+        }
+        Op::SequenceAllGather { .. } => Instr::SequenceAllGather { x: x[0], outer: out_shape[0], out: out(0) },
+        Op::SequenceReduceScatter { .. } => Instr::SequenceReduceScatter { x: x[0], outer: out_shape[0], out: out(0) },
+        Op::SequenceSlice { ranks, axis } => Instr::SequenceSlice {
+            x: x[0],
+            shape: operand_shape(0)?,
+            axis: *axis,
+            rank: tensor_rank as usize,
+            ranks: usize_of(*ranks)?,
+            out: out(0),
+        },
         Op::VocabShard { ranks, rows } => {
             Instr::VocabShard { ids: x[0], rank: tensor_rank, ranks: *ranks, rows: *rows, out: out(0) }
         }
