@@ -61,7 +61,7 @@ impl Saver {
             std::thread::sleep(std::time::Duration::from_secs(600));
         }
         let manifest = Manifest {
-            format: training::FORMAT,
+            format: training::format_of(&self.layout),
             step,
             seed: self.seed,
             ranks: ranks.len(),
@@ -105,10 +105,11 @@ pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> R
     Ok(Resumed { step: m.step, seed: m.seed, data: m.data, states })
 }
 
-/// The layout of `program`'s persistent state, for saving and resharding.
-pub fn layout(program: &Program) -> Result<Layout, String> {
+/// The layout of `program`'s persistent state (it trains `model`), for
+/// saving and resharding.
+pub fn layout(program: &Program, model: &ModelSpec) -> Result<Layout, String> {
     let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
-    Layout::of(&program.graph, &bindings).map_err(|e| format!("error: {e}"))
+    Layout::of(&program.graph, &bindings, model).map_err(|e| format!("error: {e}"))
 }
 
 /// Overwrites the ranks' parameters from a Hugging Face file: read into

@@ -82,9 +82,6 @@ pub fn run<D: Device<Instr: Send> + Send>(
     if launched.is_some() {
         refuse_under_launch(args)?;
     }
-    if args.tp.is_some_and(|t| t > 1) && (args.save.is_some() || args.resume.is_some() || args.weights.is_some()) {
-        return Err(context(TENSOR_PARALLEL_CHECKPOINTS.into()));
-    }
     let options =
         PassOptions { shape_hint: bindings.clone(), data_parallel, tensor_parallel: args.tp, ..PassOptions::default() };
     let compiling = Instant::now();
@@ -92,8 +89,9 @@ pub fn run<D: Device<Instr: Send> + Send>(
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
     let compile_seconds = Some(compiling.elapsed().as_secs_f64());
-    let layout = checkpoints::layout(&program)?;
-    let world = data_parallel_ranks(&program.graph) as usize;
+    let layout = checkpoints::layout(&program, model)?;
+    // Every rank of the run: the data-parallel replicas' tensor ranks.
+    let world = (data_parallel_ranks(&program.graph) * tensor_parallel_ranks(&program.graph)) as usize;
     let resumed = match &args.resume {
         Some(dir) => Some(checkpoints::resume(dir, model, &layout, world)?),
         None => None,
@@ -199,11 +197,6 @@ fn refuse_under_launch(args: &TrainArgs) -> Result<(), String> {
         None => Ok(()),
     }
 }
-
-/// Why `--save`, `--resume` and `--weights` are refused with `--tp` > 1.
-const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not split or join tensor-parallel \
-     shards yet (a rank holds 1/T of each split matrix and of the padded vocabulary): train with --tp 1 to save \
-     or load weights";
 
 /// Trains the program of a plan file, with its batch and sequence length.
 pub fn run_plan<D: Device<Instr: Send> + Send>(

@@ -20,11 +20,13 @@
 //! `keep`.
 //!
 //! Resuming on the layout and rank count of the save sets each rank's state
-//! from its own file. Any other layout (ranks, ZeRO stage, offload, or no
-//! data parallelism) goes through the logical, per-parameter tensors
-//! ([`layout`]): the shards are joined and cut again for the new ranks.
+//! from its own file. Any other layout (ranks, ZeRO stage, offload, tensor
+//! parallelism, or none of them) goes through the logical, per-parameter
+//! tensors ([`layout`], [`tensor_parallel`]): the shards are joined and cut
+//! again for the new ranks.
 
 pub mod layout;
+pub mod tensor_parallel;
 
 use std::path::{Path, PathBuf};
 
@@ -39,12 +41,20 @@ use super::safetensors_io::{self, Entry, atomic_write, sync_dir};
 use super::{CheckpointError, Weights};
 use crate::data::Cursor;
 pub use layout::{Layout, Logical};
+pub use tensor_parallel::{Split, TensorParallel};
 
 /// The manifest's file name in a step directory.
 pub const MANIFEST: &str = "manifest.json";
 
-/// The manifest format this build writes and reads.
-pub const FORMAT: u32 = 1;
+/// The newest manifest format this build writes and reads: 2 added the
+/// layout's tensor-parallel splits. A save without tensor parallelism is
+/// still written as format 1 ([`format_of`]), which older builds read.
+pub const FORMAT: u32 = 2;
+
+/// The format a manifest of `layout` is written in: the oldest that holds it.
+pub fn format_of(layout: &Layout) -> u32 {
+    if layout.tensor_parallel.is_some() { 2 } else { 1 }
+}
 
 /// What a save holds besides the tensors: enough to continue, reshard, or
 /// export it.
@@ -55,6 +65,7 @@ pub struct Manifest {
     pub step: u64,
     /// The run's seed: initialisation, synthetic batches, dropout.
     pub seed: u64,
+    /// Every rank: data-parallel × tensor-parallel ranks.
     pub ranks: usize,
     /// The ZeRO stage and offload, when the program was partitioned.
     pub data_parallel: Option<DataParallel>,
@@ -202,10 +213,10 @@ impl Checkpoint {
                 format!("{} shard files for {} ranks: the manifest is corrupt", manifest.files.len(), manifest.ranks),
             ));
         }
-        if manifest.format != FORMAT {
+        if !(1..=FORMAT).contains(&manifest.format) || manifest.format < format_of(&manifest.layout) {
             return Err(invalid(
                 &manifest_path,
-                format!("manifest format {}, this zeroplan reads {FORMAT}", manifest.format),
+                format!("manifest format {}, this zeroplan reads 1 to {FORMAT}", manifest.format),
             ));
         }
         for f in &manifest.files {
