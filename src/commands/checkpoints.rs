@@ -100,9 +100,18 @@ pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> R
     }
     let states = checkpoint.states_for(layout, ranks).map_err(|e| format!("error: {e}"))?;
     if m.ranks != ranks || m.layout != *layout {
-        eprintln!("note: resharded {} from {} rank(s) to {ranks}", checkpoint.dir.display(), m.ranks);
+        let (from, to) = (grid(m.ranks, &m.layout), grid(ranks, layout));
+        eprintln!("note: resharded {} from {from} to {to}", checkpoint.dir.display());
     }
     Ok(Resumed { step: m.step, seed: m.seed, data: m.data, states })
+}
+
+/// `ranks` as data × tensor ranks where `layout` is tensor-parallel.
+fn grid(ranks: usize, layout: &Layout) -> String {
+    match &layout.tensor_parallel {
+        Some(tp) if tp.ranks > 1 => format!("{ranks} ranks ({} × TP-{})", ranks / tp.ranks, tp.ranks),
+        _ => format!("{ranks} rank(s)"),
+    }
 }
 
 /// The layout of `program`'s persistent state (it trains `model`), for
