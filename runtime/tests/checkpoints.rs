@@ -115,15 +115,16 @@ fn save(dir: &Path, model: &ModelSpec, program: &Program, config: Config, hosts:
     let step = hosts[0].steps_done();
     training::begin(dir, step).unwrap();
     let files = hosts.iter().enumerate().map(|(r, h)| training::save_rank(dir, step, r, &h.state()).unwrap()).collect();
+    let layout = Layout::of(&program.graph, &bindings(), model).unwrap();
     let manifest = Manifest {
-        format: training::FORMAT,
+        format: training::format_of(&layout),
         step,
         seed: SEED,
         ranks: hosts.len(),
         data_parallel: config.data_parallel,
         data: None,
         model: model.clone(),
-        layout: Layout::of(&program.graph, &bindings(), model).unwrap(),
+        layout,
         files,
     };
     training::commit(dir, &manifest, 2).unwrap();
