@@ -5,11 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
+use super::launched::Launched;
 use zeroplan_ir::Bindings;
 use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
 use zeroplan_ir::spec::ModelSpec;
-use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest};
+use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest, ShardFile};
 use zeroplan_runtime::checkpoint::{self, HeadShapes, training};
 use zeroplan_runtime::data::Cursor;
 use zeroplan_runtime::runner::{Device, Runner};
@@ -42,20 +43,49 @@ impl Saver {
         step == last || self.every.is_some_and(|k| k > 0 && step.is_multiple_of(k))
     }
 
-    /// Saves every rank's state (one writer thread per rank), then the manifest.
-    pub fn save<D: Device>(&self, ranks: &[Runner<D>], data: Option<Cursor>) -> Result<PathBuf, String> {
+    /// Saves every rank's state (one writer thread per rank), then the
+    /// manifest. Launched, `ranks` is this process's rank: rank 0 starts the
+    /// step directory, every process writes its own file, and rank 0
+    /// writes the manifest once all have (the directory must be one they
+    /// all see: a shared file system across nodes).
+    pub fn save<D: Device>(
+        &self,
+        ranks: &[Runner<D>],
+        data: Option<Cursor>,
+        launched: Option<&Launched>,
+    ) -> Result<PathBuf, String> {
         let error = |e: checkpoint::CheckpointError| format!("error: {e}");
         let step = ranks[0].steps_done();
-        training::begin(&self.dir, step).map_err(error)?;
-        let files = std::thread::scope(|s| {
+        let (first, world) = launched.map_or((0, ranks.len()), |l| (l.world.rank, l.world.world_size));
+        // One value each: an exchange every rank has to reach.
+        let barrier = |doing: &str| launched.map_or(Ok(Vec::new()), |l| l.share(&[0.0], doing));
+        if first == 0 {
+            training::begin(&self.dir, step).map_err(error)?;
+        }
+        barrier("waiting for rank 0 to start the save")?;
+        let mine = std::thread::scope(|s| {
             let writers: Vec<_> = ranks
                 .iter()
                 .enumerate()
-                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, r, &host.state())))
+                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, first + r, &host.state())))
                 .collect();
             writers.into_iter().map(|w| w.join().expect("a writer thread panicked")).collect::<Result<Vec<_>, _>>()
         })
         .map_err(error)?;
+        let files = match launched {
+            None => mine,
+            // Sizes are far below 2⁵³ bytes: exact in an f64.
+            Some(l) => l
+                .share(&[mine[0].bytes as f64], "sharing the saved shards' sizes")?
+                .into_iter()
+                .enumerate()
+                .map(|(rank, bytes)| ShardFile { rank, file: training::shard_file(rank), bytes: bytes as u64 })
+                .collect(),
+        };
+        if first != 0 {
+            barrier("waiting for rank 0 to complete the save")?;
+            return Ok(training::step_dir(&self.dir, step));
+        }
         if std::env::var(PAUSE_BEFORE_MANIFEST).is_ok_and(|v| v == step.to_string()) {
             eprintln!("paused before the manifest of step {step}");
             std::thread::sleep(std::time::Duration::from_secs(600));
@@ -64,14 +94,16 @@ impl Saver {
             format: training::format_of(&self.layout),
             step,
             seed: self.seed,
-            ranks: ranks.len(),
+            ranks: world,
             data_parallel: self.data_parallel,
             data,
             model: self.model.clone(),
             layout: self.layout.clone(),
             files,
         };
-        training::commit(&self.dir, &manifest, self.keep).map_err(error)
+        let at = training::commit(&self.dir, &manifest, self.keep).map_err(error)?;
+        barrier("waiting for rank 0 to complete the save")?;
+        Ok(at)
     }
 }
 
@@ -80,13 +112,21 @@ pub struct Resumed {
     pub step: u64,
     pub seed: u64,
     pub data: Option<Cursor>,
-    /// Each rank's state.
+    /// Each rank's state (this process's rank's alone, launched).
     pub states: Vec<State>,
 }
 
 /// Opens the newest complete save in `dir` for `program` on `ranks` ranks:
-/// the model must be the one saved; ranks, stage and offload may differ.
-pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> Result<Resumed, String> {
+/// the model must be the one saved; ranks, stage, offload and tensor
+/// parallelism may differ. `only`: the state of that rank alone (a
+/// launched process's).
+pub fn resume(
+    dir: &Path,
+    model: &ModelSpec,
+    layout: &Layout,
+    ranks: usize,
+    only: Option<usize>,
+) -> Result<Resumed, String> {
     let checkpoint = Checkpoint::open(dir).map_err(|e| format!("error: {e}"))?;
     let m = &checkpoint.manifest;
     if m.model != *model {
@@ -98,8 +138,12 @@ pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> R
             model.name
         ));
     }
-    let states = checkpoint.states_for(layout, ranks).map_err(|e| format!("error: {e}"))?;
-    if m.ranks != ranks || m.layout != *layout {
+    let states = match only {
+        None => checkpoint.states_for(layout, ranks),
+        Some(rank) => checkpoint.state_of_rank(layout, ranks, rank).map(|s| vec![s]),
+    }
+    .map_err(|e| format!("error: {e}"))?;
+    if (m.ranks != ranks || m.layout != *layout) && only.is_none_or(|r| r == 0) {
         let (from, to) = (grid(m.ranks, &m.layout), grid(ranks, layout));
         eprintln!("note: resharded {} from {from} to {to}", checkpoint.dir.display());
     }

@@ -104,10 +104,15 @@ pub fn begin(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
     Ok(at)
 }
 
+/// Rank `rank`'s shard file name in a step directory.
+pub fn shard_file(rank: usize) -> String {
+    format!("rank-{rank:05}.safetensors")
+}
+
 /// Writes rank `rank`'s `state` into the save of `step` that [`begin`]
 /// started; each rank writes its own file, in parallel.
 pub fn save_rank(dir: &Path, step: u64, rank: usize, state: &State) -> Result<ShardFile, CheckpointError> {
-    let file = format!("rank-{rank:05}.safetensors");
+    let file = shard_file(rank);
     let path = step_dir(dir, step).join(&file);
     let entries = state.iter().map(|(name, t)| Entry { name: name.clone(), tensor: t, dtype: t.dtype() }).collect();
     safetensors_io::write(&path, entries)?;
@@ -257,22 +262,39 @@ impl Checkpoint {
             return self.rank_states();
         }
         let logical = self.logical()?;
-        (0..ranks)
-            .map(|r| {
-                layout.distribute(&logical, r).map_err(|problems| {
-                    let list: Vec<String> = problems.iter().map(|p| format!("  - {p}")).collect();
-                    invalid(
-                        &self.dir,
-                        format!(
-                            "does not fit this program (resharding from {} rank(s)):\n{}\nhow to fix: resume with \
-                             the model spec and precision the run was saved with",
-                            self.manifest.ranks,
-                            list.join("\n")
-                        ),
-                    )
-                })
-            })
-            .collect()
+        (0..ranks).map(|r| self.cut(layout, &logical, r)).collect()
+    }
+
+    /// As [`Checkpoint::states_for`], for rank `rank` alone (a process of
+    /// a launched run): its own file when the layout and rank count are the
+    /// save's, else resharded (which reads every shard).
+    pub fn state_of_rank(&self, layout: &Layout, ranks: usize, rank: usize) -> Result<State, CheckpointError> {
+        if *layout == self.manifest.layout && ranks == self.manifest.ranks {
+            let file = self.manifest.files.get(rank).ok_or_else(|| {
+                invalid(&self.dir, format!("no rank {rank} among the save's {} ranks", self.manifest.ranks))
+            })?;
+            return read_state(&self.dir.join(&file.file));
+        }
+        if rank >= ranks {
+            return Err(invalid(&self.dir, format!("rank {rank} of a run of {ranks}")));
+        }
+        self.cut(layout, &self.logical()?, rank)
+    }
+
+    /// Rank `rank`'s state of a program laid out as `layout`, from `logical`.
+    fn cut(&self, layout: &Layout, logical: &Logical, rank: usize) -> Result<State, CheckpointError> {
+        layout.distribute(logical, rank).map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(|p| format!("  - {p}")).collect();
+            invalid(
+                &self.dir,
+                format!(
+                    "does not fit this program (resharding from {} rank(s)):\n{}\nhow to fix: resume with the model \
+                     spec and precision the run was saved with",
+                    self.manifest.ranks,
+                    list.join("\n")
+                ),
+            )
+        })
     }
 
     /// The model's parameters as one rank without data parallelism holds
