@@ -105,7 +105,8 @@ fn processes_draw_their_replicas_batches_from_the_data_as_threads_do() {
 /// threads save, byte for byte; stopped at step 2 and resumed, they write
 /// step 4 as the uninterrupted run does; and a one-rank save resumed on two
 /// tensor-parallel processes (resharded) follows one rank's losses within
-/// 1e-6 relative.
+/// 1e-6 relative. `--weights` loads into each process's own rank as
+/// threads load it.
 #[test]
 fn processes_save_and_resume_checkpoints_as_threads_do() {
     let dir = std::env::temp_dir().join(format!("zeroplan-launch-ckpt-{}", std::process::id()));
@@ -152,16 +153,23 @@ fn processes_save_and_resume_checkpoints_as_threads_do() {
     }
     assert_eq!(resharded.len(), 2, "steps 3 and 4");
 
-    // What joins every rank in one process is refused, naming the way round.
+    // --weights is cut per process: the threaded run's steps, bit for bit.
     let weights = at("w.safetensors");
-    for (flag, expect) in [("--save", "then `zeroplan export DIR"), ("--weights", "run the ranks as threads")] {
-        let launch =
-            [&["launch", "--nproc", "2", "--", "train"][..], &args, &["--ranks", "2", flag, &weights]].concat();
-        let out = within(&launch);
-        let stderr = text(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(expect) && !stderr.contains("panicked"), "{stderr}");
-    }
-    assert!(!dir.join("w.safetensors").exists());
+    threaded(&["--steps", "1", "--save", &weights]);
+    let from_weights = ["--tp", "2", "--zero", "1", "--steps", "2", "--weights", &weights];
+    let processes = launched("4", &from_weights);
+    let threads = threaded(&[&from_weights[..], &["--ranks", "2"]].concat());
+    assert_eq!(losses(&processes), losses(&threads), "--weights on 2 × TP-2 processes");
+    // A weights file joins every rank in one process: refused, naming the way round.
+    let never = at("never.safetensors");
+    let launch = [&["launch", "--nproc", "2", "--", "train"][..], &args, &["--ranks", "2", "--save", &never]].concat();
+    let out = within(&launch);
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("then `zeroplan export DIR") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(!dir.join("never.safetensors").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

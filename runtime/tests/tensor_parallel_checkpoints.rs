@@ -333,3 +333,36 @@ fn a_damaged_tensor_parallel_save_is_refused_naming_what() {
     assert_eq!(problems, ["`layer0.attn.q.weight` is [32, 31] in the checkpoint, the program's is [32, 32]"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn weights_written_into_each_rank_alone_join_into_the_model() {
+    // What a launched process does with --weights: only its own rank's state
+    // at hand, the parameters written in, the moments left as they are.
+    for (model, config) in [(tiny_bert(62), grid(4, 1, 3, 1)), (tiny_bert(64), grid(2, 2, 3, 1))] {
+        let plan = program(&model, config);
+        let mut hosts = load(&plan, config, None);
+        train(&model, &mut hosts, config, 0, 1);
+        let layout = layout(&model, &plan);
+        let before = logical(&model, &plan, &hosts);
+        let weights: Logical = before
+            .iter()
+            .filter(|(name, _)| !name.contains(".adam_") && !name.starts_with("train."))
+            .map(|(name, t)| {
+                let values = t.floats().unwrap().iter().map(|v| v + 0.5).collect();
+                (name.clone(), Tensor::float(t.shape().to_vec(), t.dtype(), values).unwrap())
+            })
+            .collect();
+        // The parameters alone: each has its moments beside it.
+        assert!(weights.contains_key("embeddings.word.weight"));
+        assert!(weights.keys().all(|n| before.contains_key(&format!("{n}.adam_m"))));
+        let states: Vec<State> = hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| layout.overwrite(&h.state(), &weights, r).unwrap_or_else(|p| panic!("{p:?}")))
+            .collect();
+        let after = layout.consolidate(&states).unwrap();
+        let mut want = before.clone();
+        want.extend(weights.clone());
+        assert!(after == want, "{config:?}: the parameters written, nothing else changed");
+    }
+}

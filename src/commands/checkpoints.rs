@@ -6,12 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use super::launched::Launched;
-use zeroplan_ir::Bindings;
+use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
 use zeroplan_ir::spec::ModelSpec;
+use zeroplan_ir::{Bindings, DType, Tensor};
 use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest, ShardFile};
-use zeroplan_runtime::checkpoint::{self, HeadShapes, training};
+use zeroplan_runtime::checkpoint::{self, HeadShapes, Weights, training};
 use zeroplan_runtime::data::Cursor;
 use zeroplan_runtime::runner::{Device, Runner};
 
@@ -167,41 +168,56 @@ pub fn layout(program: &Program, model: &ModelSpec) -> Result<Layout, String> {
 
 /// Overwrites the ranks' parameters from a Hugging Face file: read into
 /// the per-parameter view, then cut for each rank (masters, 16-bit copies
-/// and shards alike).
+/// and shards alike). `ranks` are global ranks `first..`: all of them, or a
+/// launched process's own.
 pub fn load_weights<D: Device>(
     path: &Path,
     model: &ModelSpec,
     layout: &Layout,
     ranks: &mut [Runner<D>],
+    first: usize,
 ) -> Result<(), String> {
-    load_weights_with(path, model, layout, ranks, HeadShapes::Strict)
+    load_weights_with(path, model, layout, ranks, first, HeadShapes::Strict)
 }
 
 /// As [`load_weights`]; `heads` says whether a task head of another shape
 /// is an error or replaced (fine-tuning from another task's checkpoint).
+/// Each rank's other state (moments, parameters the file lacks) stays as
+/// it is, so no rank needs another's.
 pub fn load_weights_with<D: Device>(
     path: &Path,
     model: &ModelSpec,
     layout: &Layout,
     ranks: &mut [Runner<D>],
+    first: usize,
     heads: HeadShapes,
 ) -> Result<(), String> {
-    let mut logical = logical(layout, ranks)?;
-    let (graph, mut weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
+    let graph = forward(model, &BuildOptions::default()).map_err(|e| format!("error: {e}"))?;
+    // Placeholders of each parameter's shape: what the file lacks is dropped below.
+    let mut weights: Weights = graph
+        .params()
+        .into_iter()
+        .map(|n| {
+            let node = graph.node(n);
+            let shape = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0) as usize).collect();
+            (node.name.clone(), Tensor::full(shape, DType::F32, 0.0))
+        })
+        .collect();
     let report = checkpoint::load_weights_with(path, model, &graph, &mut weights, heads).map_err(|e| e.to_string())?;
-    if !report.initialised.is_empty() {
+    if first == 0 && !report.initialised.is_empty() {
         eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
     }
-    if !report.replaced.is_empty() {
+    if first == 0 && !report.replaced.is_empty() {
         eprintln!(
             "note: {} holds a head of another shape (another label count): replaced, initialised: {}",
             path.display(),
             report.replaced.join(", ")
         );
     }
-    logical.extend(weights);
+    weights.retain(|name, _| report.loaded.contains(name));
     for (r, host) in ranks.iter_mut().enumerate() {
-        let state = layout.distribute(&logical, r).map_err(|p| format!("error: {}", p.join("; ")))?;
+        let state =
+            layout.overwrite(&host.state(), &weights, first + r).map_err(|p| format!("error: {}", p.join("; ")))?;
         host.set_state(&state).map_err(|e| format!("error: {e}"))?;
     }
     Ok(())

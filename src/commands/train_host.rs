@@ -115,7 +115,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
         }
-        checkpoints::load_weights(path, model, &layout, &mut ranks)?;
+        checkpoints::load_weights(path, model, &layout, &mut ranks, own_rank.unwrap_or(0))?;
     }
     let mut batches = match (fixed, &args.data) {
         (Some(f), _) => Batches::Fixed(f),
@@ -182,9 +182,9 @@ fn launched_data_parallel(args: &TrainArgs, world: usize) -> Result<Option<DataP
 }
 
 /// What one process per rank cannot do yet: each holds only its own
-/// rank's shards, and a weights file and a profile join every rank's.
-/// (A checkpoint directory is written a file per rank, and read back per
-/// rank.)
+/// rank's state, and a weights file and a profile join every rank's. (A
+/// checkpoint directory is written a file per rank and read back per rank,
+/// and `--weights` is cut per rank.)
 fn refuse_under_launch(args: &TrainArgs) -> Result<(), String> {
     if args.save.as_deref().is_some_and(checkpoints::is_weights_file) {
         return Err("error: --save FILE.safetensors joins every rank's shards in one process, and under launch each \
@@ -192,14 +192,13 @@ fn refuse_under_launch(args: &TrainArgs) -> Result<(), String> {
                     -o FILE.safetensors`"
             .into());
     }
-    let refused = [(args.weights.is_some(), "--weights"), (args.profile.is_some(), "--profile")];
-    match refused.iter().find(|(given, _)| *given) {
-        Some((_, flag)) => Err(format!(
-            "error: {flag} is not supported with one process per rank yet (each process holds only its own rank's \
-             shards): run the ranks as threads of one process instead (`zeroplan train … --backend cpu --ranks N`)"
-        )),
-        None => Ok(()),
+    if args.profile.is_some() {
+        return Err("error: --profile is not supported with one process per rank yet (each process holds only its \
+                    own rank's timings): run the ranks as threads of one process instead (`zeroplan train … --backend \
+                    cpu --ranks N`)"
+            .into());
     }
+    Ok(())
 }
 
 /// Trains the program of a plan file, with its batch and sequence length.

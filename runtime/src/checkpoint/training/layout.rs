@@ -330,7 +330,21 @@ impl Layout {
     /// tensors: every problem at once (a tensor the program needs that is
     /// absent or of another shape, one the program has no place for).
     pub fn distribute(&self, logical: &Logical, rank: usize) -> Result<State, Vec<String>> {
-        let Some(tp) = &self.tensor_parallel else { return self.distribute_data(logical, rank) };
+        self.cut(logical, rank, None)
+    }
+
+    /// Global rank `rank`'s `state` with the logical tensors `given` written
+    /// in (some of them: a model's weights), the rest as `state` holds them.
+    /// What a process of a launched run, which holds only its own rank's
+    /// state, loads weights with.
+    pub fn overwrite(&self, state: &State, given: &Logical, rank: usize) -> Result<State, Vec<String>> {
+        self.cut(given, rank, Some(state))
+    }
+
+    /// Rank `rank`'s state from `logical`, and from `base` what `logical`
+    /// lacks (with no `base`, everything must be in `logical`).
+    fn cut(&self, logical: &Logical, rank: usize, base: Option<&State>) -> Result<State, Vec<String>> {
+        let Some(tp) = &self.tensor_parallel else { return self.cut_data(logical, rank, base) };
         let t = tp.ranks.max(1);
         let (mut problems, mut misfit) = (Vec::new(), Vec::new());
         let mut local = Logical::new();
@@ -349,11 +363,13 @@ impl Layout {
                 continue;
             }
             match tensor_parallel::split(tensor, split, rank % t, t) {
-                Ok(shard) => drop(local.insert(name.clone(), shard)),
+                Ok(shard) => {
+                    local.insert(name.clone(), shard);
+                }
                 Err(m) => problems.push(format!("`{name}`: {m}")),
             }
         }
-        match self.distribute_data(&local, rank / t) {
+        match self.cut_data(&local, rank / t, base) {
             Ok(state) if problems.is_empty() => Ok(state),
             Ok(_) => Err(problems),
             Err(more) => {
@@ -365,12 +381,14 @@ impl Layout {
         }
     }
 
-    /// Data rank `rank`'s state of one tensor rank's logical tensors.
-    fn distribute_data(&self, logical: &Logical, rank: usize) -> Result<State, Vec<String>> {
+    /// Data rank `rank`'s state of one tensor rank's logical tensors, and
+    /// of `base` where given for what they lack.
+    fn cut_data(&self, logical: &Logical, rank: usize, base: Option<&State>) -> Result<State, Vec<String>> {
         let mut problems = Vec::new();
         let mut used = BTreeSet::new();
         let mut state = State::new();
         let mut take = |name: &str, shape: &[usize], problems: &mut Vec<String>| match logical.get(name) {
+            None if base.is_some() => None,
             None => {
                 problems.push(format!("no `{name}` in the checkpoint"));
                 None
@@ -385,9 +403,22 @@ impl Layout {
             }
         };
         for slot in self.slots.iter().filter(|s| !s.transient) {
+            let kept = base.map(|b| {
+                b.get(&slot.name)
+                    .filter(|t| t.shape() == slot.shape)
+                    .ok_or_else(|| format!("this rank's state has no `{}` of shape {:?}", slot.name, slot.shape))
+            });
+            let kept = match kept.transpose() {
+                Ok(kept) => kept,
+                Err(problem) => {
+                    problems.push(problem);
+                    continue;
+                }
+            };
             let Some(flat) = &slot.flat else {
-                if let Some(t) = take(&slot.name, &slot.shape, &mut problems) {
-                    state.insert(slot.name.clone(), in_dtype(t, slot.dtype));
+                let value = take(&slot.name, &slot.shape, &mut problems).map(|t| in_dtype(t, slot.dtype));
+                if let Some(value) = value.or_else(|| kept.cloned()) {
+                    state.insert(slot.name.clone(), value);
                 }
                 continue;
             };
@@ -396,13 +427,16 @@ impl Layout {
                 problems.push(format!("`{}` is sharded over {} ranks, not {}", slot.name, flat.shards, rank + 1));
                 continue;
             }
+            let at = if flat.shards > 1 { rank * len } else { 0 };
             let mut whole = vec![0.0; len * flat.shards];
+            if let Some(values) = kept.and_then(Tensor::floats) {
+                whole[at..at + len].copy_from_slice(values);
+            }
             for m in &flat.members {
                 let (name, _) = self.logical(slot, m);
                 let Some(values) = take(&name, &m.shape, &mut problems).and_then(Tensor::floats) else { continue };
                 whole[m.offset..m.offset + m.len()].copy_from_slice(values);
             }
-            let at = if flat.shards > 1 { rank * len } else { 0 };
             let part = whole[at..at + len].to_vec();
             state.insert(slot.name.clone(), Tensor::float(slot.shape.clone(), slot.dtype, part).expect("a float slot"));
         }
