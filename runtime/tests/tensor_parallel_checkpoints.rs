@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use zeroplan_ir::interp::{Feeds, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
-use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
+use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
@@ -42,17 +42,23 @@ struct Config {
     d: usize,
     stage: Option<u8>,
     k: u64,
+    precision: Precision,
 }
 
 const fn grid(t: usize, d: usize, stage: u8, k: u64) -> Config {
-    Config { t, d, stage: Some(stage), k }
+    Config { t, d, stage: Some(stage), k, precision: Precision::F32 }
 }
 
 const fn alone(t: usize, k: u64) -> Config {
-    Config { t, d: 1, stage: None, k }
+    Config { t, d: 1, stage: None, k, precision: Precision::F32 }
 }
 
 impl Config {
+    /// The same in bf16: fp32 masters beside 16-bit parameters.
+    const fn bf16(self) -> Config {
+        Config { precision: Precision::Bf16, ..self }
+    }
+
     fn data_parallel(&self) -> Option<DataParallel> {
         self.stage.map(|zero_stage| DataParallel { ranks: self.d as u64, zero_stage, offload: Offload::None })
     }
@@ -63,7 +69,13 @@ fn bindings() -> Bindings {
 }
 
 fn program(model: &ModelSpec, config: Config) -> Program {
-    let train = TrainingSpec { lr: LR, dropout: Some(0.0), micro_batches: config.k, ..TrainingSpec::default() };
+    let train = TrainingSpec {
+        lr: LR,
+        dropout: Some(0.0),
+        micro_batches: config.k,
+        precision: config.precision,
+        ..TrainingSpec::default()
+    };
     let options = PassOptions {
         shape_hint: bindings(),
         data_parallel: config.data_parallel(),
@@ -166,15 +178,19 @@ fn tiny_bert(vocab: u64) -> ModelSpec {
 
 #[test]
 fn a_tensor_parallel_run_resumed_on_its_ranks_continues_bit_for_bit() {
-    for (model, config) in
-        [(tiny_bert(64), alone(2, 1)), (tiny_bert(64), grid(2, 2, 2, 1)), (tiny_bert(62), alone(4, 1))]
-    {
+    let cases = [
+        (tiny_bert(64), alone(2, 1)),
+        (tiny_bert(64), grid(2, 2, 2, 1)),
+        (tiny_bert(62), alone(4, 1)),
+        (tiny_bert(62), grid(4, 2, 2, 1).bf16()),
+    ];
+    for (i, (model, config)) in cases.into_iter().enumerate() {
         let what = format!("vocabulary {}, {config:?}", model.vocab_size);
         let plan = program(&model, config);
         let mut never_stopped = load(&plan, config, None);
         let want_losses = train(&model, &mut never_stopped, config, 0, 4);
 
-        let dir = scratch(&format!("same-{}-{}-{}", config.t, config.d, model.vocab_size));
+        let dir = scratch(&format!("same-{i}"));
         let mut first = load(&plan, config, None);
         train(&model, &mut first, config, 0, 2);
         save(&dir, &model, &plan, config, &first);
@@ -187,30 +203,31 @@ fn a_tensor_parallel_run_resumed_on_its_ranks_continues_bit_for_bit() {
         }
 
         // The logical view holds everything but the vocabulary padding: cut
-        // again for the same layout, it gives back the saved shards, the
-        // padding rows as zeros.
+        // again for the same layout, it gives back the saved shards, but for
+        // the padding rows (of the parameter, and its master), now zeros.
         let checkpoint = Checkpoint::open(&dir).unwrap();
         let logical = checkpoint.logical().unwrap();
         let word = &logical["embeddings.word.weight"];
         assert_eq!(word.shape(), [model.vocab_size as usize, model.hidden as usize], "{what}: saved unpadded");
         let saved = checkpoint.rank_states().unwrap();
-        let padded = 64 - model.vocab_size as usize;
+        let mut changed = 0;
         for (r, state) in saved.iter().enumerate() {
             let again = checkpoint.manifest.layout.distribute(&logical, r).unwrap();
             assert_eq!(again.keys().collect::<Vec<_>>(), state.keys().collect::<Vec<_>>(), "{what}: rank {r}");
             for (name, t) in &again {
                 let (got, want) = (t.floats().unwrap(), state[name].floats().unwrap());
-                let last = r % config.t == config.t - 1;
-                let pad = match name.as_str() {
-                    "embeddings.word.weight" if last => padded * model.hidden as usize,
-                    "mlm.decoder.bias" if last => padded,
-                    _ => 0,
-                };
-                let real = got.len() - pad;
-                assert!(got[..real] == want[..real], "{what}: rank {r}'s `{name}` changed through the logical view");
-                assert!(got[real..].iter().all(|&v| v == 0.0), "{what}: rank {r}'s `{name}` padding is not zero");
+                for (g, w) in got.iter().zip(want).filter(|(g, w)| g != w) {
+                    assert_eq!(*g, 0.0, "{what}: rank {r}'s `{name}` holds {g}, saved {w}");
+                    changed += 1;
+                }
             }
         }
+        let padding = (64 - model.vocab_size as usize) * model.hidden as usize;
+        let copies = config.d * if config.precision == Precision::F32 { 1 } else { 2 };
+        assert!(
+            (padding == 0) == (changed == 0) && changed <= padding * copies,
+            "{what}: {changed} elements changed through the logical view; the padding is {padding}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -227,6 +244,9 @@ fn a_save_under_one_tensor_degree_resumes_under_another() {
         (tiny_bert(64), grid(2, 2, 3, 1), grid(2, 2, 0, 1)),
         (tiny_bert(62), alone(4, 1), alone(1, 1)),
         (tiny_bert(62), alone(1, 1), grid(4, 1, 3, 1)),
+        // bf16: the fp32 masters are the parameters; the 16-bit copies are derived.
+        (tiny_bert(62), grid(4, 2, 2, 1).bf16(), grid(2, 1, 1, 2).bf16()),
+        (tiny_bert(62), grid(4, 2, 2, 1).bf16(), grid(4, 2, 3, 1).bf16()),
         (model("tiny-albert"), grid(2, 2, 1, 1), alone(4, 2)),
     ];
     for (i, (model, from, to)) in cases.into_iter().enumerate() {
@@ -242,9 +262,13 @@ fn a_save_under_one_tensor_degree_resumes_under_another() {
         save(&dir, &model, &plan, from, &first);
         let (to_plan, mut resumed) = resume(&dir, &model, to);
         let losses = train(&model, &mut resumed, to, 2, 4);
+        // bf16: another t or d rounds other partial sums to 16 bits (the standard bf16 bound).
+        let (loss_bound, weight_bound) = if from.precision == Precision::F32 { (1e-6, 2e-5) } else { (1e-2, 1e-2) };
+        let mut worst_loss = 0.0f64;
         for (step, (got, want)) in losses.iter().zip(&want_losses[2..]).enumerate() {
             let err = (got - want).abs() / want.abs();
-            assert!(err <= 1e-6, "{what}: step {}: loss {got} vs {want} (relative {err:e})", step + 3);
+            assert!(err <= loss_bound, "{what}: step {}: loss {got} vs {want} (relative {err:e})", step + 3);
+            worst_loss = worst_loss.max(err);
         }
         let got = logical(&model, &to_plan, &resumed);
         assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: the logical tensors");
@@ -257,13 +281,13 @@ fn a_save_under_one_tensor_degree_resumes_under_another() {
                 assert!(max_abs_diff(a, b) <= 4.0 * LR * 1.0001, "{what}: {name}");
             } else {
                 let err = relative(a, b);
-                assert!(err <= 2e-5, "{what}: {name}: relative error {err:e}");
+                assert!(err <= weight_bound, "{what}: {name}: relative error {err:e}");
                 if err > worst.0 {
                     worst = (err, name.clone());
                 }
             }
         }
-        println!("{what}: worst weight {:.1e} ({})", worst.0, worst.1);
+        println!("{what}: worst loss {worst_loss:.1e}, weight {:.1e} ({})", worst.0, worst.1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
