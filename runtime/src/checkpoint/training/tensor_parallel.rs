@@ -42,16 +42,22 @@ pub struct Split {
 
 impl Split {
     /// The shape of the tensor as the one-rank model holds it.
+    /// (Total on splits that fail [`Split::check`]: their shapes are never
+    /// used, but a crafted manifest must not panic on the way.)
     pub fn logical_shape(&self) -> Vec<usize> {
         let mut shape = self.padded.clone();
-        shape[self.axis] = self.logical;
+        if let Some(along) = shape.get_mut(self.axis) {
+            *along = self.logical;
+        }
         shape
     }
 
     /// The shape of one of `ranks` tensor ranks' slices.
     pub fn shard_shape(&self, ranks: usize) -> Vec<usize> {
         let mut shape = self.padded.clone();
-        shape[self.axis] /= ranks;
+        if let Some(along) = shape.get_mut(self.axis) {
+            *along = along.checked_div(ranks).unwrap_or(0);
+        }
         shape
     }
 
