@@ -99,6 +99,80 @@ fn processes_draw_their_replicas_batches_from_the_data_as_threads_do() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--save DIR` and `--resume DIR` under launch: each process writes and
+/// reads its own rank's file, rank 0 the manifest once every file is
+/// written. Four processes (2 data × 2 tensor ranks, ZeRO-3) save what four
+/// threads save, byte for byte; stopped at step 2 and resumed, they write
+/// step 4 as the uninterrupted run does; and a one-rank save resumed on two
+/// tensor-parallel processes (resharded) follows one rank's losses within
+/// 1e-6 relative. `--weights` loads into each process's own rank as
+/// threads load it.
+#[test]
+fn processes_save_and_resume_checkpoints_as_threads_do() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-launch-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let args = ["models/tiny/tiny-bert.ron", "--backend", "cpu", "--log-json", "--lr", "1e-2", "--dropout", "0"];
+    let launched = |nproc: &str, extra: &[&str]| {
+        let launch = [&["launch", "--nproc", nproc, "--", "train"][..], &args, extra].concat();
+        json_lines(&within(&launch), &launch)
+    };
+    let threaded = |extra: &[&str]| {
+        let one = [&["train"][..], &args, extra].concat();
+        json_lines(&within(&one), &one)
+    };
+    let grid = ["--tp", "2", "--zero", "3"];
+    launched("4", &[&grid[..], &["--steps", "4", "--save", &at("processes")]].concat());
+    threaded(&[&grid[..], &["--ranks", "2", "--steps", "4", "--save", &at("threads")]].concat());
+    launched("4", &[&grid[..], &["--steps", "2", "--save", &at("resumed")]].concat());
+    let resumed =
+        launched("4", &[&grid[..], &["--steps", "4", "--resume", &at("resumed"), "--save", &at("resumed")]].concat());
+    assert_eq!(resumed.iter().map(|l| l["step"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4]);
+    let files = [
+        "manifest.json",
+        "rank-00000.safetensors",
+        "rank-00001.safetensors",
+        "rank-00002.safetensors",
+        "rank-00003.safetensors",
+    ];
+    for other in ["threads", "resumed"] {
+        for file in files {
+            let (x, y) =
+                (dir.join("processes/step-00000004").join(file), dir.join(other).join("step-00000004").join(file));
+            assert!(std::fs::read(&x).unwrap() == std::fs::read(&y).unwrap(), "{other}: {file} differs");
+        }
+    }
+
+    let one = threaded(&["--steps", "4"]);
+    threaded(&["--steps", "2", "--save", &at("one")]);
+    let resharded = launched("2", &["--tp", "2", "--steps", "4", "--resume", &at("one")]);
+    let losses = |lines: &[serde_json::Value]| lines.iter().map(|l| l["loss"].as_f64().unwrap()).collect::<Vec<_>>();
+    for (got, want) in losses(&resharded).iter().zip(&losses(&one)[2..]) {
+        assert!((got - want).abs() <= 1e-6 * want.abs(), "one rank's save on TP-2 processes: {got} vs {want}");
+    }
+    assert_eq!(resharded.len(), 2, "steps 3 and 4");
+
+    // --weights is cut per process: the threaded run's steps, bit for bit.
+    let weights = at("w.safetensors");
+    threaded(&["--steps", "1", "--save", &weights]);
+    let from_weights = ["--tp", "2", "--zero", "1", "--steps", "2", "--weights", &weights];
+    let processes = launched("4", &from_weights);
+    let threads = threaded(&[&from_weights[..], &["--ranks", "2"]].concat());
+    assert_eq!(losses(&processes), losses(&threads), "--weights on 2 × TP-2 processes");
+    // A weights file joins every rank in one process: refused, naming the way round.
+    let never = at("never.safetensors");
+    let launch = [&["launch", "--nproc", "2", "--", "train"][..], &args, &["--ranks", "2", "--save", &never]].concat();
+    let out = within(&launch);
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("then `zeroplan export DIR") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(!dir.join("never.safetensors").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_failing_rank_ends_the_launch_naming_it() {
     let out = within(&["launch", "--nproc", "2", "--", "train", "models/nope.ron", "--backend", "cpu"]);

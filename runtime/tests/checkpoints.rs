@@ -115,15 +115,16 @@ fn save(dir: &Path, model: &ModelSpec, program: &Program, config: Config, hosts:
     let step = hosts[0].steps_done();
     training::begin(dir, step).unwrap();
     let files = hosts.iter().enumerate().map(|(r, h)| training::save_rank(dir, step, r, &h.state()).unwrap()).collect();
+    let layout = Layout::of(&program.graph, &bindings(), model).unwrap();
     let manifest = Manifest {
-        format: training::FORMAT,
+        format: training::format_of(&layout),
         step,
         seed: SEED,
         ranks: hosts.len(),
         data_parallel: config.data_parallel,
         data: None,
         model: model.clone(),
-        layout: Layout::of(&program.graph, &bindings()).unwrap(),
+        layout,
         files,
     };
     training::commit(dir, &manifest, 2).unwrap();
@@ -133,7 +134,7 @@ fn save(dir: &Path, model: &ModelSpec, program: &Program, config: Config, hosts:
 fn resume(dir: &Path, model: &ModelSpec, config: Config) -> (Program, Vec<HostProgram>) {
     let plan = program(model, config);
     let checkpoint = Checkpoint::open(dir).unwrap();
-    let layout = Layout::of(&plan.graph, &bindings()).unwrap();
+    let layout = Layout::of(&plan.graph, &bindings(), model).unwrap();
     let states = checkpoint.states_for(&layout, config.ranks()).unwrap_or_else(|e| panic!("{e}"));
     let mut hosts = load(&plan, Some(&states));
     for h in &mut hosts {
@@ -142,9 +143,13 @@ fn resume(dir: &Path, model: &ModelSpec, config: Config) -> (Program, Vec<HostPr
     (plan, hosts)
 }
 
-fn logical(program: &Program, hosts: &[HostProgram]) -> zeroplan_runtime::checkpoint::training::Logical {
+fn logical(
+    model: &ModelSpec,
+    program: &Program,
+    hosts: &[HostProgram],
+) -> zeroplan_runtime::checkpoint::training::Logical {
     let states: Vec<State> = hosts.iter().map(HostProgram::state).collect();
-    Layout::of(&program.graph, &bindings()).unwrap().consolidate(&states).unwrap()
+    Layout::of(&program.graph, &bindings(), model).unwrap().consolidate(&states).unwrap()
 }
 
 #[test]
@@ -206,7 +211,7 @@ fn resuming_on_other_ranks_and_stages_reshards() {
         let plan = program(&model, from);
         let mut never_stopped = load(&plan, None);
         let want_losses = train(&model, &mut never_stopped, 0, 4);
-        let want = logical(&plan, &never_stopped);
+        let want = logical(&model, &plan, &never_stopped);
 
         let dir = scratch(&format!("reshard-{i}"));
         let mut first = load(&plan, None);
@@ -218,7 +223,7 @@ fn resuming_on_other_ranks_and_stages_reshards() {
             let err = (got - want).abs() / want.abs();
             assert!(err <= 1e-6, "{what}: step {}: loss {got} vs {want} (relative {err:e})", step + 3);
         }
-        let got = logical(&to_plan, &resumed);
+        let got = logical(&model, &to_plan, &resumed);
         assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: the logical tensors");
         for (name, t) in &want {
             let (a, b) = (got[name].floats().unwrap(), t.floats().unwrap());
@@ -274,8 +279,9 @@ fn a_save_of_another_model_is_refused_with_its_problems() {
     let dir = scratch("other");
     let hosts = load(&plan, None);
     save(&dir, &model, &plan, config, &hosts);
-    let other = program(&common::model("tiny-mosaicbert"), config);
-    let layout = Layout::of(&other.graph, &bindings()).unwrap();
+    let mosaic = common::model("tiny-mosaicbert");
+    let other = program(&mosaic, config);
+    let layout = Layout::of(&other.graph, &bindings(), &mosaic).unwrap();
     let err = Checkpoint::open(&dir).unwrap().states_for(&layout, 2).unwrap_err().to_string();
     assert!(err.contains("does not fit this program") && err.contains("no `"), "{err}");
     assert!(err.contains("has no place here"), "{err}");

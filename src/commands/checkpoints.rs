@@ -5,12 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
-use zeroplan_ir::Bindings;
+use super::launched::Launched;
+use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
 use zeroplan_ir::spec::ModelSpec;
-use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest};
-use zeroplan_runtime::checkpoint::{self, HeadShapes, training};
+use zeroplan_ir::{Bindings, DType, Tensor};
+use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest, ShardFile};
+use zeroplan_runtime::checkpoint::{self, HeadShapes, Weights, training};
 use zeroplan_runtime::data::Cursor;
 use zeroplan_runtime::runner::{Device, Runner};
 
@@ -42,36 +44,67 @@ impl Saver {
         step == last || self.every.is_some_and(|k| k > 0 && step.is_multiple_of(k))
     }
 
-    /// Saves every rank's state (one writer thread per rank), then the manifest.
-    pub fn save<D: Device>(&self, ranks: &[Runner<D>], data: Option<Cursor>) -> Result<PathBuf, String> {
+    /// Saves every rank's state (one writer thread per rank), then the
+    /// manifest. Launched, `ranks` is this process's rank: rank 0 starts the
+    /// step directory, every process writes its own file, and rank 0
+    /// writes the manifest once all have (the directory must be one they
+    /// all see: a shared file system across nodes).
+    pub fn save<D: Device>(
+        &self,
+        ranks: &[Runner<D>],
+        data: Option<Cursor>,
+        launched: Option<&Launched>,
+    ) -> Result<PathBuf, String> {
         let error = |e: checkpoint::CheckpointError| format!("error: {e}");
         let step = ranks[0].steps_done();
-        training::begin(&self.dir, step).map_err(error)?;
-        let files = std::thread::scope(|s| {
+        let (first, world) = launched.map_or((0, ranks.len()), |l| (l.world.rank, l.world.world_size));
+        // One value each: an exchange every rank has to reach.
+        let barrier = |doing: &str| launched.map_or(Ok(Vec::new()), |l| l.share(&[0.0], doing));
+        if first == 0 {
+            training::begin(&self.dir, step).map_err(error)?;
+        }
+        barrier("waiting for rank 0 to start the save")?;
+        let mine = std::thread::scope(|s| {
             let writers: Vec<_> = ranks
                 .iter()
                 .enumerate()
-                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, r, &host.state())))
+                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, first + r, &host.state())))
                 .collect();
             writers.into_iter().map(|w| w.join().expect("a writer thread panicked")).collect::<Result<Vec<_>, _>>()
         })
         .map_err(error)?;
+        let files = match launched {
+            None => mine,
+            // Sizes are far below 2⁵³ bytes: exact in an f64.
+            Some(l) => l
+                .share(&[mine[0].bytes as f64], "sharing the saved shards' sizes")?
+                .into_iter()
+                .enumerate()
+                .map(|(rank, bytes)| ShardFile { rank, file: training::shard_file(rank), bytes: bytes as u64 })
+                .collect(),
+        };
+        if first != 0 {
+            barrier("waiting for rank 0 to complete the save")?;
+            return Ok(training::step_dir(&self.dir, step));
+        }
         if std::env::var(PAUSE_BEFORE_MANIFEST).is_ok_and(|v| v == step.to_string()) {
             eprintln!("paused before the manifest of step {step}");
             std::thread::sleep(std::time::Duration::from_secs(600));
         }
         let manifest = Manifest {
-            format: training::FORMAT,
+            format: training::format_of(&self.layout),
             step,
             seed: self.seed,
-            ranks: ranks.len(),
+            ranks: world,
             data_parallel: self.data_parallel,
             data,
             model: self.model.clone(),
             layout: self.layout.clone(),
             files,
         };
-        training::commit(&self.dir, &manifest, self.keep).map_err(error)
+        let at = training::commit(&self.dir, &manifest, self.keep).map_err(error)?;
+        barrier("waiting for rank 0 to complete the save")?;
+        Ok(at)
     }
 }
 
@@ -80,13 +113,21 @@ pub struct Resumed {
     pub step: u64,
     pub seed: u64,
     pub data: Option<Cursor>,
-    /// Each rank's state.
+    /// Each rank's state (this process's rank's alone, launched).
     pub states: Vec<State>,
 }
 
 /// Opens the newest complete save in `dir` for `program` on `ranks` ranks:
-/// the model must be the one saved; ranks, stage and offload may differ.
-pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> Result<Resumed, String> {
+/// the model must be the one saved; ranks, stage, offload and tensor
+/// parallelism may differ. `only`: the state of that rank alone (a
+/// launched process's).
+pub fn resume(
+    dir: &Path,
+    model: &ModelSpec,
+    layout: &Layout,
+    ranks: usize,
+    only: Option<usize>,
+) -> Result<Resumed, String> {
     let checkpoint = Checkpoint::open(dir).map_err(|e| format!("error: {e}"))?;
     let m = &checkpoint.manifest;
     if m.model != *model {
@@ -98,56 +139,85 @@ pub fn resume(dir: &Path, model: &ModelSpec, layout: &Layout, ranks: usize) -> R
             model.name
         ));
     }
-    let states = checkpoint.states_for(layout, ranks).map_err(|e| format!("error: {e}"))?;
-    if m.ranks != ranks || m.layout != *layout {
-        eprintln!("note: resharded {} from {} rank(s) to {ranks}", checkpoint.dir.display(), m.ranks);
+    let states = match only {
+        None => checkpoint.states_for(layout, ranks),
+        Some(rank) => checkpoint.state_of_rank(layout, ranks, rank).map(|s| vec![s]),
+    }
+    .map_err(|e| format!("error: {e}"))?;
+    if (m.ranks != ranks || m.layout != *layout) && only.is_none_or(|r| r == 0) {
+        let (from, to) = (grid(m.ranks, &m.layout), grid(ranks, layout));
+        eprintln!("note: resharded {} from {from} to {to}", checkpoint.dir.display());
     }
     Ok(Resumed { step: m.step, seed: m.seed, data: m.data, states })
 }
 
-/// The layout of `program`'s persistent state, for saving and resharding.
-pub fn layout(program: &Program) -> Result<Layout, String> {
+/// `ranks` as data × tensor ranks where `layout` is tensor-parallel.
+fn grid(ranks: usize, layout: &Layout) -> String {
+    match &layout.tensor_parallel {
+        Some(tp) if tp.ranks > 1 => format!("{ranks} ranks ({} × TP-{})", ranks / tp.ranks, tp.ranks),
+        _ => format!("{ranks} rank(s)"),
+    }
+}
+
+/// The layout of `program`'s persistent state (it trains `model`), for
+/// saving and resharding.
+pub fn layout(program: &Program, model: &ModelSpec) -> Result<Layout, String> {
     let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
-    Layout::of(&program.graph, &bindings).map_err(|e| format!("error: {e}"))
+    Layout::of(&program.graph, &bindings, model).map_err(|e| format!("error: {e}"))
 }
 
 /// Overwrites the ranks' parameters from a Hugging Face file: read into
 /// the per-parameter view, then cut for each rank (masters, 16-bit copies
-/// and shards alike).
+/// and shards alike). `ranks` are global ranks `first..`: all of them, or a
+/// launched process's own.
 pub fn load_weights<D: Device>(
     path: &Path,
     model: &ModelSpec,
     layout: &Layout,
     ranks: &mut [Runner<D>],
+    first: usize,
 ) -> Result<(), String> {
-    load_weights_with(path, model, layout, ranks, HeadShapes::Strict)
+    load_weights_with(path, model, layout, ranks, first, HeadShapes::Strict)
 }
 
 /// As [`load_weights`]; `heads` says whether a task head of another shape
 /// is an error or replaced (fine-tuning from another task's checkpoint).
+/// Each rank's other state (moments, parameters the file lacks) stays as
+/// it is, so no rank needs another's.
 pub fn load_weights_with<D: Device>(
     path: &Path,
     model: &ModelSpec,
     layout: &Layout,
     ranks: &mut [Runner<D>],
+    first: usize,
     heads: HeadShapes,
 ) -> Result<(), String> {
-    let mut logical = logical(layout, ranks)?;
-    let (graph, mut weights) = training::model_weights(model, &logical).map_err(|e| format!("error: {e}"))?;
+    let graph = forward(model, &BuildOptions::default()).map_err(|e| format!("error: {e}"))?;
+    // Placeholders of each parameter's shape: what the file lacks is dropped below.
+    let mut weights: Weights = graph
+        .params()
+        .into_iter()
+        .map(|n| {
+            let node = graph.node(n);
+            let shape = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0) as usize).collect();
+            (node.name.clone(), Tensor::full(shape, DType::F32, 0.0))
+        })
+        .collect();
     let report = checkpoint::load_weights_with(path, model, &graph, &mut weights, heads).map_err(|e| e.to_string())?;
-    if !report.initialised.is_empty() {
+    if first == 0 && !report.initialised.is_empty() {
         eprintln!("note: not in {}, initialised: {}", path.display(), report.initialised.join(", "));
     }
-    if !report.replaced.is_empty() {
+    if first == 0 && !report.replaced.is_empty() {
         eprintln!(
             "note: {} holds a head of another shape (another label count): replaced, initialised: {}",
             path.display(),
             report.replaced.join(", ")
         );
     }
-    logical.extend(weights);
+    weights.retain(|name, _| report.loaded.contains(name));
     for (r, host) in ranks.iter_mut().enumerate() {
-        let state = layout.distribute(&logical, r).map_err(|p| format!("error: {}", p.join("; ")))?;
+        let state =
+            layout.overwrite(&host.state(), &weights, first + r).map_err(|p| format!("error: {}", p.join("; ")))?;
         host.set_state(&state).map_err(|e| format!("error: {e}"))?;
     }
     Ok(())

@@ -52,10 +52,10 @@ pub fn run(args: &FinetuneArgs) -> Result<(), String> {
     let train = training_spec(args, &task, epochs, steps)?;
 
     let program = program::plan(&model, &Target::Training(&train), batch, seq).map_err(|e| format!("error: {e}"))?;
-    let layout = checkpoints::layout(&program)?;
+    let layout = checkpoints::layout(&program, &model)?;
     let mut host = HostProgram::load(program, args.seed).map_err(|e| format!("error: {e}"))?;
     let start = args.init_from.as_ref().unwrap_or(&common.model).join(WEIGHTS);
-    checkpoints::load_weights_with(&start, &model, &layout, std::slice::from_mut(&mut host), HeadShapes::Replace)?;
+    checkpoints::load_weights_with(&start, &model, &layout, std::slice::from_mut(&mut host), 0, HeadShapes::Replace)?;
     // Only the scalars the log needs come back, not the logits.
     let logged: Vec<&str> = StepLog::OUTPUTS
         .into_iter()

@@ -86,7 +86,13 @@ impl Launched {
 
     /// Every rank's `values`, in rank order (after [`Launched::groups`]).
     pub fn gather(&self, values: &[f64]) -> Result<Vec<f64>, String> {
+        self.share(values, "sharing the step's log")
+    }
+
+    /// As [`Launched::gather`]; `doing` names the exchange in its error.
+    /// It returns once every rank has reached it: a barrier too.
+    pub fn share(&self, values: &[f64], doing: &str) -> Result<Vec<f64>, String> {
         let everyone = self.everyone.as_ref().expect("groups() joined the world group");
-        comm::all_gather_f64(everyone.as_ref(), values).map_err(|e| format!("error: sharing the step's log: {e}"))
+        comm::all_gather_f64(everyone.as_ref(), values).map_err(|e| format!("error: {doing}: {e}"))
     }
 }

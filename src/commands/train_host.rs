@@ -82,9 +82,6 @@ pub fn run<D: Device<Instr: Send> + Send>(
     if launched.is_some() {
         refuse_under_launch(args)?;
     }
-    if args.tp.is_some_and(|t| t > 1) && (args.save.is_some() || args.resume.is_some() || args.weights.is_some()) {
-        return Err(context(TENSOR_PARALLEL_CHECKPOINTS.into()));
-    }
     let options = PassOptions {
         shape_hint: bindings.clone(),
         data_parallel,
@@ -97,10 +94,12 @@ pub fn run<D: Device<Instr: Send> + Send>(
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
     let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
     let compile_seconds = Some(compiling.elapsed().as_secs_f64());
-    let layout = checkpoints::layout(&program)?;
-    let world = data_parallel_ranks(&program.graph) as usize;
+    let layout = checkpoints::layout(&program, model)?;
+    // Every rank of the run: the data-parallel replicas' tensor ranks.
+    let world = (data_parallel_ranks(&program.graph) * tensor_parallel_ranks(&program.graph)) as usize;
+    let own_rank = launched.as_ref().map(|l| l.world.rank);
     let resumed = match &args.resume {
-        Some(dir) => Some(checkpoints::resume(dir, model, &layout, world)?),
+        Some(dir) => Some(checkpoints::resume(dir, model, &layout, world, own_rank)?),
         None => None,
     };
     let seed = match &resumed {
@@ -113,7 +112,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
     };
     let loading = Instant::now();
     let mut ranks = match launched.as_deref_mut() {
-        Some(l) => load_own_rank::<D>(program, seed, l).map_err(context)?,
+        Some(l) => load_own_rank::<D>(program, seed, l, resumed.as_ref().map(|r| &r.states[0])).map_err(context)?,
         None => load_ranks::<D>(program, seed, resumed.as_ref().map(|r| r.states.as_slice())).map_err(context)?,
     };
     let setup = Setup { compile_seconds, load_seconds: loading.elapsed().as_secs_f64() };
@@ -121,7 +120,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
         if resumed.is_some() {
             return Err(context("--weights starts a run, --resume continues one: pass one of them".into()));
         }
-        checkpoints::load_weights(path, model, &layout, &mut ranks)?;
+        checkpoints::load_weights(path, model, &layout, &mut ranks, own_rank.unwrap_or(0))?;
     }
     let mut batches = match (fixed, &args.data) {
         (Some(f), _) => Batches::Fixed(f),
@@ -188,27 +187,24 @@ fn launched_data_parallel(args: &TrainArgs, world: usize) -> Result<Option<DataP
 }
 
 /// What one process per rank cannot do yet: each holds only its own
-/// rank's shards, and saving, loading and profiling join every rank's.
+/// rank's state, and a weights file and a profile join every rank's. (A
+/// checkpoint directory is written a file per rank and read back per rank,
+/// and `--weights` is cut per rank.)
 fn refuse_under_launch(args: &TrainArgs) -> Result<(), String> {
-    let refused = [
-        (args.save.is_some(), "--save"),
-        (args.resume.is_some(), "--resume"),
-        (args.weights.is_some(), "--weights"),
-        (args.profile.is_some(), "--profile"),
-    ];
-    match refused.iter().find(|(given, _)| *given) {
-        Some((_, flag)) => Err(format!(
-            "error: {flag} is not supported with one process per rank yet (each process holds only its own rank's \
-             shards): run the ranks as threads of one process instead (`zeroplan train … --backend cpu --ranks N`)"
-        )),
-        None => Ok(()),
+    if args.save.as_deref().is_some_and(checkpoints::is_weights_file) {
+        return Err("error: --save FILE.safetensors joins every rank's shards in one process, and under launch each \
+                    process holds only its own: save a checkpoint directory (--save DIR), then `zeroplan export DIR \
+                    -o FILE.safetensors`"
+            .into());
     }
+    if args.profile.is_some() {
+        return Err("error: --profile is not supported with one process per rank yet (each process holds only its \
+                    own rank's timings): run the ranks as threads of one process instead (`zeroplan train … --backend \
+                    cpu --ranks N`)"
+            .into());
+    }
+    Ok(())
 }
-
-/// Why `--save`, `--resume` and `--weights` are refused with `--tp` > 1.
-const TENSOR_PARALLEL_CHECKPOINTS: &str = "--save, --resume and --weights do not split or join tensor-parallel \
-     shards yet (a rank holds 1/T of each split matrix and of the padded vocabulary): train with --tp 1 to save \
-     or load weights";
 
 /// Trains the program of a plan file, with its batch and sequence length.
 pub fn run_plan<D: Device<Instr: Send> + Send>(
@@ -242,19 +238,26 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(
     }
     let loading = Instant::now();
     let (mut ranks, launched) = match launched {
-        Some(l) => (load_own_rank::<D>(plan.program, args.seed, l).map_err(context)?, Some(&*l)),
+        Some(l) => (load_own_rank::<D>(plan.program, args.seed, l, None).map_err(context)?, Some(&*l)),
         None => (load_ranks::<D>(plan.program, args.seed, None).map_err(context)?, None),
     };
     let setup = Setup { compile_seconds: None, load_seconds: loading.elapsed().as_secs_f64() };
     train_loop(args, &mut ranks, batches, (batch as usize, seq as usize), None, launched, setup)
 }
 
-/// This process's rank of a launched run, joined to its groups.
-fn load_own_rank<D: Device>(program: Program, seed: u64, launched: &mut Launched) -> Result<Vec<Runner<D>>, String> {
+/// This process's rank of a launched run, joined to its groups; its state
+/// `given` (a resumed run), else initialised from `seed`.
+fn load_own_rank<D: Device>(
+    program: Program,
+    seed: u64,
+    launched: &mut Launched,
+    given: Option<&State>,
+) -> Result<Vec<Runner<D>>, String> {
     let d = data_parallel_ranks(&program.graph) as usize;
     let t = tensor_parallel_ranks(&program.graph) as usize;
     let groups = launched.groups(d, t)?;
-    Ok(vec![Runner::load_groups_with(program, seed, groups, &State::new()).map_err(|e| e.to_string())?])
+    let none = State::new();
+    Ok(vec![Runner::load_groups_with(program, seed, groups, given.unwrap_or(&none)).map_err(|e| e.to_string())?])
 }
 
 /// The program loaded once per rank it was planned for, `d` data-parallel
@@ -505,7 +508,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
                 Batches::Data(d) => Some(d.cursor()),
                 Batches::Fixed(_) => None,
             };
-            let at = saver.save(ranks, cursor)?;
+            let at = saver.save(ranks, cursor, launched)?;
             if let Some(bar) = &bar {
                 bar.println(format!("saved {}", at.display()));
             }

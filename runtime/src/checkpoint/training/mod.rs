@@ -20,11 +20,13 @@
 //! `keep`.
 //!
 //! Resuming on the layout and rank count of the save sets each rank's state
-//! from its own file. Any other layout (ranks, ZeRO stage, offload, or no
-//! data parallelism) goes through the logical, per-parameter tensors
-//! ([`layout`]): the shards are joined and cut again for the new ranks.
+//! from its own file. Any other layout (ranks, ZeRO stage, offload, tensor
+//! parallelism, or none of them) goes through the logical, per-parameter
+//! tensors ([`layout`], [`tensor_parallel`]): the shards are joined and cut
+//! again for the new ranks.
 
 pub mod layout;
+pub mod tensor_parallel;
 
 use std::path::{Path, PathBuf};
 
@@ -39,12 +41,20 @@ use super::safetensors_io::{self, Entry, atomic_write, sync_dir};
 use super::{CheckpointError, Weights};
 use crate::data::Cursor;
 pub use layout::{Layout, Logical};
+pub use tensor_parallel::{Split, TensorParallel};
 
 /// The manifest's file name in a step directory.
 pub const MANIFEST: &str = "manifest.json";
 
-/// The manifest format this build writes and reads.
-pub const FORMAT: u32 = 1;
+/// The newest manifest format this build writes and reads: 2 added the
+/// layout's tensor-parallel splits. A save without tensor parallelism is
+/// still written as format 1 ([`format_of`]), which older builds read.
+pub const FORMAT: u32 = 2;
+
+/// The format a manifest of `layout` is written in: the oldest that holds it.
+pub fn format_of(layout: &Layout) -> u32 {
+    if layout.tensor_parallel.is_some() { 2 } else { 1 }
+}
 
 /// What a save holds besides the tensors: enough to continue, reshard, or
 /// export it.
@@ -55,6 +65,7 @@ pub struct Manifest {
     pub step: u64,
     /// The run's seed: initialisation, synthetic batches, dropout.
     pub seed: u64,
+    /// Every rank: data-parallel × tensor-parallel ranks.
     pub ranks: usize,
     /// The ZeRO stage and offload, when the program was partitioned.
     pub data_parallel: Option<DataParallel>,
@@ -93,10 +104,15 @@ pub fn begin(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
     Ok(at)
 }
 
+/// Rank `rank`'s shard file name in a step directory.
+pub fn shard_file(rank: usize) -> String {
+    format!("rank-{rank:05}.safetensors")
+}
+
 /// Writes rank `rank`'s `state` into the save of `step` that [`begin`]
 /// started; each rank writes its own file, in parallel.
 pub fn save_rank(dir: &Path, step: u64, rank: usize, state: &State) -> Result<ShardFile, CheckpointError> {
-    let file = format!("rank-{rank:05}.safetensors");
+    let file = shard_file(rank);
     let path = step_dir(dir, step).join(&file);
     let entries = state.iter().map(|(name, t)| Entry { name: name.clone(), tensor: t, dtype: t.dtype() }).collect();
     safetensors_io::write(&path, entries)?;
@@ -202,10 +218,10 @@ impl Checkpoint {
                 format!("{} shard files for {} ranks: the manifest is corrupt", manifest.files.len(), manifest.ranks),
             ));
         }
-        if manifest.format != FORMAT {
+        if !(1..=FORMAT).contains(&manifest.format) || manifest.format < format_of(&manifest.layout) {
             return Err(invalid(
                 &manifest_path,
-                format!("manifest format {}, this zeroplan reads {FORMAT}", manifest.format),
+                format!("manifest format {}, this zeroplan reads 1 to {FORMAT}", manifest.format),
             ));
         }
         for f in &manifest.files {
@@ -246,22 +262,39 @@ impl Checkpoint {
             return self.rank_states();
         }
         let logical = self.logical()?;
-        (0..ranks)
-            .map(|r| {
-                layout.distribute(&logical, r).map_err(|problems| {
-                    let list: Vec<String> = problems.iter().map(|p| format!("  - {p}")).collect();
-                    invalid(
-                        &self.dir,
-                        format!(
-                            "does not fit this program (resharding from {} rank(s)):\n{}\nhow to fix: resume with \
-                             the model spec and precision the run was saved with",
-                            self.manifest.ranks,
-                            list.join("\n")
-                        ),
-                    )
-                })
-            })
-            .collect()
+        (0..ranks).map(|r| self.cut(layout, &logical, r)).collect()
+    }
+
+    /// As [`Checkpoint::states_for`], for rank `rank` alone (a process of
+    /// a launched run): its own file when the layout and rank count are the
+    /// save's, else resharded (which reads every shard).
+    pub fn state_of_rank(&self, layout: &Layout, ranks: usize, rank: usize) -> Result<State, CheckpointError> {
+        if *layout == self.manifest.layout && ranks == self.manifest.ranks {
+            let file = self.manifest.files.get(rank).ok_or_else(|| {
+                invalid(&self.dir, format!("no rank {rank} among the save's {} ranks", self.manifest.ranks))
+            })?;
+            return read_state(&self.dir.join(&file.file));
+        }
+        if rank >= ranks {
+            return Err(invalid(&self.dir, format!("rank {rank} of a run of {ranks}")));
+        }
+        self.cut(layout, &self.logical()?, rank)
+    }
+
+    /// Rank `rank`'s state of a program laid out as `layout`, from `logical`.
+    fn cut(&self, layout: &Layout, logical: &Logical, rank: usize) -> Result<State, CheckpointError> {
+        layout.distribute(logical, rank).map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(|p| format!("  - {p}")).collect();
+            invalid(
+                &self.dir,
+                format!(
+                    "does not fit this program (resharding from {} rank(s)):\n{}\nhow to fix: resume with the model \
+                     spec and precision the run was saved with",
+                    self.manifest.ranks,
+                    list.join("\n")
+                ),
+            )
+        })
     }
 
     /// The model's parameters as one rank without data parallelism holds
