@@ -16,7 +16,7 @@ use crate::cuda::schedule;
 use crate::cuda::testing::{Ir, Selected, model, selected};
 use crate::host::Instr;
 use crate::runner::buffers::concrete;
-use crate::runner::{Buf, Step};
+use crate::runner::{Buf, Step, Written};
 
 fn on_gpu(k: &Ir) -> bool {
     k.on_device
@@ -120,7 +120,12 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
         steps.insert(
             m + 1,
-            Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out: a }) },
+            Step {
+                node: steps[m].node,
+                optimizer: false,
+                instr: Some(Instr::Fill { value: 0.0, out: a }),
+                written: Written::Here,
+            },
         );
     })
     .unwrap();
@@ -135,7 +140,12 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
         for out in [a, inputs[1]] {
             steps.insert(
                 m + 1,
-                Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out }) },
+                Step {
+                    node: steps[m].node,
+                    optimizer: false,
+                    instr: Some(Instr::Fill { value: 0.0, out }),
+                    written: Written::Here,
+                },
             );
         }
     });
@@ -146,7 +156,7 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
     let got = after(&mut s, name, |steps, m, _| {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
         let copy = Instr::Copy { from: a, to: Buf { offset: 1 << 40, ..a } };
-        steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(copy) });
+        steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(copy), written: Written::Here });
     })
     .unwrap();
     assert!(got[0].whole);
