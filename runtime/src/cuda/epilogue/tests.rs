@@ -322,3 +322,19 @@ fn every_rewritten_kernel_computes_from_the_biased_product_what_the_original_did
         assert!(checked >= 5, "{checked}");
     }
 }
+
+#[test]
+fn a_product_that_is_an_output_of_the_program_keeps_the_plain_gemm() {
+    // Either form leaves the product unwritten or biased: an output must not.
+    let name = "layer0.ffn.act.fused";
+    let mut s = selected(&tiny_bert(Activation::GeluTanh, 64), &TrainingSpec::default());
+    let g = &s.program.graph;
+    let node = g.node_by_name(name).unwrap();
+    let Op::Fused { kernel } = &g.node(node).op else { panic!() };
+    let mm = g.node_by_name(kernel.epilogue_of.as_deref().unwrap()).unwrap();
+    s.program.graph.outputs.push(("ffn_up_product".into(), zeroplan_ir::Value { node: mm, output: 0 }));
+    let touched = schedule::touches(&s.steps);
+    let k = s.steps.iter().position(|st| st.node == node).unwrap();
+    let why = options(&s.program.graph, &s.steps, &touched, k, on_gpu).unwrap_err();
+    assert!(why.contains("an output of the program"), "{why}");
+}
