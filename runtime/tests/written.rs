@@ -76,9 +76,9 @@ impl Device for Merged {
             }
             let Some(Many(moved)) = steps[from].instr.take() else { continue };
             steps[to].instr.as_mut().expect("an update").0.splice(0..0, moved);
-            for at in 0..=from {
-                if steps[at].written == Written::At(from) || at == from {
-                    steps[at].written = Written::At(to);
+            for (at, step) in steps.iter_mut().enumerate().take(from + 1) {
+                if step.written == Written::At(from) || at == from {
+                    step.written = Written::At(to);
                 }
             }
         }

@@ -98,7 +98,7 @@ fn sums<K>(
     let operands = graph.operands(steps[s].node);
     let whole = |x: Buf, value: Value, out: Buf| -> Result<RowSum, String> {
         let cols = out.len;
-        if cols == 0 || x.len % cols != 0 {
+        if cols == 0 || !x.len.is_multiple_of(cols) {
             return Err("the summed buffer is not whole rows of the bias".into());
         }
         Ok(RowSum { x, value: through_reshapes(graph, value), out, rows: x.len / cols, cols, rest: None })
