@@ -250,3 +250,20 @@ fn the_kernel_left_computes_the_other_outputs_and_its_dy_sums_to_the_dropped_bia
     }
     assert_eq!(checked, 7);
 }
+
+#[test]
+fn under_data_parallelism_a_bias_gradient_whose_bytes_the_weight_gradient_reuses_is_refused() {
+    use zeroplan_ir::plan::{DataParallel, Offload};
+    for zero_stage in [0, 2, 3] {
+        let dp = DataParallel { ranks: 2, zero_stage, offload: Offload::None };
+        let s = crate::cuda::testing::selected_with(&model("tiny-bert"), &TrainingSpec::default(), Some(dp));
+        let found = decisions(&s);
+        assert_eq!(taken(&found).len(), 7, "ZeRO-{zero_stage}");
+        // The MLM transform's db goes to the flat gradient bucket before
+        // its weight gradient is computed, and the plan reuses its bytes
+        // for dW: summing it in the GEMM would overwrite dW.
+        let (_, got) = found.iter().find(|(n, _)| n == "mlm.act.back0.fused").unwrap();
+        let why: Vec<&String> = got.iter().filter_map(|g| g.as_ref().err()).collect();
+        assert!(why.iter().any(|w| w.contains("overlaps the GEMM's buffers")), "ZeRO-{zero_stage}: {why:?}");
+    }
+}
