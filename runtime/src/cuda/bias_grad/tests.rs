@@ -259,9 +259,9 @@ fn under_data_parallelism_a_bias_gradient_whose_bytes_the_weight_gradient_reuses
         let s = crate::cuda::testing::selected_with(&model("tiny-bert"), &TrainingSpec::default(), Some(dp));
         let found = decisions(&s);
         assert_eq!(taken(&found).len(), 7, "ZeRO-{zero_stage}");
-        // The MLM transform's db goes to the flat gradient bucket before
-        // its weight gradient is computed, and the plan reuses its bytes
-        // for dW: summing it in the GEMM would overwrite dW.
+        // The MLM transform's db lies inside its dW's bytes (the plan frees
+        // it, read into the flat gradients, before dW is written): summing
+        // it in the GEMM would write into dW.
         let (_, got) = found.iter().find(|(n, _)| n == "mlm.act.back0.fused").unwrap();
         let why: Vec<&String> = got.iter().filter_map(|g| g.as_ref().err()).collect();
         assert!(why.iter().any(|w| w.contains("overlaps the GEMM's buffers")), "ZeRO-{zero_stage}: {why:?}");
