@@ -186,6 +186,43 @@ fn bias_epilogue_gemms_match_the_host_runtime() {
     assert!(has(&kinds, "cublaslt_bias_gelu_aux"), "bf16: {kinds:?}");
 }
 
+/// Bias gradients summed in their weight gradients' GEMMs (cuBLASLt
+/// `BGRADA`; the LayerNorm and GELU backward kernels run without their
+/// sums), f32 and bf16, against the host runtime; then, with finite checks
+/// on, every parameter gradient captured (a moved bias gradient is read
+/// after the GEMM that writes it) against the host's.
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver, NVRTC and cuBLASLt"]
+fn bias_gradient_gemms_match_the_host_runtime() {
+    let has = |kinds: &[String], what: &str| kinds.iter().any(|k| k.contains(what));
+    for (precision, tol) in [(Precision::F32, 1e-5), (Precision::Bf16, 1e-2)] {
+        let kinds = agree_on(&model("tiny-bert"), precision, tol);
+        for what in ["cublaslt_bias_grad(layer*.ffn.up.mm.back1)", "layer*.ffn.act.back0.fused.bias_grad_in_gemm"] {
+            assert!(has(&kinds, what), "{precision:?}: `{what}` did not run: {kinds:?}");
+        }
+        let program = program(&model("tiny-bert"), &TrainingSpec { precision, ..TrainingSpec::default() });
+        let g = &program.graph;
+        let grads: Vec<zeroplan_ir::Value> = g
+            .petgraph()
+            .node_indices()
+            .filter_map(|n| zeroplan_passes::fuse::adamw_operands(g, n))
+            .map(|o| o[1])
+            .collect();
+        let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));
+        let mut host = HostProgram::load(program, 7).unwrap_or_else(|e| panic!("{e}"));
+        gpu.set_finite_checks(true);
+        gpu.capture(grads.clone()).unwrap();
+        host.capture(grads).unwrap();
+        let feeds = [batch(&model("tiny-bert"), 0)];
+        let got = gpu.step(&feeds).unwrap_or_else(|e| panic!("{e}")).captured.remove(0);
+        let want = host.step(&feeds).unwrap().captured.remove(0);
+        for (name, w) in &want {
+            let err = common::relative(got[name].floats().unwrap(), w.floats().unwrap());
+            assert!(err <= tol, "{precision:?}: gradient {name}: relative error {err:e} > {tol:e}");
+        }
+    }
+}
+
 /// Every parameter of tiny-bert stepped by one multi-tensor AdamW launch,
 /// f32 and bf16 gradients, against the host runtime's per-parameter kernels.
 #[test]

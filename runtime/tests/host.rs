@@ -80,7 +80,7 @@ fn agree(name: &str, disabled: &[&str], recompute: Policy, micro_batches: u64) {
     let mut host = HostProgram::load(program, 7).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (grads, _): (Vec<Value>, Vec<String>) = gradients(&graph).into_iter().unzip();
     let noise_gradients = zero_gradients(&model, &train);
-    host.capture(grads.clone());
+    host.capture(grads.clone()).unwrap();
     let mut reference = ReferenceTrainer::new(graph.clone(), 7, Exactness::Native).unwrap();
     let what = format!("{name} with {disabled:?} off, recompute {recompute:?}, {micro_batches} micro-batches");
     let tol = 1e-5;

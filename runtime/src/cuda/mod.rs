@@ -13,7 +13,9 @@
 //! - a matmul and its bias-epilogue kernel as one cuBLASLt product with the
 //!   `BIAS` / `GELU_BIAS` / `GELU_AUX_BIAS` epilogue, or the bias alone in
 //!   the product and the rest of the kernel rewritten without it
-//!   ([`epilogue`]); other matmuls through cuBLAS;
+//!   ([`epilogue`]); a weight gradient and its bias gradient (the column
+//!   sum of the same dY) as one product with the `BGRADA` / `BGRADB`
+//!   epilogue ([`bias_grad`]); other matmuls through cuBLAS;
 //! - runs of AdamW updates as one multi-tensor launch ([`adamw`]).
 //!
 //! Host↔device copies run on a copy stream ordered by events ([`copies`]);
@@ -30,6 +32,7 @@
 
 pub mod adamw;
 mod attention;
+pub mod bias_grad;
 mod collective;
 mod copies;
 pub mod epilogue;
@@ -184,6 +187,11 @@ impl Device for Cuda {
             );
             for (kernel, why) in &fused.left {
                 tracing::debug!("`{kernel}` keeps the plain GEMM: {why}");
+            }
+            let summed = bias_grad::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers);
+            tracing::debug!("cuBLASLt bias gradients: {} summed in their weight gradient's GEMM", summed.taken);
+            for (sum, why) in &summed.left {
+                tracing::debug!("bias gradient `{sum}` keeps its own reduction: {why}");
             }
         }
         let grouped = adamw::select(&program.graph, &mut steps, bufs, &memory, &gpu, &mut compilers.nvrtc)

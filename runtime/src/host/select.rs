@@ -19,7 +19,7 @@ use super::ops::attention::Attention;
 use super::ops::broadcast::Arith;
 use super::ops::matmul::MatMulShape;
 use crate::runner::buffers::{Buf, Rank, SelectError, concrete, constant_update, of_offset};
-use crate::runner::{Instruction, Step};
+use crate::runner::{Instruction, Step, Written};
 
 /// What compiles a row kernel for a device: the host's Cranelift compiler,
 /// or a GPU's. Selection is the same for every device; only the kernels differ.
@@ -375,7 +375,8 @@ pub fn select<C: KernelCompile>(
         let node = g.node(n);
         let fail = |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
         let instr = instruction(g, n, bufs, bindings, rank, compiler).map_err(fail)?;
-        steps.push(Step { node: n, optimizer: node.phase == Phase::Optimizer && node.op != Op::Input, instr });
+        let optimizer = node.phase == Phase::Optimizer && node.op != Op::Input;
+        steps.push(Step { node: n, optimizer, instr, written: Written::Here });
     }
     Ok(steps)
 }

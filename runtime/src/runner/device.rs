@@ -34,8 +34,32 @@ pub struct Step<I> {
     pub node: NodeIndex,
     /// Runs once per optimizer step (else once per micro-batch).
     pub optimizer: bool,
-    /// `None` for a view of its operand's buffer and for params and states.
+    /// `None` for a view of its operand's buffer and for params and states,
+    /// and where a device moved the node's work elsewhere ([`Written`]).
     pub instr: Option<I>,
+    /// Where the node's results are written.
+    pub written: Written,
+}
+
+/// Where a node's results are written, once a device's passes may have run
+/// several nodes as one instruction. The runner reads a value for a capture
+/// or a finite check right after the instruction that writes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Written {
+    /// By this step's instruction (with none: a view, a param or a state,
+    /// whose bytes are already there).
+    #[default]
+    Here,
+    /// Completely only once step `at`'s instruction ran, which took this
+    /// node's work or part of it (an AdamW update in a multi-tensor launch,
+    /// this step left empty; a bias gradient summed in its weight
+    /// gradient's GEMM, this step's kernel computing the rest).
+    At(usize),
+    /// Never as the graph defines it: the device fused the work so that the
+    /// result itself is not needed (a matmul's product inside a whole
+    /// cuBLASLt epilogue: not written; with the bias added in the GEMM: the
+    /// biased product in its place). A capture of it is refused.
+    Never,
 }
 
 /// An instruction as a profile counts it.

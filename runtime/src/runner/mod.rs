@@ -44,7 +44,7 @@ const PLACES: [Place; 2] = [Place::Device, Place::Host];
 
 pub use buffers::{Buf, Rank, SelectError};
 use buffers::{concrete, constant_update};
-pub use device::{Ctx, Device, Instruction, Loaded, Step};
+pub use device::{Ctx, Device, Instruction, Loaded, Step, Written};
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
 
@@ -226,8 +226,22 @@ impl<D: Device> Runner<D> {
 
     /// Copies `values` out of the arena as soon as each is computed (their
     /// buffers are reused later in the step), to [`StepResult::captured`].
-    pub fn capture(&mut self, values: Vec<Value>) {
+    /// A value the device never writes (a matmul product that a CUDA rank
+    /// fuses into a whole cuBLASLt epilogue) is an error naming it.
+    pub fn capture(&mut self, values: Vec<Value>) -> Result<(), RunError> {
+        let g = &self.program.graph;
+        for v in &values {
+            if self.steps.iter().any(|s| s.node == v.node && s.written == Written::Never) {
+                return Err(RunError::State {
+                    name: g.value_ref(*v),
+                    message: "this device never writes it (its work is fused into another instruction, which does \
+                              not need it): capture the fused instruction's output, or run on the host backend"
+                        .into(),
+                });
+            }
+        }
         self.captures = values;
+        Ok(())
     }
 
     /// Makes [`Runner::step`] read back only the outputs named (all of
@@ -339,6 +353,13 @@ impl<D: Device> Runner<D> {
             groups.abort();
             RunError::Run { node: g.node(steps[at].node).name.clone(), message }
         };
+        // The nodes whose work a device moved into each step's instruction.
+        let mut moved_here: Vec<Vec<NodeIndex>> = vec![Vec::new(); steps.len()];
+        for s in steps.iter() {
+            if let Written::At(at) = s.written {
+                moved_here[at].push(s.node);
+            }
+        }
         let mut out = StepResult { outputs: StepOutputs::default(), captured: Vec::new() };
         let last_micro_batch_step = steps.iter().rposition(|s| !s.optimizer);
         std::thread::scope(|scope| -> Result<(), RunError> {
@@ -386,13 +407,20 @@ impl<D: Device> Runner<D> {
                                 p.record(instr, step.node, Track::Compute, start, start.elapsed());
                             }
                         }
-                        if check_finite && let Some(what) = non_finite(g, step.node, read) {
-                            groups.abort();
-                            let node = g.node(step.node).name.clone();
-                            return Err(RunError::NonFinite { node, micro_batch: i, what });
+                        if check_finite {
+                            let own = (step.written == Written::Here).then_some(&step.node);
+                            for &n in own.into_iter().chain(&moved_here[at]) {
+                                if let Some(what) = non_finite(g, n, read) {
+                                    groups.abort();
+                                    let node = g.node(n).name.clone();
+                                    return Err(RunError::NonFinite { node, micro_batch: i, what });
+                                }
+                            }
                         }
                     }
-                    let wanted: Vec<&Value> = captures.iter().filter(|v| v.node == step.node).collect();
+                    let here =
+                        |n: NodeIndex| (n == step.node && step.written == Written::Here) || moved_here[at].contains(&n);
+                    let wanted: Vec<&Value> = captures.iter().filter(|v| here(v.node)).collect();
                     if !wanted.is_empty() {
                         finish(stream.drain(), profile)?;
                     }

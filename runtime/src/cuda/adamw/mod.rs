@@ -22,10 +22,10 @@
 //! communication stream's waits) see all of them.
 //!
 //! The mixed-precision working copy the kernel can write is not used: the
-//! plan's `cast` of the new master weights stays its own instruction. Under
-//! `Runner::set_finite_checks` only the launch's step (the group's last
-//! update) is checked right after it runs; the other members' steps are
-//! empty.
+//! plan's `cast` of the new master weights stays its own instruction. The
+//! other members' steps are left empty and marked written at the launch's
+//! step ([`Written::At`]), so `Runner::set_finite_checks` checks every
+//! member's outputs right after the launch (and a capture reads them there).
 //!
 //! ZeRO-1/2 updates are not taken: their new parameter shard goes to a
 //! buffer of its own (then all-gathered), which the in-place table cannot
@@ -45,7 +45,7 @@ use zeroplan_ir::{Graph, Value};
 use super::memory::{DeviceArena, GpuMemory};
 use super::{Cuda, CudaKernel, schedule};
 use crate::host::Instr;
-use crate::runner::{Buf, Step};
+use crate::runner::{Buf, Step, Written};
 use grouping::Update;
 
 /// Where each launch's table starts in the tables' buffer.
@@ -157,10 +157,12 @@ pub fn select(
             .iter()
             .flat_map(|f| group.iter().map(f))
             .collect();
+        let last = group.last().expect("groups hold two updates or more").step;
         for u in &group {
             steps[u.step].instr = None;
+            steps[u.step].written = Written::At(last);
         }
-        let last = group.last().expect("groups hold two updates or more").step;
+        steps[last].written = Written::Here;
         let kernel = CudaKernel::AdamW(Arc::new(launch));
         steps[last].instr = Some(Instr::Kernel { kernel, inputs, outputs });
     }

@@ -11,8 +11,7 @@
 //!   `GELU_AUX_BIAS` product writes the kernel's outputs at the kernel's
 //!   step (the pre-activation, when the kernel keeps it for the backward,
 //!   as the epilogue's aux matrix); the matmul's step is left empty and its
-//!   product never written (no one reads it; a `Runner::capture` of it
-//!   would see stale bytes, as `--check-finite` skips empty steps).
+//!   product never written (no one reads it).
 //! - **Bias only**: the kernel does more (BERT's erf GELU, which cuBLASLt
 //!   lacks; dropout, a residual, LayerNorm). The `BIAS` product writes
 //!   `mm + bias` into the product's own buffer at the matmul's step, and the
@@ -36,6 +35,11 @@
 //! GPU, from its heuristic at the pointers' alignments (`BlasLt::check`);
 //! any refusal keeps the pair as it was, never fails the load.
 //!
+//! Either way the matmul's product is no longer the graph's value (never
+//! written, or biased): neither form is taken when it is an output of the
+//! program, and its step is marked [`Written::Never`], so `Runner::capture`
+//! refuses it with an error naming it.
+//!
 //! What was fused shows in the profile (`kernel cublaslt_bias_gelu_aux(…)`
 //! and `kernel ….bias_in_gemm` in place of `matmul …` and the kernel) and in
 //! a `tracing` debug line at load with the counts and each refusal's reason.
@@ -53,7 +57,7 @@ use super::{Cuda, CudaKernel, gemm, kernels::Kernels, memory::GpuMemory, schedul
 use crate::host::ops::matmul::MatMulShape;
 use crate::host::{Instr, KernelCompile};
 use crate::runner::buffers::concrete;
-use crate::runner::{Buf, Instruction, SelectError, Step};
+use crate::runner::{Buf, Instruction, SelectError, Step, Written};
 use matching::Fit;
 
 /// Where cuBLASLt reads the bias and writes the aux matrix: at least this
@@ -61,8 +65,9 @@ use matching::Fit;
 /// alignment preference for either, unlike A, B, C and D).
 const BIAS_ALIGNMENT: usize = 16;
 
-/// A matmul with its bias epilogue as one cuBLASLt product. Its
-/// instruction's inputs are `[a, b, bias]`, its outputs `[d]` or `[d, aux]`.
+/// A matmul with its epilogue as one cuBLASLt product. Its instruction's
+/// inputs are `[a, b, bias]`, its outputs `[d]` or `[d, aux]`; for a bias
+/// gradient ([`super::bias_grad`]) `[a, b]` and `[d, db]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceGemm {
     pub shape: MatMulShape,
@@ -73,8 +78,22 @@ pub struct DeviceGemm {
 }
 
 impl DeviceGemm {
-    fn lt(&self) -> LtGemm<'_> {
+    pub(crate) fn lt(&self) -> LtGemm<'_> {
         LtGemm { gemm: gemm(&self.shape, self.dtype), epilogue: self.epilogue }
+    }
+
+    /// The cuBLASLt pointers of the instruction's buffers: inputs `[a, b]`
+    /// then the bias for a forward epilogue, outputs `[d]` then the aux
+    /// matrix (GELU) or the bias gradient (`BiasGrad*`).
+    pub(crate) fn pointers(&self, inputs: &[Buf], outputs: &[Buf], ptr: impl Fn(Buf) -> u64) -> LtPointers {
+        let grad = matches!(self.epilogue, Epilogue::BiasGradA | Epilogue::BiasGradB);
+        LtPointers {
+            a: ptr(inputs[0]),
+            b: ptr(inputs[1]),
+            d: ptr(outputs[0]),
+            bias: if grad { outputs.get(1) } else { inputs.get(2) }.copied().map(&ptr),
+            aux: if grad { None } else { outputs.get(1).copied().map(&ptr) },
+        }
     }
 
     pub fn flops(&self) -> f64 {
@@ -110,6 +129,7 @@ fn epilogue_name(e: Epilogue) -> &'static str {
         Epilogue::Bias => "bias",
         Epilogue::Gelu { aux: true, .. } => "bias_gelu_aux",
         Epilogue::Gelu { aux: false, .. } => "bias_gelu",
+        Epilogue::BiasGradA | Epilogue::BiasGradB => "bias_grad",
         _ => "other",
     }
 }
@@ -151,6 +171,10 @@ pub fn options<K>(
     }
     if graph.users(mm_node) != [steps[k].node] || *out != inputs[mm] {
         return Err("the product has another reader".into());
+    }
+    // Either form leaves the product unwritten or biased.
+    if graph.outputs.iter().any(|(_, v)| v.node == mm_node) {
+        return Err("the product is an output of the program, which neither form writes as it is".into());
     }
     let fit = matching::fit(ir, mm)?;
     let (bias, add) = match fit {
@@ -260,14 +284,7 @@ pub fn select(
         };
         let mut refused = Vec::new();
         for pair in pairs {
-            let ptr = |b: Buf| memory.device_ptr(b);
-            let pointers = LtPointers {
-                a: ptr(pair.inputs[0]),
-                b: ptr(pair.inputs[1]),
-                d: ptr(pair.outputs[0]),
-                bias: Some(ptr(pair.inputs[2])),
-                aux: pair.outputs.get(1).copied().map(ptr),
-            };
+            let pointers = pair.gemm.pointers(&pair.inputs, &pair.outputs, |b| memory.device_ptr(b));
             if let Err(e) = lt.check(&pair.gemm.lt(), &pointers) {
                 refused.push(e.to_string());
                 continue;
@@ -297,6 +314,8 @@ pub fn select(
                 inputs: pair.inputs.to_vec(),
                 outputs: pair.outputs.clone(),
             };
+            // The product is no longer the graph's (unwritten, or biased).
+            steps[pair.matmul].written = Written::Never;
             if pair.whole {
                 steps[pair.matmul].instr = None;
                 steps[pair.kernel].instr = Some(product);
@@ -322,17 +341,10 @@ pub fn select(
 /// Queues the product on the compute stream.
 pub fn run(cuda: &Cuda, g: &DeviceGemm, inputs: &[Buf], outputs: &[Buf]) -> Result<(), String> {
     let lt = cuda.lt.as_ref().ok_or("a cuBLASLt product was selected without a cuBLASLt handle")?;
-    let ptr = |b: Buf| cuda.memory.device_ptr(b);
-    let pointers = LtPointers {
-        a: ptr(inputs[0]),
-        b: ptr(inputs[1]),
-        d: ptr(outputs[0]),
-        bias: Some(ptr(inputs[2])),
-        aux: outputs.get(1).copied().map(ptr),
-    };
-    // SAFETY: selection checked the operands lie on the device, of the
-    // product's dtype, at the shape's sizes, the outputs apart from the
-    // inputs; the arenas outlive the stream's work.
+    let pointers = g.pointers(inputs, outputs, |b| cuda.memory.device_ptr(b));
+    // SAFETY: selection (here or in `bias_grad`) checked the operands lie
+    // on the device, of the product's dtype, at the shape's sizes, the
+    // outputs apart from the inputs; the arenas outlive the stream's work.
     unsafe { lt.matmul(&g.lt(), &pointers) }.map_err(|e| e.to_string())
 }
 

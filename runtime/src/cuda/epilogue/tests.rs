@@ -16,7 +16,7 @@ use crate::cuda::schedule;
 use crate::cuda::testing::{Ir, Selected, model, selected};
 use crate::host::Instr;
 use crate::runner::buffers::concrete;
-use crate::runner::{Buf, Step};
+use crate::runner::{Buf, Step, Written};
 
 fn on_gpu(k: &Ir) -> bool {
     k.on_device
@@ -120,7 +120,12 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
         steps.insert(
             m + 1,
-            Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out: a }) },
+            Step {
+                node: steps[m].node,
+                optimizer: false,
+                instr: Some(Instr::Fill { value: 0.0, out: a }),
+                written: Written::Here,
+            },
         );
     })
     .unwrap();
@@ -135,7 +140,12 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
         for out in [a, inputs[1]] {
             steps.insert(
                 m + 1,
-                Step { node: steps[m].node, optimizer: false, instr: Some(Instr::Fill { value: 0.0, out }) },
+                Step {
+                    node: steps[m].node,
+                    optimizer: false,
+                    instr: Some(Instr::Fill { value: 0.0, out }),
+                    written: Written::Here,
+                },
             );
         }
     });
@@ -146,7 +156,7 @@ fn work_between_the_pair_that_conflicts_keeps_it_apart() {
     let got = after(&mut s, name, |steps, m, _| {
         let Some(Instr::MatMul { a, .. }) = steps[m].instr.clone() else { panic!() };
         let copy = Instr::Copy { from: a, to: Buf { offset: 1 << 40, ..a } };
-        steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(copy) });
+        steps.insert(m + 1, Step { node: steps[m].node, optimizer: false, instr: Some(copy), written: Written::Here });
     })
     .unwrap();
     assert!(got[0].whole);
@@ -311,4 +321,20 @@ fn every_rewritten_kernel_computes_from_the_biased_product_what_the_original_did
         }
         assert!(checked >= 5, "{checked}");
     }
+}
+
+#[test]
+fn a_product_that_is_an_output_of_the_program_keeps_the_plain_gemm() {
+    // Either form leaves the product unwritten or biased: an output must not.
+    let name = "layer0.ffn.act.fused";
+    let mut s = selected(&tiny_bert(Activation::GeluTanh, 64), &TrainingSpec::default());
+    let g = &s.program.graph;
+    let node = g.node_by_name(name).unwrap();
+    let Op::Fused { kernel } = &g.node(node).op else { panic!() };
+    let mm = g.node_by_name(kernel.epilogue_of.as_deref().unwrap()).unwrap();
+    s.program.graph.outputs.push(("ffn_up_product".into(), zeroplan_ir::Value { node: mm, output: 0 }));
+    let touched = schedule::touches(&s.steps);
+    let k = s.steps.iter().position(|st| st.node == node).unwrap();
+    let why = options(&s.program.graph, &s.steps, &touched, k, on_gpu).unwrap_err();
+    assert!(why.contains("an output of the program"), "{why}");
 }
