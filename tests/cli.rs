@@ -196,6 +196,31 @@ fn train_logs_one_json_object_per_step_and_learns() {
     assert!(loss(7) < loss(0), "{} → {}", loss(0), loss(7));
 }
 
+/// Without a terminal (a file, a pipe, a scheduler's log) no progress bar
+/// shows, so every backend logs a line per step, the same line.
+#[test]
+fn train_logs_a_line_per_step_where_no_one_watches() {
+    let lines = |backend: &str| -> Vec<String> {
+        let args = ["train", "models/tiny/tiny-bert.ron", "--backend", backend, "--steps", "3", "--dropout", "0"];
+        let out = zeroplan(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    };
+    let (host, reference) = (lines("cpu"), lines("reference"));
+    assert_eq!(host.len(), 3, "{host:?}");
+    assert_eq!(reference.len(), 3, "{reference:?}");
+    for (h, r) in host.iter().zip(&reference) {
+        // The host line adds the throughput; the step, lr and (to the
+        // runtimes' 1e-5 agreement) the loss are the reference's.
+        let fields = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let (hf, rf) = (fields(h), fields(r));
+        assert!(h.ends_with("tok/s"), "{h}");
+        assert_eq!((&hf[..2], &hf[4..6]), (&rf[..2], &rf[4..6]), "{h} vs {r}");
+        let loss = |f: &[String]| f[3].parse::<f64>().expect("a loss");
+        assert!((loss(&hf) - loss(&rf)).abs() <= 1e-5 * loss(&rf), "{h} vs {r}");
+    }
+}
+
 #[test]
 fn train_saves_weights_that_load_back() {
     let dir = std::env::temp_dir().join(format!("zeroplan-train-{}", std::process::id()));

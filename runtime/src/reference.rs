@@ -25,6 +25,21 @@ pub struct StepLog {
     pub skipped: bool,
 }
 
+/// The log line `zeroplan train` prints for a step (one format for every
+/// backend, so logs of a run and of its reference diff line by line).
+impl std::fmt::Display for StepLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "step {:>4}  loss {:.6}  lr {:.3e}  grad norm {:.4}", self.step, self.loss, self.lr, self.grad_norm)?;
+        if let Some(scale) = self.loss_scale {
+            write!(f, "  loss scale {scale}")?;
+        }
+        if self.skipped {
+            write!(f, "  (skipped: gradients overflowed)")?;
+        }
+        Ok(())
+    }
+}
+
 /// A training graph and its state, stepped by the interpreter.
 pub struct ReferenceTrainer {
     graph: Graph,

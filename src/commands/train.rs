@@ -75,12 +75,7 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
         if args.log_json {
             println!("{}", serde_json::to_string(&log).expect("serialisable"));
         } else {
-            let scale = log.loss_scale.map_or(String::new(), |s| format!("  loss scale {s}"));
-            let skipped = if log.skipped { "  (skipped: gradients overflowed)" } else { "" };
-            println!(
-                "step {:>4}  loss {:.6}  lr {:.3e}  grad norm {:.4}{scale}{skipped}",
-                log.step, log.loss, log.lr, log.grad_norm
-            );
+            println!("{log}");
         }
         if !log.loss.is_finite() {
             return Err(context(format!("step {}: the loss is {}; stopping", log.step, log.loss)));

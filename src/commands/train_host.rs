@@ -2,6 +2,7 @@
 //! host runtime (Cranelift kernels, GEMMs, the plan's arena), on a
 //! synthetic batch, a batch file, or `--data` (MLM text or a GLUE TSV).
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -431,7 +432,10 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         eprintln!("note: the run is at step {first} already, --steps {}: nothing to do", args.steps);
         return Ok(());
     }
-    let bar = (!args.log_json && logs_here).then(|| {
+    // The bar where someone watches; else (a file, a pipe, a scheduler's
+    // log) a line per step, as the reference backend prints.
+    let watched = std::io::stderr().is_terminal();
+    let bar = (!args.log_json && logs_here && watched).then(|| {
         let bar = indicatif::ProgressBar::new(args.steps);
         bar.set_position(first);
         bar.set_style(
@@ -482,6 +486,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         let tokens_per_s = (batch * seq * k * replicas) as f64 / seconds;
         match &bar {
             None if !logs_here => {}
+            None if !args.log_json => println!("{log}  {tokens_per_s:.0} tok/s"),
             None => {
                 let mut line = serde_json::to_value(&log).expect("serialisable");
                 line["step_seconds"] = seconds.into();
@@ -509,8 +514,10 @@ fn train_loop<D: Device<Instr: Send> + Send>(
                 Batches::Fixed(_) => None,
             };
             let at = saver.save(ranks, cursor, launched)?;
-            if let Some(bar) = &bar {
-                bar.println(format!("saved {}", at.display()));
+            match &bar {
+                Some(bar) => bar.println(format!("saved {}", at.display())),
+                None if logs_here && !args.log_json => eprintln!("saved {}", at.display()),
+                None => {}
             }
         }
     }
