@@ -213,7 +213,9 @@ fn loaded_ranks_rewrite_sharded_streams_everywhere() {
             }
         }
         assert!(kinds.contains("op"), "sp {sp}: no sharded FlashAttention");
-        assert!(sharded > 0 && replicated > 0, "sp {sp}: {sharded} sharded, {replicated} replicated");
+        // Without sequence parallelism the hidden dropouts are replicated;
+        // with it, tiny BERT (no classifier) has none left.
+        assert!(sharded > 0 && (sp || replicated > 0), "sp {sp}: {sharded} sharded, {replicated} replicated");
         if sp {
             assert!(kinds.contains("keep"), "sequence-parallel hidden dropout in no fused kernel");
         }
