@@ -88,9 +88,9 @@ pub fn graph_for_tensor_rank(graph: &mut Graph, rank: u64, ranks: u64) -> Result
     };
     for node in graph.graph.node_weights_mut() {
         match &mut node.op {
-            Op::Dropout { stream, .. }
-            | Op::FlashAttention { stream, .. }
-            | Op::FlashAttentionGrad { stream, .. } => rewrite(stream),
+            Op::Dropout { stream, .. } | Op::FlashAttention { stream, .. } | Op::FlashAttentionGrad { stream, .. } => {
+                rewrite(stream)
+            }
             Op::Fused { kernel } => {
                 for expr in &mut kernel.body {
                     if let Expr::Keep { stream, .. } = expr {

@@ -144,9 +144,17 @@ fn fused_attention_draws_a_mask_per_tensor_rank() {
         let (a, b) = (floats(&got[0].0), floats(&got[1].0));
         let same = a.iter().zip(&b).filter(|(x, y)| x.to_bits() == y.to_bits()).count();
         if p == 0.0 {
-            assert_eq!(same, a.len(), "without dropout the ranks' attention outputs differ: the test is not isolating masks");
+            assert_eq!(
+                same,
+                a.len(),
+                "without dropout the ranks' attention outputs differ: the test is not isolating masks"
+            );
         } else {
-            assert!(same < a.len() / 4, "{same} of {} attention outputs equal on both tensor ranks at p = {p}", a.len());
+            assert!(
+                same < a.len() / 4,
+                "{same} of {} attention outputs equal on both tensor ranks at p = {p}",
+                a.len()
+            );
         }
     }
 }

@@ -35,8 +35,8 @@ mod stream;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::dropout_stream;
+use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
 
