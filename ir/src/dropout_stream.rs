@@ -63,7 +63,8 @@ pub fn is_sharded(stream: u32) -> bool {
 /// Megatron's model-parallel RNG tracker does), a replicated site's as it is
 /// (every rank the same mask, so the replicas stay equal).
 pub fn for_tensor_rank(stream: u32, rank: u64) -> u32 {
-    if is_sharded(stream) { (stream & !RANK_MASK) | ((rank as u32) << RANK_SHIFT) } else { stream }
+    debug_assert!(rank < MAX_TENSOR_RANKS, "tensor rank {rank} overflows the stream word");
+    if is_sharded(stream) { (stream & !RANK_MASK) | (((rank as u32) << RANK_SHIFT) & RANK_MASK) } else { stream }
 }
 
 /// Rewrites every dropout stream of `graph` — [`Op::Dropout`],
