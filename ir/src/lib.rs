@@ -12,6 +12,7 @@
 
 pub mod build;
 mod dot;
+pub mod dropout_stream;
 pub mod dtype;
 pub mod graph;
 pub mod infer;

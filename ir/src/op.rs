@@ -163,7 +163,9 @@ pub enum Op {
     Softmax,
     /// Zero each element with probability `p`, scale survivors by `1/(1-p)`.
     /// `stream` names this site's random stream, so a recomputed forward and
-    /// every backend draw the identical mask.
+    /// every backend draw the identical mask. Under tensor parallelism a
+    /// sharded site's stream carries a mark and, once loaded, its tensor
+    /// rank ([`crate::dropout_stream`]).
     Dropout {
         p: f64,
         stream: u32,

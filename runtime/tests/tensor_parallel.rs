@@ -13,12 +13,10 @@
 //! differences of up to `lr` in its step. Each rank's measured peak is the
 //! plan's arena; two runs give the same bits.
 //!
-//! Dropout is 0: Megatron-LM draws a different attention-dropout mask on
-//! each tensor rank (a rank's heads are its own elements), which one rank
-//! does not reproduce, while the replicated regions' masks must be the same
-//! on every tensor rank. The runner gives every tensor rank of a replica
-//! the data rank's dropout offset, which is the second; the first would
-//! need the column-parallel masks keyed by the whole tensor's element.
+//! Dropout is 0: as Megatron-LM does, each tensor rank draws its own masks
+//! at the sharded sites (a rank's heads, its sequence slice), which one
+//! rank does not reproduce, while the replicated regions' masks are the
+//! same on every tensor rank (`tensor_parallel_dropout.rs` tests both).
 
 use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};

@@ -42,7 +42,7 @@ impl Builder<'_> {
             let beta = self.param("embeddings.norm.beta", &[e], Init::Zeros)?;
             x = self.layer_norm("embeddings.norm", x, gamma, beta)?;
         }
-        x = self.dropout("embeddings.dropout", x, spec.hidden_dropout)?;
+        x = self.dropout("embeddings.dropout", x, spec.hidden_dropout, self.sp)?;
         if e != spec.hidden {
             let w = self.param("embeddings.project.weight", &[spec.hidden, e], normal)?;
             let b = self.param("embeddings.project.bias", &[spec.hidden], Init::Zeros)?;

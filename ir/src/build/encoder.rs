@@ -83,14 +83,14 @@ impl Builder<'_> {
         }
         s = self.graph.add(format!("{p}.masked"), Op::AttentionMask, &[s, mask])?;
         let mut probs = self.graph.add(format!("{p}.probs"), Op::Softmax, &[s])?;
-        probs = self.dropout(&format!("{p}.probs_dropout"), probs, spec.attention_dropout)?;
+        probs = self.dropout(&format!("{p}.probs_dropout"), probs, spec.attention_dropout, true)?;
         let pv = Op::MatMul { transpose_a: false, transpose_b: false };
         let context = self.graph.add(format!("{p}.context"), pv, &[probs, v])?;
         let bshd = self.graph.add(format!("{p}.context.bshd"), Op::Transpose { perm: vec![0, 2, 1, 3] }, &[context])?;
         let merged_shape = Shape(vec![batch(), seq(), Dim::constant(local)]);
         let merged = self.graph.add(format!("{p}.context.merged"), Op::Reshape { shape: merged_shape }, &[bshd])?;
         let out = self.row_linear(l, "attn.out", merged, h, h)?;
-        let out = self.dropout(&format!("{p}.out_dropout"), out, spec.hidden_dropout)?;
+        let out = self.dropout(&format!("{p}.out_dropout"), out, spec.hidden_dropout, self.sp)?;
         self.residual(l, "attn", x, out)
     }
 
@@ -113,7 +113,7 @@ impl Builder<'_> {
                 let up = self.column_linear(l, "ffn.up", input, i, h)?;
                 let act = self.activation(&format!("{p}.act"), up)?;
                 let down = self.row_linear(l, "ffn.down", act, h, i)?;
-                self.dropout(&format!("{p}.dropout"), down, spec.hidden_dropout)?
+                self.dropout(&format!("{p}.dropout"), down, spec.hidden_dropout, self.sp)?
             }
             FeedForward::Glu => {
                 let wg = self.layer_weight(l, "ffn.gate", i, h, Some(0))?;
@@ -122,7 +122,7 @@ impl Builder<'_> {
                 let up = self.linear(&format!("{p}.up"), input, wu, None)?;
                 let act = self.activation(&format!("{p}.act"), gate)?;
                 let glu = self.graph.add(format!("{p}.glu"), Op::Mul, &[act, up])?;
-                let glu = self.dropout(&format!("{p}.dropout"), glu, spec.hidden_dropout)?;
+                let glu = self.dropout(&format!("{p}.dropout"), glu, spec.hidden_dropout, true)?;
                 self.row_linear(l, "ffn.down", glu, h, i)?
             }
         };

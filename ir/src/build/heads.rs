@@ -92,7 +92,7 @@ impl Builder<'_> {
     /// or mean squared error against float targets when `num_labels` is 1.
     fn classifier(&mut self, pooled: Value, num_labels: u64) -> Result<(), GraphError> {
         let h = self.spec.hidden;
-        let x = self.dropout("classifier.dropout", pooled, self.spec.hidden_dropout)?;
+        let x = self.dropout("classifier.dropout", pooled, self.spec.hidden_dropout, false)?;
         let normal = self.normal();
         let w = self.param("classifier.weight", &[num_labels, h], normal)?;
         let b = self.param("classifier.bias", &[num_labels], Init::Zeros)?;

@@ -47,6 +47,7 @@ mod encoder;
 mod heads;
 mod weights;
 
+use crate::dropout_stream;
 use crate::dtype::DType;
 use crate::graph::{Graph, GraphError, Value};
 use crate::op::{Init, Op};
@@ -286,12 +287,20 @@ impl Builder<'_> {
     }
 
     /// Dropout with its own random stream; identity (no node) when `p` is 0.
-    fn dropout(&mut self, name: &str, x: Value, p: f64) -> Result<Value, GraphError> {
+    /// `sharded`: `x` is split over the tensor ranks (each holds other
+    /// elements), so the site is marked to draw a mask per tensor rank
+    /// ([`crate::dropout_stream`]); otherwise every rank draws the same one.
+    fn dropout(&mut self, name: &str, x: Value, p: f64, sharded: bool) -> Result<Value, GraphError> {
         if p == 0.0 {
             return Ok(x);
         }
-        let stream = self.next_stream;
+        let site = self.next_stream;
+        if site >= dropout_stream::MAX_SITES {
+            let message = format!("more than {} dropout sites do not fit the stream word", dropout_stream::MAX_SITES);
+            return Err(GraphError { node: name.into(), op: "dropout", message });
+        }
         self.next_stream += 1;
+        let stream = dropout_stream::site_stream(site, sharded && self.t > 1);
         self.graph.add(name, Op::Dropout { p, stream }, &[x])
     }
 

@@ -35,6 +35,7 @@ mod stream;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use zeroplan_ir::dropout_stream;
 use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Precision, State, StepOutputs};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
@@ -164,9 +165,21 @@ impl<D: Device> Runner<D> {
     /// the whole parameters, and its vocabulary slice) of data rank
     /// `groups.data.rank()` (its ZeRO shards), with the params and states in
     /// `given` taken from there.
-    pub fn load_groups_with(program: Program, seed: u64, groups: Groups, given: &State) -> Result<Runner<D>, RunError> {
-        let g = &program.graph;
+    ///
+    /// A tensor rank draws its own dropout masks at the sites the builder
+    /// marked sharded ([`dropout_stream`]: Megatron-LM's model-parallel RNG
+    /// tracker), so its streams are rewritten here, before instruction
+    /// selection; replicated sites keep theirs.
+    pub fn load_groups_with(
+        mut program: Program,
+        seed: u64,
+        groups: Groups,
+        given: &State,
+    ) -> Result<Runner<D>, RunError> {
         let (data, tensor) = (&groups.data, &groups.tensor);
+        dropout_stream::graph_for_tensor_rank(&mut program.graph, tensor.rank() as u64, tensor.ranks() as u64)
+            .map_err(RunError::Load)?;
+        let g = &program.graph;
         let rank =
             Rank { index: data.rank(), ranks: data.ranks(), tensor: tensor.rank(), tensor_ranks: tensor.ranks() };
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
