@@ -129,7 +129,8 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall
 /// the figures behind it.
 pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
     let (w, r) = (&winner.predicted, &runner.predicted);
-    let slower = 100.0 * (1.0 - r.tokens_per_second / w.tokens_per_second);
+    // Rounded to what is printed, so a tie never reads `-0.0%`.
+    let slower = (1000.0 * (1.0 - r.tokens_per_second / w.tokens_per_second)).round() / 10.0 + 0.0;
     let mut reasons = Vec::new();
     let compute = |p: &zeroplan_ir::plan::Predicted| p.busy_seconds.get("compute").copied().unwrap_or(0.0);
     if compute(r) > compute(w) + 0.01 * w.step_seconds {
