@@ -756,7 +756,7 @@ fn a_diverging_run_stops_naming_the_step_and_the_first_non_finite_value() {
 
 #[test]
 fn train_on_cuda_without_a_gpu_says_so() {
-    if zeroplan_runtime::cuda::available().is_ok() {
+    if zeroplan_backend_cuda::device::available().is_ok() {
         eprintln!("SKIPPED: this machine has a GPU (runtime/tests/cuda.rs's ignored tests check it)");
         return;
     }

@@ -1,17 +1,24 @@
-//! zeroplan's host backend: kernels compiled to native code by Cranelift.
+//! zeroplan's host backend: a rank's program on this machine's CPU.
 //!
 //! - [`host_isa`] / [`host_target`]: the host's code-generation target.
 //! - [`kernel`]: fused row kernels ([`zeroplan_ir::kernel::Kernel`]) compiled
 //!   to vectorised native code ([`KernelCompiler`], [`CompiledKernel`]),
 //!   multithreaded over rows, checked against the reference interpreter.
+//! - [`routines`]: the ops that are not row kernels — GEMMs (the `gemm`
+//!   crate), fused attention, embeddings, losses, layout, tensor-parallel
+//!   shards — in f32 on host slices.
+//! - [`device`]: [`Host`], the `zeroplan_exec::Device` the runtime drives:
+//!   the plan's arenas in host memory, the instructions run in place.
 //!
-//! Not yet: running whole compiled plans (matmuls, attention, the pass
-//! schedule). See the crate's README for the design and measured figures.
+//! See the crate's README for the design and measured figures.
 
 use cranelift_codegen::settings::{self, Configurable};
 
+pub mod device;
 pub mod kernel;
+pub mod routines;
 
+pub use device::Host;
 pub use kernel::{CodegenError, CompiledKernel, KernelCompiler};
 
 /// The host's instruction set and the vector width kernels can use.

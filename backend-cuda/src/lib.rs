@@ -10,7 +10,7 @@
 //! - [`gemm`]: row-major batched GEMMs through cuBLAS ([`Blas`], [`Gemm`]),
 //!   and through cuBLASLt with bias/GELU epilogues and their backward
 //!   ([`BlasLt`], [`LtGemm`], [`Epilogue`]).
-//! - [`device`]: finding GPUs ([`probe`]), loading modules and launching
+//! - [`driver`]: finding GPUs ([`probe`]), loading modules and launching
 //!   kernels through cudarc's driver API — never called without a driver.
 //! - [`attention`]: fused (FlashAttention-2-style) attention, forward and
 //!   backward, a CUDA C template rendered per specialisation
@@ -18,8 +18,14 @@
 //! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
 //!   ([`AdamWKernel`]).
 //!
-//! Not yet: NCCL (whole-plan execution is `zeroplan_runtime::cuda`). See
-//! the crate's README for what was checked, and how.
+//! - [`device`]: [`Cuda`], the `zeroplan_exec::Device` the runtime drives: a
+//!   rank's program on one GPU, with the load-time step passes that put
+//!   biases and bias gradients into cuBLASLt epilogues, attention into the
+//!   fused kernels and AdamW updates into multi-tensor launches.
+//! - [`nccl`]: [`Nccl`], a `zeroplan_exec::Communicator` over NCCL that
+//!   takes the device's buffers as device pointers.
+//!
+//! See the crate's README for what was checked, and how.
 
 pub mod adamw;
 pub mod attention;
@@ -27,7 +33,9 @@ pub mod cache;
 pub mod codegen;
 pub mod compiler;
 pub mod device;
+pub mod driver;
 pub mod gemm;
+pub mod nccl;
 pub mod nvrtc;
 
 pub use adamw::{AdamWError, AdamWKernel};
@@ -35,6 +43,8 @@ pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
 pub use compiler::{CompileError, CompiledAdamW, CompiledAttention, CompiledPtx, CudaKernelCompiler};
-pub use device::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
+pub use device::{Cuda, CudaKernel};
+pub use driver::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
 pub use gemm::{Blas, BlasLt, Epilogue, Gemm, GemmError, LtGemm};
+pub use nccl::Nccl;
 pub use nvrtc::{Nvrtc, NvrtcError};

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use zeroplan_ir::plan::Plan;
-use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::HostProgram;
 
 /// Larger arenas are refused here only to keep the fuzzer fast.
 const ARENA_CAP: u64 = 64 << 20;

@@ -39,7 +39,7 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
     let g = graph.petgraph();
     for n in g.node_indices() {
         let out = Value { node: n, output: 0 };
-        if let Some(ops) = crate::fuse::adamw_operands(graph, n) {
+        if let Some(ops) = zeroplan_ir::kernel::adamw_operands(graph, n) {
             // fp32 masters (a state, after partitioning) are parameters; a
             // parameter AdamW updates directly is counted below.
             if matches!(graph.node(ops[0].node).op, Op::State { .. }) {

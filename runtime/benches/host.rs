@@ -17,7 +17,7 @@ use zeroplan_ir::spec::{self, Head, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Graph, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
-use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::HostProgram;
 
 const BATCH: usize = 32;
 const SEQ: usize = 128;

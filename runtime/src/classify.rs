@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
 
+use crate::HostProgram;
 use crate::checkpoint::{self, CheckpointError, Weights};
 use crate::data::{DataError, Dataset, Example, Label, Tokenizer};
-use crate::host::HostProgram;
 use crate::metrics::Predictions;
 use crate::model_dir::ModelDir;
 use crate::program;

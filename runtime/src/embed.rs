@@ -27,8 +27,8 @@ use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
 use zeroplan_ir::{DType, Graph, Tensor};
 
+use crate::HostProgram;
 use crate::checkpoint;
-use crate::host::HostProgram;
 use crate::model_dir::{ModelDir, TOKENIZER};
 use crate::program;
 

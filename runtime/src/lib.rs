@@ -14,10 +14,8 @@
 pub mod checkpoint;
 pub mod classify;
 pub mod comm;
-pub mod cuda;
 pub mod data;
 pub mod embed;
-pub mod host;
 pub mod metrics;
 pub mod model_dir;
 pub mod program;
@@ -25,6 +23,14 @@ pub mod reference;
 pub mod runner;
 
 use serde::Serialize;
+use zeroplan_backend_cpu::Host;
+use zeroplan_backend_cuda::Cuda;
+
+/// A plan's program loaded on the host, with its parameters and state.
+pub type HostProgram = runner::Runner<Host>;
+
+/// A plan's program loaded on a GPU.
+pub type CudaProgram = runner::Runner<Cuda>;
 
 /// A device a plan can run on.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -16,9 +16,9 @@ use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::checkpoint::training::{self, Checkpoint, Layout, Manifest};
 use zeroplan_runtime::comm::{Communicator, InProcess};
-use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{StepLog, data_parallel_ranks};
 
 mod common;

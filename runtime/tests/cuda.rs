@@ -14,14 +14,15 @@
 
 use std::collections::BTreeSet;
 
+use zeroplan_backend_cuda::device as cuda;
 use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{Activation, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Graph, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
-use zeroplan_runtime::cuda::{self, CudaProgram};
-use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::CudaProgram;
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::runner::{Device, Runner};
 
 mod common;
@@ -66,7 +67,7 @@ fn zero_gradients(graph: &Graph, feeds: &Feeds) -> BTreeSet<String> {
     graph
         .petgraph()
         .node_indices()
-        .filter_map(|n| zeroplan_passes::fuse::adamw_operands(graph, n))
+        .filter_map(|n| zeroplan_ir::kernel::adamw_operands(graph, n))
         .filter(|ops| {
             let x = values.value(graph, ops[1]).floats().unwrap();
             x.iter().map(|x| x * x).sum::<f64>().sqrt() < 1e-7 * (x.len() as f64).sqrt()
@@ -205,7 +206,7 @@ fn bias_gradient_gemms_match_the_host_runtime() {
         let grads: Vec<zeroplan_ir::Value> = g
             .petgraph()
             .node_indices()
-            .filter_map(|n| zeroplan_passes::fuse::adamw_operands(g, n))
+            .filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n))
             .map(|o| o[1])
             .collect();
         let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));

@@ -12,7 +12,7 @@ use zeroplan_ir::{DType, Graph, Tensor, Value};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_passes::recompute::Policy;
-use zeroplan_runtime::host::HostProgram;
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 const FAMILIES: [&str; 6] =
@@ -45,7 +45,7 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
 fn gradients(g: &Graph) -> Vec<(Value, String)> {
     g.petgraph()
         .node_indices()
-        .filter_map(|n| zeroplan_passes::fuse::adamw_operands(g, n))
+        .filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n))
         .map(|ops| (ops[1], g.node(ops[0].node).name.clone()))
         .collect()
 }

@@ -26,8 +26,8 @@ use zeroplan_ir::spec::{LossScaling, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::comm::{Communicator, InProcess};
-use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 mod common;

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
+use zeroplan_backend_cuda::{Nccl, nccl};
 use zeroplan_ir::DType;
-use zeroplan_runtime::comm::{CommError, Communicator, Nccl, Store, StoreServer, nccl};
+use zeroplan_runtime::comm::{CommError, Communicator, Store, StoreServer};
 
 fn store() -> (StoreServer, Store) {
     let server = StoreServer::bind("127.0.0.1:0").unwrap();
@@ -53,7 +54,7 @@ fn a_group_of_one_runs_every_collective_on_host_slices_and_device_pointers() {
     println!("NCCL {}", nccl::probe().unwrap());
     let (_server, store) = store();
     let comm = Nccl::join(&store, "one", 0, 1, 0).unwrap();
-    assert!(comm.nccl().is_some());
+    assert!(comm.device_collectives().is_some_and(|d| d.is::<Nccl>()));
     // Host slices, through the scratch buffer: a sum over one rank is its data.
     let x = values(1000);
     let mut summed = x.clone();

@@ -43,8 +43,8 @@ use zeroplan_ir::spec::{Cluster, GpuProfile, LossScaling, ModelSpec, Precision, 
 use zeroplan_passes::plan::search::divisors;
 use zeroplan_passes::plan::{Pins, PlanError, Request, plan};
 use zeroplan_passes::recompute::Policy;
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::comm::InProcess;
-use zeroplan_runtime::host::HostProgram;
 
 mod common;
 

@@ -25,8 +25,8 @@ use zeroplan_ir::{Bindings, Graph, Init, Op};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_passes::recompute::Policy;
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::comm::InProcess;
-use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::{ReferenceTrainer, StepLog};
 
 mod common;

@@ -21,9 +21,9 @@ use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::checkpoint::training::{self, Checkpoint, Layout, Logical, Manifest};
 use zeroplan_runtime::comm::InProcess;
-use zeroplan_runtime::host::HostProgram;
 use zeroplan_runtime::reference::StepLog;
 
 mod common;

@@ -19,8 +19,8 @@ use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op, Tensor, Value, dropout_stream};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::comm::InProcess;
-use zeroplan_runtime::host::HostProgram;
 
 mod common;
 

@@ -12,14 +12,15 @@
 
 use std::collections::HashMap;
 
+use zeroplan_backend_cpu::device::{Host, Instr};
+use zeroplan_exec::{Buf, Rank, SelectError};
+use zeroplan_ir::kernel::adamw_operands;
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::spec::TrainingSpec;
 use zeroplan_ir::{Bindings, NodeIndex, Op, Tensor, Value};
-use zeroplan_passes::fuse::adamw_operands;
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
-use zeroplan_runtime::host::{Host, HostProgram, Instr};
-use zeroplan_runtime::runner::buffers::{Buf, Rank, SelectError};
+use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::runner::{Ctx, Device, Instruction, Loaded, RunError, Runner, Written};
 
 mod common;

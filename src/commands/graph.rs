@@ -215,7 +215,7 @@ impl Summary {
             model_state_bytes: graph
                 .petgraph()
                 .node_indices()
-                .any(|n| zeroplan_passes::fuse::adamw_operands(graph, n).is_some())
+                .any(|n| zeroplan_ir::kernel::adamw_operands(graph, n).is_some())
                 .then(|| model_state_bytes(graph).0),
             memory,
             comm: BTreeMap::new(),

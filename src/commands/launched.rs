@@ -3,15 +3,16 @@
 //! and meets the others at the rendezvous store.
 //!
 //! Its collectives go through `comm::Tcp` (`--backend cpu`; `--backend
-//! cuda` with `ZEROPLAN_COMM=tcp`) or `comm::Nccl` (`--backend cuda`),
+//! cuda` with `ZEROPLAN_COMM=tcp`) or the CUDA backend's `Nccl` (`--backend cuda`),
 //! laid out as the threaded run's `InProcess::grid`, so a launched run is
 //! the threaded run split over processes: over TCP, the same bits.
 
 use std::sync::Arc;
 
 use crate::cli::Backend;
-use zeroplan_runtime::comm::{self, Communicator, Groups, Nccl, Store, Tcp, World};
-use zeroplan_runtime::cuda;
+use zeroplan_backend_cuda::device as cuda;
+use zeroplan_backend_cuda::{Nccl, nccl};
+use zeroplan_runtime::comm::{self, Communicator, Groups, Store, Tcp, World};
 
 /// Which transport the collectives of `--backend cuda` take.
 pub const COMM_VAR: &str = "ZEROPLAN_COMM";
@@ -52,7 +53,7 @@ pub fn from_env(backend: Backend) -> Result<Option<Launched>, String> {
         Backend::Cuda => match std::env::var(COMM_VAR).as_deref() {
             Ok("tcp") => Transport::Tcp,
             Ok("nccl") | Err(_) => {
-                comm::nccl::probe().map_err(|e| format!("error: --backend cuda under launch: {e}"))?;
+                nccl::probe().map_err(|e| format!("error: --backend cuda under launch: {e}"))?;
                 Transport::Nccl { ordinal: cuda::ordinal()? }
             }
             Ok(other) => return Err(format!("error: {COMM_VAR}={other}: use nccl (the default) or tcp")),
@@ -76,7 +77,8 @@ impl Launched {
         let rank = self.world.rank;
         let groups = match self.transport {
             Transport::Tcp => Tcp::grid(&self.store, rank, data, tensor),
-            Transport::Nccl { ordinal } => Nccl::grid(&self.store, rank, data, tensor, ordinal),
+            Transport::Nccl { ordinal } => Nccl::grid(&self.store, rank, data, tensor, ordinal)
+                .map(|(data, tensor)| Groups { data: Arc::new(data), tensor: Arc::new(tensor) }),
         }
         .map_err(|e| format!("rank {rank}: {e}"))?;
         let everyone = Tcp::join(&self.store, "world", rank, world).map_err(|e| format!("rank {rank}: {e}"))?;

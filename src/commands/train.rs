@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 
 use crate::cli::{Backend, TrainArgs};
+use zeroplan_backend_cpu::Host;
+use zeroplan_backend_cuda::Cuda;
+use zeroplan_backend_cuda::device as cuda;
 use zeroplan_ir::interp::{Feeds, Precision as InterpPrecision};
 use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Tensor};
 use zeroplan_passes::training::training_graph;
 use zeroplan_runtime::checkpoint;
-use zeroplan_runtime::cuda::{self, Cuda};
-use zeroplan_runtime::host::Host;
 use zeroplan_runtime::reference::ReferenceTrainer;
 
 pub fn run(args: &TrainArgs) -> Result<(), String> {

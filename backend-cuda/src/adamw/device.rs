@@ -5,7 +5,7 @@ use cudarc::driver::{CudaFunction, CudaStream, PushKernelArg, sys::CUdeviceptr};
 use cudarc::nvrtc::Ptx;
 
 use super::{AdamWHyper, AdamWTable, RenderedAdamW};
-use crate::device::{CudaDevice, DeviceError};
+use crate::driver::{CudaDevice, DeviceError};
 
 /// The device scalars of one step (f32 each): what the graph's
 /// `lr_schedule` and `grad_scale` computed, and the step count `t`.

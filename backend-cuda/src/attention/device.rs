@@ -6,7 +6,7 @@ use cudarc::driver::{CudaFunction, CudaStream, PushKernelArg, sys::CUdeviceptr};
 use cudarc::nvrtc::Ptx;
 
 use super::{AttentionArgs, AttentionKernel, AttentionShape, Entry, Pass, RenderedAttention};
-use crate::device::{CudaDevice, DeviceError};
+use crate::driver::{CudaDevice, DeviceError};
 
 /// The pointers of the forward: `q, k, v` read, `mask[B, S]` read, `out`
 /// (`[B, H, S, D]`, the storage dtype) and `lse` (`[B, H, S]`, f32) written.

@@ -58,8 +58,10 @@
 use serde::{Deserialize, Serialize};
 use std::fmt::{self, Write};
 
+mod adamw;
 mod builder;
 pub mod lower;
+pub use adamw::adamw_operands;
 pub use builder::KernelBuilder;
 
 use crate::op::GeluApproximation;

@@ -74,18 +74,6 @@ impl Pass for Fuse {
     }
 }
 
-/// The operands `(param, grad, m, v, lr, step, multiplier, finite)` of an
-/// AdamW update at node `n`: an `adamw` node, or the kernel this pass makes
-/// of one (pattern `adamw`: a lone `adamw` node, whose operands the kernel
-/// keeps in order).
-pub fn adamw_operands(graph: &Graph, n: NodeIndex) -> Option<Vec<Value>> {
-    match &graph.node(n).op {
-        Op::AdamW { .. } => Some(graph.operands(n)),
-        Op::Fused { kernel } if kernel.pattern.as_deref() == Some("adamw") => Some(graph.operands(n)),
-        _ => None,
-    }
-}
-
 /// The kernel bodies of every `fused` node, in the graph's text order.
 pub fn kernels_text(graph: &Graph) -> String {
     let order = graph.topo_order().unwrap_or_default();

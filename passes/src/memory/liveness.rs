@@ -173,7 +173,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
 fn applied_gradients(graph: &Graph) -> HashSet<NodeIndex> {
     let g = graph.petgraph();
     g.node_indices()
-        .filter_map(|n| crate::fuse::adamw_operands(graph, n))
+        .filter_map(|n| zeroplan_ir::kernel::adamw_operands(graph, n))
         .map(|ops| crate::accounting::held_gradient(graph, ops[1]).node)
         .filter(|n| !matches!(graph.node(*n).op, Op::State { .. }))
         .collect()

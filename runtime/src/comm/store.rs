@@ -325,6 +325,16 @@ impl Store {
     }
 }
 
+impl zeroplan_exec::comm::Rendezvous for Store {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        Store::set(self, key, value).map_err(|e| e.to_string())
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, String> {
+        Store::get(self, key).map_err(|e| e.to_string())
+    }
+}
+
 /// One attempt at each address `addr` resolves to.
 fn connect_once(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("`{addr}` resolves to no address"));

@@ -27,8 +27,6 @@
 //! Nothing is allocated per step besides small temporaries of the device's
 //! routines, so the arena's size is the device memory the plan predicted.
 
-pub mod buffers;
-pub mod device;
 mod profile;
 mod stream;
 
@@ -43,11 +41,10 @@ use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
 /// The arenas of a rank, in `Runner::high_water`'s order.
 const PLACES: [Place; 2] = [Place::Device, Place::Host];
 
-pub use buffers::{Buf, Rank, SelectError};
-use buffers::{concrete, constant_update};
-pub use device::{Ctx, Device, Instruction, Loaded, Step, Written};
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
+use zeroplan_exec::buffers::{self, concrete, constant_update};
+pub use zeroplan_exec::{Buf, Ctx, Device, Instruction, Loaded, Rank, SelectError, Step, Written};
 
 use crate::comm::{Communicator, Groups, InProcess};
 

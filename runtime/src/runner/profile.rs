@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use zeroplan_ir::NodeIndex;
 
-use super::device::Instruction;
+use zeroplan_exec::Instruction;
 
 /// Accumulated time of one kind of instruction.
 #[derive(Clone, Debug, Default, PartialEq)]

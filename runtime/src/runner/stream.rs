@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 
 use zeroplan_ir::interp::Feeds;
 
-use super::buffers::Buf;
-use super::device::{Ctx, Device};
 use crate::comm::Communicator;
+use zeroplan_exec::{Buf, Ctx, Device};
 
 /// The buffers a scheduled instruction reads and writes.
 #[derive(Clone, Debug, Default)]

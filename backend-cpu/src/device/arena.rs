@@ -1,0 +1,177 @@
+//! One rank's memory: a zeroed, 64-byte-aligned block per place, at the
+//! size the plan gives it, and the typed slices instructions read and write.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+
+use zeroplan_ir::{DType, Place};
+
+use zeroplan_exec::Buf;
+
+/// The alignment of an arena: a cache line, and every SIMD width in use.
+const ALIGN: usize = 64;
+
+/// A block of zeroed memory that never moves.
+pub struct Arena {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// The arena is plain memory; the executor orders every access.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// `len` zeroed bytes; an empty arena owns no allocation.
+    pub fn new(len: usize) -> Result<Arena, String> {
+        if len == 0 {
+            return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len });
+        }
+        let layout =
+            Layout::from_size_align(len, ALIGN).map_err(|_| format!("an arena of {len} bytes is not addressable"))?;
+        // SAFETY: `layout` has a nonzero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(format!("could not allocate an arena of {len} bytes"));
+        }
+        Ok(Arena { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN)) }
+        }
+    }
+}
+
+/// The device arena and the host arena of one rank.
+pub struct Memory {
+    pub device: Arena,
+    pub host: Arena,
+}
+
+impl Memory {
+    pub fn arena(&self, place: Place) -> &Arena {
+        match place {
+            Place::Device => &self.device,
+            Place::Host => &self.host,
+        }
+    }
+
+    /// The first byte of `b`. Loading checked that `b` lies in its arena.
+    pub fn ptr(&self, b: Buf) -> *mut u8 {
+        // SAFETY: `offset + bytes <= len` was checked when `b` was made.
+        unsafe { self.arena(b.place).base().add(b.offset) }
+    }
+
+    /// `b`'s elements as f32.
+    ///
+    /// # Safety
+    /// `b` is f32 and nothing writes it while the slice lives.
+    pub unsafe fn f32s(&self, b: Buf) -> &[f32] {
+        debug_assert_eq!(b.dtype, DType::F32);
+        unsafe { std::slice::from_raw_parts(self.ptr(b).cast::<f32>(), b.len) }
+    }
+
+    /// `b`'s elements as f32, to write.
+    ///
+    /// # Safety
+    /// `b` is f32 and nothing else reads or writes it while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn f32s_mut(&self, b: Buf) -> &mut [f32] {
+        debug_assert_eq!(b.dtype, DType::F32);
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(b).cast::<f32>(), b.len) }
+    }
+
+    /// `b`'s elements converted to f32 (a copy).
+    pub fn read_f32(&self, b: Buf) -> Vec<f32> {
+        let p = self.ptr(b);
+        // SAFETY: `b` lies in its arena and holds `len` elements of `dtype`;
+        // the reads are unaligned where the type is wider than its offset's alignment.
+        unsafe {
+            match b.dtype {
+                DType::F32 => self.f32s(b).to_vec(),
+                DType::BF16 => {
+                    (0..b.len).map(|i| half::bf16::from_bits(p.cast::<u16>().add(i).read()).to_f32()).collect()
+                }
+                DType::F16 => {
+                    (0..b.len).map(|i| half::f16::from_bits(p.cast::<u16>().add(i).read()).to_f32()).collect()
+                }
+                DType::I32 => (0..b.len).map(|i| p.cast::<i32>().add(i).read() as f32).collect(),
+                DType::I64 => (0..b.len).map(|i| p.cast::<i64>().add(i).read() as f32).collect(),
+            }
+        }
+    }
+
+    /// Writes `values` into `b`, rounding to its dtype (nearest even).
+    pub fn write_f32(&self, b: Buf, values: &[f32]) {
+        assert_eq!(values.len(), b.len, "a buffer write of the wrong length");
+        let p = self.ptr(b);
+        // SAFETY: as in `read_f32`.
+        unsafe {
+            match b.dtype {
+                DType::F32 => self.f32s_mut(b).copy_from_slice(values),
+                DType::BF16 => {
+                    for (i, v) in values.iter().enumerate() {
+                        p.cast::<u16>().add(i).write(half::bf16::from_f32(*v).to_bits());
+                    }
+                }
+                DType::F16 => {
+                    for (i, v) in values.iter().enumerate() {
+                        p.cast::<u16>().add(i).write(half::f16::from_f32(*v).to_bits());
+                    }
+                }
+                DType::I32 => values.iter().enumerate().for_each(|(i, v)| p.cast::<i32>().add(i).write(*v as i32)),
+                DType::I64 => values.iter().enumerate().for_each(|(i, v)| p.cast::<i64>().add(i).write(*v as i64)),
+            }
+        }
+    }
+
+    /// An integer buffer's elements (ids, labels, the attention mask).
+    pub fn read_i64(&self, b: Buf) -> Vec<i64> {
+        let p = self.ptr(b);
+        // SAFETY: `b` lies in its arena; its dtype says how to read it.
+        unsafe {
+            match b.dtype {
+                DType::I64 => (0..b.len).map(|i| p.cast::<i64>().add(i).read()).collect(),
+                DType::I32 => (0..b.len).map(|i| i64::from(p.cast::<i32>().add(i).read())).collect(),
+                _ => self.read_f32(b).into_iter().map(|v| v as i64).collect(),
+            }
+        }
+    }
+
+    /// Writes integers into an integer buffer.
+    pub fn write_i64(&self, b: Buf, values: &[i64]) {
+        assert_eq!(values.len(), b.len, "a buffer write of the wrong length");
+        let p = self.ptr(b);
+        // SAFETY: `b` lies in its arena.
+        unsafe {
+            match b.dtype {
+                DType::I64 => values.iter().enumerate().for_each(|(i, v)| p.cast::<i64>().add(i).write(*v)),
+                DType::I32 => values.iter().enumerate().for_each(|(i, v)| p.cast::<i32>().add(i).write(*v as i32)),
+                _ => self.write_f32(b, &values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
+            }
+        }
+    }
+
+    /// Copies `from` into `to` (same bytes; they may overlap).
+    pub fn copy(&self, from: Buf, to: Buf) {
+        let n = from.bytes().min(to.bytes());
+        // SAFETY: both lie in their arenas; `copy` allows overlap.
+        unsafe { std::ptr::copy(self.ptr(from), self.ptr(to), n) }
+    }
+}

@@ -1,0 +1,249 @@
+//! The CUDA device: a rank's program on one GPU.
+//!
+//! [`Cuda`] is a [`Device`] for the runtime's `Runner`: one `cuMemAlloc`
+//! arena at the plan's device size and one pinned (`cuMemHostAlloc`) arena
+//! at its host size ([`memory`]); instruction selection is every device's
+//! (`zeroplan_exec::select`) with this device's
+//! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
+//! arena), then device passes over the selected steps that replace groups
+//! of instructions with device-specific ones:
+//!
+//! - fused attention as the backend's FlashAttention-2-style kernels
+//!   ([`attention`]);
+//! - a matmul and its bias-epilogue kernel as one cuBLASLt product with the
+//!   `BIAS` / `GELU_BIAS` / `GELU_AUX_BIAS` epilogue, or the bias alone in
+//!   the product and the rest of the kernel rewritten without it
+//!   ([`epilogue`]); a weight gradient and its bias gradient (the column
+//!   sum of the same dY) as one product with the `BGRADA` / `BGRADB`
+//!   epilogue ([`bias_grad`]); other matmuls through cuBLAS;
+//! - runs of AdamW updates as one multi-tensor launch ([`adamw`]).
+//!
+//! Host↔device copies run on a copy stream ordered by events ([`copies`]);
+//! device copies on the compute stream. Every other instruction —
+//! embeddings, losses, layout ops, the optimizer's scalars, and
+//! collectives through a host `Communicator` — is the host runtime's
+//! routine run on a staging copy of its buffers ([`exec`]): slow (a round
+//! trip over PCIe each), but the same code and the same answers, which is
+//! what a first GPU run needs to be checked against. Under an NCCL
+//! communicator (one process per GPU, `zeroplan launch`), collectives on
+//! device buffers go to NCCL as device pointers ([`collective`]).
+//!
+//! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
+
+pub mod adamw;
+mod attention;
+pub mod bias_grad;
+mod collective;
+mod copies;
+pub mod epilogue;
+mod exec;
+mod kernels;
+mod memory;
+pub mod schedule;
+#[cfg(test)]
+mod testing;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::{Blas, BlasLt, CudaDevice, CudaKernelCompiler, Gemm, Nvrtc, Probe, PtxCache, probe};
+use cudarc::driver::CudaStream;
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, DType, NodeIndex, Place, Tensor, Value};
+
+pub use kernels::CudaKernel;
+use memory::{DeviceArena, GpuMemory, PinnedArena};
+
+use zeroplan_exec::{Buf, Ctx, Device, Instr, Loaded, Rank, SelectError, select};
+
+/// Where NVRTC is looked for first: a directory holding `lib/libnvrtc.so.13`
+/// and `include/` (the layout `scripts/fetch-nvrtc.sh` writes); else the
+/// library search path and the CUDA toolkit's headers.
+pub const NVRTC_DIR_VAR: &str = "ZEROPLAN_NVRTC_DIR";
+
+/// Which GPU every rank of this process opens (default: `LOCAL_RANK` in a
+/// launched run, one GPU per process; else 0, N threads' ranks on one GPU).
+pub const DEVICE_VAR: &str = "ZEROPLAN_CUDA_DEVICE";
+
+/// The GPU this process's ranks open: [`DEVICE_VAR`], else `LOCAL_RANK`
+/// (torchrun's convention, which the runtime's launcher sets), else 0.
+pub fn ordinal() -> Result<usize, String> {
+    for var in [DEVICE_VAR, "LOCAL_RANK"] {
+        if let Ok(v) = std::env::var(var) {
+            return v.trim().parse::<usize>().map_err(|_| format!("{var}={v} is not a GPU ordinal"));
+        }
+    }
+    Ok(0)
+}
+
+/// Why there is no GPU to run on, in words for the user; `Ok` with the
+/// ordinal to open when there is one.
+pub fn available() -> Result<usize, String> {
+    let ordinal = ordinal()?;
+    match probe() {
+        Probe::NoDriver => Err("no CUDA driver found: libcuda could not be loaded (is an NVIDIA driver installed, \
+                                and this a machine with a GPU?)"
+            .into()),
+        Probe::DriverError(e) => Err(format!("the CUDA driver failed to start: {e}")),
+        Probe::Gpus(gpus) if gpus.is_empty() => {
+            Err("no CUDA driver found: the driver loaded but reports no GPU".into())
+        }
+        Probe::Gpus(gpus) if ordinal >= gpus.len() => Err(format!(
+            "GPU {ordinal} ({DEVICE_VAR}, else LOCAL_RANK), but the driver reports {} GPU(s): launch at most that \
+             many ranks per node",
+            gpus.len()
+        )),
+        Probe::Gpus(_) => Ok(ordinal),
+    }
+}
+
+/// NVRTC from [`NVRTC_DIR_VAR`], else the system's.
+fn nvrtc() -> Result<Nvrtc, String> {
+    let found = match std::env::var_os(NVRTC_DIR_VAR).map(PathBuf::from) {
+        Some(dir) => {
+            let include = dir.join("include");
+            Nvrtc::from_dir(&dir.join("lib"), include.join("cuda_bf16.h").is_file().then_some(include))
+        }
+        None => Nvrtc::system(None),
+    };
+    found.map_err(|e| format!("{e} (set {NVRTC_DIR_VAR} to a directory scripts/fetch-nvrtc.sh fills)"))
+}
+
+/// One GPU and one rank's memory on it.
+pub struct Cuda {
+    memory: GpuMemory,
+    /// Cross-row partials of the GPU kernels (one kernel at a time uses them).
+    partials: DeviceArena,
+    blas: Blas,
+    /// cuBLASLt, for the products with epilogues (`None` without libcublasLt:
+    /// then none is selected).
+    lt: Option<BlasLt>,
+    /// Kernels, GEMMs and device copies, in schedule order.
+    compute: Arc<CudaStream>,
+    /// Host↔device copies, ordered against `compute` by events.
+    copies: copies::CopyStream,
+    /// The multi-tensor AdamW launches' tables.
+    tables: DeviceArena,
+    gpu: CudaDevice,
+}
+
+impl Device for Cuda {
+    type Instr = Instr<CudaKernel>;
+
+    fn load(
+        program: &Program,
+        order: &[NodeIndex],
+        bufs: &HashMap<Value, Buf>,
+        bindings: &Bindings,
+        rank: Rank,
+    ) -> Result<Loaded<Cuda>, SelectError> {
+        let fail = |message: String| SelectError::Device(message);
+        let ordinal = available().map_err(fail)?;
+        let gpu = CudaDevice::open(ordinal).map_err(|e| fail(e.to_string()))?;
+        let nvrtc = CudaKernelCompiler::new(
+            *gpu.properties(),
+            nvrtc().map_err(fail)?,
+            PtxCache::default_dir().map(PtxCache::new),
+        );
+        let mut compilers = kernels::Kernels { gpu: &gpu, nvrtc, host: None, loaded: HashMap::new(), scratch_bytes: 0 };
+        let mut steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
+        attention::select(&program.graph, &mut steps, rank, &gpu, &mut compilers.nvrtc)?;
+        for step in &steps {
+            if let Some(Instr::MatMul { shape, a, b, out }) = &step.instr {
+                let node = program.graph.node(step.node);
+                let unsupported =
+                    |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+                check_matmul(shape, *a, *b, *out).map_err(unsupported)?;
+            }
+        }
+        let context = gpu.context();
+        let size = |n: u64| usize::try_from(n).map_err(|_| fail(format!("{n} bytes do not fit this host")));
+        let driver = |e: cudarc::driver::DriverError| fail(format!("allocating the plan's arenas: {e:?}"));
+        let memory = GpuMemory {
+            device: DeviceArena::new(context, size(program.arena_bytes)?).map_err(driver)?,
+            host: PinnedArena::new(context, size(program.host_arena_bytes)?).map_err(driver)?,
+        };
+        let stream = |what: &str| {
+            context.new_stream().map_err(|e| SelectError::Device(format!("creating the {what} stream: {e:?}")))
+        };
+        let (compute, copy) = (stream("compute")?, stream("copy")?);
+        let blas = Blas::new(Arc::clone(&compute)).map_err(|e| fail(e.to_string()))?;
+        // cuBLASLt is an optimisation: without it the plain GEMMs run.
+        let lt = BlasLt::new(Arc::clone(&compute)).inspect_err(|e| tracing::debug!("no GEMM epilogues: {e}")).ok();
+        if let Some(lt) = &lt {
+            let fused = epilogue::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers)?;
+            tracing::debug!(
+                whole = fused.whole,
+                bias_only = fused.bias_only,
+                left = fused.left.len(),
+                "cuBLASLt epilogues: {} kernels whole, {} biases only",
+                fused.whole,
+                fused.bias_only
+            );
+            for (kernel, why) in &fused.left {
+                tracing::debug!("`{kernel}` keeps the plain GEMM: {why}");
+            }
+            let summed = bias_grad::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers);
+            tracing::debug!("cuBLASLt bias gradients: {} summed in their weight gradient's GEMM", summed.taken);
+            for (sum, why) in &summed.left {
+                tracing::debug!("bias gradient `{sum}` keeps its own reduction: {why}");
+            }
+        }
+        let grouped = adamw::select(&program.graph, &mut steps, bufs, &memory, &gpu, &mut compilers.nvrtc)
+            .map_err(|e| fail(format!("multi-tensor AdamW: {e}")))?;
+        tracing::debug!("multi-tensor AdamW: {} launches for {} parameter updates", grouped.launches, grouped.updates);
+        let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
+        let copies = copies::CopyStream::new(copy);
+        let tables = grouped.tables;
+        Ok((Cuda { memory, partials, blas, lt, compute, copies, tables, gpu }, steps))
+    }
+
+    fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String> {
+        exec::run(self, instr, cx)
+    }
+
+    fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
+        exec::read(self, buf, shape).unwrap_or_else(|e| panic!("reading a buffer back from the GPU: {e}"))
+    }
+
+    fn write(&self, buf: Buf, t: &Tensor) {
+        exec::write(self, buf, t).unwrap_or_else(|e| panic!("writing a buffer to the GPU: {e}"))
+    }
+
+    fn copy(&self, from: Buf, to: Buf) {
+        exec::copy(self, from, to).unwrap_or_else(|e| panic!("copying a buffer on the GPU: {e}"))
+    }
+
+    fn fill(&self, buf: Buf, value: f64) {
+        exec::fill(self, buf, value).unwrap_or_else(|e| panic!("filling a buffer on the GPU: {e}"))
+    }
+}
+
+/// What cuBLAS cannot take of a matmul the host runtime runs: operands off
+/// the device or of mixed types.
+fn check_matmul(shape: &zeroplan_exec::MatMulShape, a: Buf, b: Buf, out: Buf) -> Result<(), String> {
+    if [a, b, out].iter().any(|x| x.place != Place::Device) {
+        return Err("not supported on CUDA yet: a matmul over host (offloaded) buffers".into());
+    }
+    if a.dtype != b.dtype || a.dtype != out.dtype {
+        return Err(format!(
+            "not supported on CUDA yet: a matmul of {:?} × {:?} into {:?} (cuBLAS takes one type)",
+            a.dtype, b.dtype, out.dtype
+        ));
+    }
+    gemm(shape, a.dtype).check().map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// The cuBLAS call of a host matmul shape on operands of `dtype`.
+fn gemm(shape: &zeroplan_exec::MatMulShape, dtype: DType) -> Gemm<'_> {
+    Gemm {
+        m: shape.m,
+        n: shape.n,
+        k: shape.k,
+        transpose_a: shape.transpose_a,
+        transpose_b: shape.transpose_b,
+        batches: &shape.batches,
+        dtype,
+    }
+}

@@ -1,0 +1,132 @@
+//! What the runner needs from the machine that executes a rank's program.
+//!
+//! A [`Device`] owns the rank's memory (the plan's arenas) and turns each
+//! scheduled node into an instruction it can run; the runtime's `Runner`
+//! walks the schedule — micro-batches, optimizer phase, deferred updates,
+//! outputs — without knowing which device is behind it. The host CPU
+//! (`zeroplan_backend_cpu::device::Host`: Cranelift kernels, GEMMs, host
+//! routines) is one; `zeroplan_backend_cuda::device::Cuda` (NVRTC kernels,
+//! cuBLAS/cuBLASLt GEMMs, multi-tensor AdamW) is another.
+
+use std::collections::HashMap;
+
+use zeroplan_ir::interp::Feeds;
+use zeroplan_ir::plan::Program;
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Tensor, Value};
+
+use crate::buffers::{Buf, Rank, SelectError};
+use crate::comm::Communicator;
+
+/// What an instruction may need besides its buffers.
+pub struct Ctx<'a> {
+    pub feeds: &'a Feeds,
+    pub seed: u64,
+    /// Dropout's counter word for this pass.
+    pub offset: u64,
+    /// This rank's handle on its data-parallel group.
+    pub comm: &'a dyn Communicator,
+    /// This rank's handle on its tensor-parallel group (its model replica).
+    pub tensor: &'a dyn Communicator,
+}
+
+/// A scheduled node and what runs for it.
+pub struct Step<I> {
+    pub node: NodeIndex,
+    /// Runs once per optimizer step (else once per micro-batch).
+    pub optimizer: bool,
+    /// `None` for a view of its operand's buffer and for params and states,
+    /// and where a device moved the node's work elsewhere ([`Written`]).
+    pub instr: Option<I>,
+    /// Where the node's results are written.
+    pub written: Written,
+}
+
+/// Where a node's results are written, once a device's passes may have run
+/// several nodes as one instruction. The runner reads a value for a capture
+/// or a finite check right after the instruction that writes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Written {
+    /// By this step's instruction (with none: a view, a param or a state,
+    /// whose bytes are already there).
+    #[default]
+    Here,
+    /// Completely only once step `at`'s instruction ran, which took this
+    /// node's work or part of it (an AdamW update in a multi-tensor launch,
+    /// this step left empty; a bias gradient summed in its weight
+    /// gradient's GEMM, this step's kernel computing the rest).
+    At(usize),
+    /// Never as the graph defines it: the device fused the work so that the
+    /// result itself is not needed (a matmul's product inside a whole
+    /// cuBLASLt epilogue: not written; with the bias added in the GEMM: the
+    /// biased product in its place). A capture of it is refused.
+    Never,
+}
+
+/// An instruction as a profile counts it.
+pub trait Instruction {
+    /// The kind it is counted under (e.g. `matmul 4096x384x384 Bᵀ ×1`).
+    fn kind(&self) -> String;
+    /// Floating-point operations it does (0 where not counted).
+    fn flops(&self) -> f64;
+    /// The buffers it reads (`false`) and writes (`true`). A device may run
+    /// several nodes as one instruction (a GEMM with its epilogue kernel,
+    /// one launch over many parameters), standing at one node's step and
+    /// touching buffers that node does not name; the communication
+    /// stream's hazards must see them. Empty: only its node's own.
+    fn touches(&self) -> Vec<(Buf, bool)> {
+        Vec::new()
+    }
+}
+
+/// A loaded device and its schedule of instructions.
+pub type Loaded<D> = (D, Vec<Step<<D as Device>::Instr>>);
+
+/// A machine that runs one rank's program on the plan's buffers.
+///
+/// `Sync`: the rank's communication stream runs collectives from a thread
+/// of its own while compute goes on, on buffers the runner keeps apart.
+pub trait Device: Sized + Sync {
+    type Instr: Instruction + Sync;
+
+    /// Allocates the program's arenas at the plan's sizes and selects the
+    /// instruction of every node of `order` (the schedule).
+    fn load(
+        program: &Program,
+        order: &[NodeIndex],
+        bufs: &HashMap<Value, Buf>,
+        bindings: &Bindings,
+        rank: Rank,
+    ) -> Result<Loaded<Self>, SelectError>;
+
+    fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
+
+    /// `buf` as a tensor of `shape` (f64 or i64 values, as the interpreter's).
+    fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor;
+    /// Writes `t` into `buf`, rounded to the buffer's dtype.
+    fn write(&self, buf: Buf, t: &Tensor);
+    fn copy(&self, from: Buf, to: Buf);
+    fn fill(&self, buf: Buf, value: f64);
+}
+
+/// A device's rewrite of a rank's selected steps at load, as a graph pass
+/// rewrites the graph: steps the device runs better together become one
+/// instruction (a GEMM with its epilogue kernel, one launch over many
+/// parameter updates), the steps whose work moved left without one and
+/// marked [`Written::At`] or [`Written::Never`]. `Cx` is what the device
+/// lends its passes: its memory, libraries and compilers.
+pub trait StepPass<I, Cx> {
+    /// The pass's name, as logs spell it.
+    fn name(&self) -> &'static str;
+
+    /// Rewrites `steps`, the schedule of `graph`'s nodes.
+    fn run(&self, graph: &Graph, steps: &mut [Step<I>], cx: &mut Cx) -> Result<Rewrites, SelectError>;
+}
+
+/// What a [`StepPass`] did: how many groups it rewrote, and each candidate
+/// it left as it was with the reason, for the load's debug log.
+#[derive(Debug, Default)]
+pub struct Rewrites {
+    pub taken: usize,
+    /// `(what, why)`: a kernel or node name and why it kept its steps.
+    pub left: Vec<(String, String)>,
+}
