@@ -21,7 +21,7 @@ use zeroplan_ir::{Graph, Op, Place};
 
 use super::{Cuda, CudaKernel};
 use zeroplan_exec::Instr;
-use zeroplan_exec::{Buf, Ctx, Rank, SelectError, Step};
+use zeroplan_exec::{Buf, Ctx, Rank, Rewrites, SelectError, Step};
 
 /// One fused-attention instruction's kernels and its arguments but the
 /// step's Philox seed and offset.
@@ -50,7 +50,8 @@ pub fn select(
     rank: Rank,
     gpu: &CudaDevice,
     compiler: &mut CudaKernelCompiler,
-) -> Result<(), SelectError> {
+) -> Result<Rewrites, SelectError> {
+    let mut done = Rewrites::default();
     let mut loaded: HashMap<(AttentionKernel, Pass), Arc<LoadedAttention>> = HashMap::new();
     for step in steps.iter_mut() {
         let (attention, inputs, outputs, pass) = match &step.instr {
@@ -69,13 +70,17 @@ pub fn select(
         else {
             return Err(unsupported("a fused-attention instruction of another op".into()));
         };
+        let mut leave = |why: &str| done.left.push((node.name.clone(), why.to_string()));
         if inputs.iter().chain(&outputs).any(|b| b.place != Place::Device) {
-            continue; // Offloaded operands: the staged host routine.
+            leave("offloaded operands: the staged host routine");
+            continue;
         }
         let [batch, heads, seq, head_dim] = attention.dims;
         let op = FlashAttention { scale, alibi_ranks, dropout, stream };
-        // A head dim or dtype the template lacks: the staged host routine.
-        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype) else { continue };
+        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype) else {
+            leave("a head dim or dtype the template lacks: the staged host routine");
+            continue;
+        };
         let shape = AttentionShape { batch, heads, seq };
         let args = op.args(&kernel, shape, rank.tensor as u64, 0, 0).map_err(|e| unsupported(e.to_string()))?;
         kernel.launch(pass, shape, gpu.properties()).map_err(|e| unsupported(e.to_string()))?;
@@ -93,8 +98,9 @@ pub fn select(
         };
         let kernel = CudaKernel::Attention(Arc::new(DeviceAttention { loaded, pass, batch, args }));
         step.instr = Some(Instr::Kernel { kernel, inputs, outputs });
+        done.taken += 1;
     }
-    Ok(())
+    Ok(done)
 }
 
 /// Queues `a` on the compute stream with the step's Philox seed and offset

@@ -3,10 +3,10 @@
 //! [`Cuda`] is a [`Device`] for the runtime's `Runner`: one `cuMemAlloc`
 //! arena at the plan's device size and one pinned (`cuMemHostAlloc`) arena
 //! at its host size ([`memory`]); instruction selection is every device's
-//! (`zeroplan_exec::select`) with this device's
-//! kernels ([`kernels`]: NVRTC on device buffers, Cranelift on the pinned
-//! arena), then device passes over the selected steps that replace groups
-//! of instructions with device-specific ones:
+//! (`zeroplan_exec::select`) with this device's kernels ([`kernels`]: NVRTC
+//! on device buffers, Cranelift on the pinned arena), then the device's
+//! step passes ([`passes`], each a `zeroplan_exec::StepPass`) that replace
+//! groups of instructions with device-specific ones:
 //!
 //! - fused attention as the backend's FlashAttention-2-style kernels
 //!   ([`attention`]);
@@ -15,14 +15,14 @@
 //!   the product and the rest of the kernel rewritten without it
 //!   ([`epilogue`]); a weight gradient and its bias gradient (the column
 //!   sum of the same dY) as one product with the `BGRADA` / `BGRADB`
-//!   epilogue ([`bias_grad`]); other matmuls through cuBLAS;
+//!   epilogue ([`bias_grad`]);
 //! - runs of AdamW updates as one multi-tensor launch ([`adamw`]).
 //!
-//! Host↔device copies run on a copy stream ordered by events ([`copies`]);
+//! Matmuls the passes leave run through cuBLAS. Host↔device copies run on a copy stream ordered by events ([`copies`]);
 //! device copies on the compute stream. Every other instruction —
 //! embeddings, losses, layout ops, the optimizer's scalars, and
-//! collectives through a host `Communicator` — is the host runtime's
-//! routine run on a staging copy of its buffers ([`exec`]): slow (a round
+//! collectives through a host `Communicator` — is the host backend's
+//! routine (`zeroplan_backend_cpu::device::exec`) run on a staging copy of its buffers ([`exec`]): slow (a round
 //! trip over PCIe each), but the same code and the same answers, which is
 //! what a first GPU run needs to be checked against. Under an NCCL
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
@@ -39,6 +39,7 @@ pub mod epilogue;
 mod exec;
 mod kernels;
 mod memory;
+pub mod passes;
 pub mod schedule;
 #[cfg(test)]
 mod testing;
@@ -147,8 +148,7 @@ impl Device for Cuda {
             PtxCache::default_dir().map(PtxCache::new),
         );
         let mut compilers = kernels::Kernels { gpu: &gpu, nvrtc, host: None, loaded: HashMap::new(), scratch_bytes: 0 };
-        let mut steps = select::select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
-        attention::select(&program.graph, &mut steps, rank, &gpu, &mut compilers.nvrtc)?;
+        let mut steps = select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
         for step in &steps {
             if let Some(Instr::MatMul { shape, a, b, out }) = &step.instr {
                 let node = program.graph.node(step.node);
@@ -171,31 +171,19 @@ impl Device for Cuda {
         let blas = Blas::new(Arc::clone(&compute)).map_err(|e| fail(e.to_string()))?;
         // cuBLASLt is an optimisation: without it the plain GEMMs run.
         let lt = BlasLt::new(Arc::clone(&compute)).inspect_err(|e| tracing::debug!("no GEMM epilogues: {e}")).ok();
-        if let Some(lt) = &lt {
-            let fused = epilogue::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers)?;
-            tracing::debug!(
-                whole = fused.whole,
-                bias_only = fused.bias_only,
-                left = fused.left.len(),
-                "cuBLASLt epilogues: {} kernels whole, {} biases only",
-                fused.whole,
-                fused.bias_only
-            );
-            for (kernel, why) in &fused.left {
-                tracing::debug!("`{kernel}` keeps the plain GEMM: {why}");
-            }
-            let summed = bias_grad::select(&program.graph, &mut steps, bindings, &memory, lt, &mut compilers);
-            tracing::debug!("cuBLASLt bias gradients: {} summed in their weight gradient's GEMM", summed.taken);
-            for (sum, why) in &summed.left {
-                tracing::debug!("bias gradient `{sum}` keeps its own reduction: {why}");
-            }
-        }
-        let grouped = adamw::select(&program.graph, &mut steps, bufs, &memory, &gpu, &mut compilers.nvrtc)
-            .map_err(|e| fail(format!("multi-tensor AdamW: {e}")))?;
-        tracing::debug!("multi-tensor AdamW: {} launches for {} parameter updates", grouped.launches, grouped.updates);
+        let mut cx = passes::Load {
+            bindings,
+            bufs,
+            rank,
+            memory: &memory,
+            lt: lt.as_ref(),
+            kernels: &mut compilers,
+            tables: None,
+        };
+        passes::load(&program.graph, &mut steps, &mut cx)?;
+        let tables = cx.tables.take().ok_or_else(|| fail("the multi-tensor AdamW pass did not run".into()))?;
         let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
         let copies = copies::CopyStream::new(copy);
-        let tables = grouped.tables;
         Ok((Cuda { memory, partials, blas, lt, compute, copies, tables, gpu }, steps))
     }
 
