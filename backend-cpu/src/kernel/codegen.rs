@@ -44,8 +44,8 @@ use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use zeroplan_ir::kernel::{Binary, Expr, ExprId, Kernel, Unary};
 
 use super::dropout::{self, PhiloxKey};
-use super::helpers::Helper;
 use super::layout::{Class, Layout};
+use super::libcalls::LibCall;
 use super::math;
 use super::simd::{self, LANES, mem, splat};
 use super::storage::{self, Lanes};
@@ -59,14 +59,14 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
     let isa = kernel_isa()?;
     let call_conv = isa.default_call_conv();
     let mut jit = JITBuilder::with_isa(isa, default_libcall_names());
-    for h in Helper::all() {
+    for h in LibCall::all() {
         if let Some(address) = h.address() {
             jit.symbol(h.symbol(), address);
         }
     }
     let mut module = JITModule::new(jit);
-    let mut helpers = HashMap::new();
-    for h in Helper::all() {
+    let mut libcalls = HashMap::new();
+    for h in LibCall::all() {
         let (arity, f32_args) = h.signature();
         let ty = if f32_args { F32 } else { F64 };
         let mut sig = module.make_signature();
@@ -74,7 +74,7 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
         sig.params.extend((0..arity).map(|_| AbiParam::new(ty)));
         sig.returns.push(AbiParam::new(ty));
         let id = module.declare_function(&h.symbol(), Linkage::Import, &sig).map_err(|e| e.to_string())?;
-        helpers.insert(h.symbol(), id);
+        libcalls.insert(h.symbol(), id);
     }
 
     let frontend = module.target_config();
@@ -94,7 +94,7 @@ pub(crate) fn generate(kernel: &Kernel, layout: &Layout) -> Result<(JITModule, E
             kernel,
             layout,
             module: &mut module,
-            helpers: &helpers,
+            libcalls: &libcalls,
             refs: HashMap::new(),
             in_base: Vec::new(),
             out_base: Vec::new(),
@@ -177,7 +177,7 @@ struct Gen<'a> {
     kernel: &'a Kernel,
     layout: &'a Layout,
     module: &'a mut JITModule,
-    helpers: &'a HashMap<String, FuncId>,
+    libcalls: &'a HashMap<String, FuncId>,
     refs: HashMap<String, FuncRef>,
     /// Base pointers of inputs and outputs (partials for cross-row outputs).
     in_base: Vec<Value>,
@@ -246,12 +246,12 @@ impl Reduce {
 }
 
 impl Gen<'_> {
-    fn helper(&mut self, b: &mut FunctionBuilder, h: Helper, args: &[Value]) -> Value {
+    fn libcall(&mut self, b: &mut FunctionBuilder, h: LibCall, args: &[Value]) -> Value {
         let symbol = h.symbol();
         let fref = match self.refs.get(&symbol) {
             Some(&r) => r,
             None => {
-                let r = self.module.declare_func_in_func(self.helpers[&symbol], b.func);
+                let r = self.module.declare_func_in_func(self.libcalls[&symbol], b.func);
                 self.refs.insert(symbol, r);
                 r
             }
@@ -330,8 +330,8 @@ impl Gen<'_> {
                             b.ins().fdiv(one, d)
                         }
                         _ => {
-                            let h = Helper::for_unary(u).expect("the other unary functions have helpers");
-                            self.helper(b, h, &[x])
+                            let h = LibCall::for_unary(u).expect("the other unary functions have libcalls");
+                            self.libcall(b, h, &[x])
                         }
                     }
                 }
@@ -342,7 +342,7 @@ impl Gen<'_> {
                         Binary::Sub => b.ins().fsub(x, y),
                         Binary::Mul => b.ins().fmul(x, y),
                         Binary::Div => b.ins().fdiv(x, y),
-                        Binary::Pow => self.helper(b, Helper::PowF64, &[x, y]),
+                        Binary::Pow => self.libcall(b, LibCall::PowF64, &[x, y]),
                         Binary::Max | Binary::Min => {
                             let m = if op == Binary::Max { b.ins().fmax(x, y) } else { b.ins().fmin(x, y) };
                             // Rust's max/min ignore a NaN operand.
@@ -937,7 +937,7 @@ impl Gen<'_> {
                 let mut out = splat(b, 0.0);
                 for l in 0..LANES {
                     let (p, q) = (simd::lane(b, x, l), simd::lane(b, y, l));
-                    let v = self.helper(b, Helper::PowF32, &[p, q]);
+                    let v = self.libcall(b, LibCall::PowF32, &[p, q]);
                     out = b.ins().insertlane(out, v, l as u8);
                 }
                 out

@@ -19,14 +19,14 @@
 //! Files: `layout.rs` (shape binding, expression classes, sweeps),
 //! `codegen.rs` (IR → Cranelift), `math.rs` (approximations), `storage.rs`
 //! (dtype conversions), `dropout.rs` (Philox), `simd.rs` (vector helpers),
-//! `helpers.rs` (Rust functions the code calls), `launch.rs` (threads and
+//! `libcalls.rs` (Rust functions the code calls), `launch.rs` (threads and
 //! partial sums).
 
 mod codegen;
 mod dropout;
-mod helpers;
 mod launch;
 mod layout;
+mod libcalls;
 mod math;
 mod simd;
 mod storage;

@@ -2,7 +2,7 @@
 //!
 //! Cranelift has instructions for `+ − × ÷ √ min max` but none for `exp`,
 //! `erf`, `tanh` or `pow`. Per-element code uses the inline `f32`
-//! approximations of [`super::math`] instead; these helpers serve the two
+//! approximations of [`super::math`] instead; these libcalls serve the two
 //! cases where a call is right:
 //!
 //! - **Uniform** expressions (computed once per call, in `f64`; see
@@ -15,9 +15,9 @@ use zeroplan_ir::GeluApproximation;
 use zeroplan_ir::interp as ir_math;
 use zeroplan_ir::kernel::Unary;
 
-/// One helper the JIT links generated code against.
+/// One library function the JIT links generated code against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Helper {
+pub(crate) enum LibCall {
     /// `f64 → f64`: a unary function of the interpreter.
     Unary(Unary),
     /// `(f64, f64) → f64`: `powf`.
@@ -63,9 +63,9 @@ extern "C" fn zp_pow_f32(x: f32, y: f32) -> f32 {
     f64::from(x).powf(f64::from(y)) as f32
 }
 
-impl Helper {
-    /// Every helper, for registering with the JIT.
-    pub fn all() -> Vec<Helper> {
+impl LibCall {
+    /// Every libcall, for registering with the JIT.
+    pub fn all() -> Vec<LibCall> {
         let unary = [
             Unary::Exp,
             Unary::Erf,
@@ -78,46 +78,46 @@ impl Helper {
             Unary::GeluDeriv(GeluApproximation::Erf),
             Unary::GeluDeriv(GeluApproximation::Tanh),
         ];
-        let mut all: Vec<Helper> = unary.into_iter().map(Helper::Unary).collect();
-        all.extend([Helper::PowF64, Helper::PowF32]);
+        let mut all: Vec<LibCall> = unary.into_iter().map(LibCall::Unary).collect();
+        all.extend([LibCall::PowF64, LibCall::PowF32]);
         all
     }
 
-    /// The `f64` helper of a unary function, or `None` where an instruction
+    /// The `f64` libcall of a unary function, or `None` where an instruction
     /// sequence computes it exactly (`neg`, `sqrt`, `rsqrt`, `recip`).
-    pub fn for_unary(u: Unary) -> Option<Helper> {
+    pub fn for_unary(u: Unary) -> Option<LibCall> {
         match u {
             Unary::Neg | Unary::Sqrt | Unary::Rsqrt | Unary::Recip => None,
-            _ => Some(Helper::Unary(u)),
+            _ => Some(LibCall::Unary(u)),
         }
     }
 
     /// `(argument count, whether f32)`.
     pub fn signature(self) -> (usize, bool) {
         match self {
-            Helper::Unary(_) => (1, false),
-            Helper::PowF64 => (2, false),
-            Helper::PowF32 => (2, true),
+            LibCall::Unary(_) => (1, false),
+            LibCall::PowF64 => (2, false),
+            LibCall::PowF32 => (2, true),
         }
     }
 
     /// The name generated code imports it by.
     pub fn symbol(self) -> String {
         match self {
-            Helper::Unary(u) => format!("zeroplan_{}", u.name()),
-            Helper::PowF64 => "zeroplan_pow".to_string(),
-            Helper::PowF32 => "zeroplan_pow_f32".to_string(),
+            LibCall::Unary(u) => format!("zeroplan_{}", u.name()),
+            LibCall::PowF64 => "zeroplan_pow".to_string(),
+            LibCall::PowF32 => "zeroplan_pow_f32".to_string(),
         }
     }
 
-    /// Its address (`None` for the unary functions [`Helper::for_unary`]
-    /// gives no helper, which [`Helper::all`] does not list).
+    /// Its address (`None` for the unary functions [`LibCall::for_unary`]
+    /// gives no libcall, which [`LibCall::all`] does not list).
     pub fn address(self) -> Option<*const u8> {
         let f1 = |f: extern "C" fn(f64) -> f64| Some(f as *const u8);
         match self {
-            Helper::PowF64 => Some(zp_pow as extern "C" fn(f64, f64) -> f64 as *const u8),
-            Helper::PowF32 => Some(zp_pow_f32 as extern "C" fn(f32, f32) -> f32 as *const u8),
-            Helper::Unary(u) => match u {
+            LibCall::PowF64 => Some(zp_pow as extern "C" fn(f64, f64) -> f64 as *const u8),
+            LibCall::PowF32 => Some(zp_pow_f32 as extern "C" fn(f32, f32) -> f32 as *const u8),
+            LibCall::Unary(u) => match u {
                 Unary::Exp => f1(zp_exp),
                 Unary::Erf => f1(zp_erf),
                 Unary::Tanh => f1(zp_tanh),
@@ -136,11 +136,11 @@ impl Helper {
 
 #[cfg(test)]
 mod tests {
-    use super::Helper;
+    use super::LibCall;
 
     #[test]
-    fn every_helper_has_a_distinct_symbol() {
-        let all = Helper::all();
+    fn every_libcall_has_a_distinct_symbol() {
+        let all = LibCall::all();
         let mut names: Vec<String> = all.iter().map(|f| f.symbol()).collect();
         names.sort();
         names.dedup();
