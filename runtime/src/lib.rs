@@ -32,10 +32,10 @@ pub type HostProgram = runner::Runner<Host>;
 /// A plan's program loaded on a GPU.
 pub type CudaProgram = runner::Runner<Cuda>;
 
-/// A device a plan can run on.
+/// A device of this machine a plan can run on, as `zeroplan devices` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Device {
+pub enum FoundDevice {
     /// The host CPU, through Cranelift-compiled kernels.
     Host { target: String, threads: usize },
     /// A CUDA GPU.
@@ -45,7 +45,7 @@ pub enum Device {
 /// What was found, and why CUDA is absent when it is.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Devices {
-    pub devices: Vec<Device>,
+    pub devices: Vec<FoundDevice>,
     /// Why no CUDA device is listed, when none is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_note: Option<String>,
@@ -56,13 +56,13 @@ pub fn devices() -> Devices {
     let mut devices = Vec::new();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let target = zeroplan_backend_cpu::host_target().map_or_else(|e| format!("unsupported ({e})"), |t| t.triple);
-    devices.push(Device::Host { target, threads });
+    devices.push(FoundDevice::Host { target, threads });
     let cuda_note = match zeroplan_backend_cuda::probe() {
         zeroplan_backend_cuda::Probe::NoDriver => Some("no CUDA driver library found".to_string()),
         zeroplan_backend_cuda::Probe::DriverError(e) => Some(format!("the CUDA driver failed: {e}")),
         zeroplan_backend_cuda::Probe::Gpus(gpus) => {
             let none = gpus.is_empty().then(|| "the CUDA driver reports no GPU".to_string());
-            devices.extend(gpus.into_iter().map(|g| Device::Cuda {
+            devices.extend(gpus.into_iter().map(|g| FoundDevice::Cuda {
                 ordinal: g.ordinal,
                 name: g.name,
                 memory_bytes: g.memory_bytes,
@@ -79,8 +79,8 @@ mod tests {
     #[test]
     fn the_host_is_always_a_device() {
         let found = super::devices();
-        assert!(matches!(found.devices[0], super::Device::Host { threads, .. } if threads >= 1));
-        let cuda = found.devices.iter().filter(|d| matches!(d, super::Device::Cuda { .. })).count();
+        assert!(matches!(found.devices[0], super::FoundDevice::Host { threads, .. } if threads >= 1));
+        let cuda = found.devices.iter().filter(|d| matches!(d, super::FoundDevice::Cuda { .. })).count();
         assert_eq!(cuda == 0, found.cuda_note.is_some());
     }
 }

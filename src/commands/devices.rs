@@ -2,7 +2,7 @@
 
 use crate::cli::DevicesArgs;
 use crate::output::emit;
-use zeroplan_runtime::{Device, devices};
+use zeroplan_runtime::{FoundDevice, devices};
 
 pub fn run(args: &DevicesArgs) -> Result<(), String> {
     let found = devices();
@@ -12,8 +12,8 @@ pub fn run(args: &DevicesArgs) -> Result<(), String> {
     let mut text = String::new();
     for d in &found.devices {
         text += &match d {
-            Device::Host { target, threads } => format!("host   {target}, {threads} threads\n"),
-            Device::Cuda { ordinal, name, memory_bytes, compute_capability } => format!(
+            FoundDevice::Host { target, threads } => format!("host   {target}, {threads} threads\n"),
+            FoundDevice::Cuda { ordinal, name, memory_bytes, compute_capability } => format!(
                 "cuda:{ordinal} {name}, {:.1} GiB, compute capability {compute_capability}\n",
                 *memory_bytes as f64 / (1u64 << 30) as f64
             ),
