@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[path = "../runtime/tests/glue_files/mod.rs"]
+#[path = "../driver/tests/glue_files/mod.rs"]
 mod glue_files;
 
 mod common;

@@ -5,7 +5,7 @@
 //! under `eval`; staged fine-tuning replaces the head; a constant model
 //! scores what is computed by hand; bad input names the file, line and fix.
 
-#[path = "../runtime/tests/glue_files/mod.rs"]
+#[path = "../driver/tests/glue_files/mod.rs"]
 mod glue_files;
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,8 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 use glue_files::{Kind, Row, model_dir, separable, temp_dir, write};
+use zeroplan_driver::classify::FineTuned;
 use zeroplan_ir::Tensor;
-use zeroplan_runtime::classify::FineTuned;
 
 const MNLI: [&str; 3] = ["contradiction", "entailment", "neutral"];
 

@@ -2,7 +2,7 @@
 //! the same ranks does, to the bit; a failing or killed rank ends the
 //! launch with an error naming it, never a hang.
 
-#[path = "../runtime/tests/glue_files/mod.rs"]
+#[path = "../driver/tests/glue_files/mod.rs"]
 mod glue_files;
 
 mod common;

@@ -1,24 +1,24 @@
-//! zeroplan's runtime: executes plans on the devices of this machine.
+//! zeroplan's runtime: runs a plan's program, one rank at a time, on a
+//! backend's device.
 //!
-//! Today: discovering those devices — the host (always) and CUDA GPUs (where
-//! a driver is found) —, reading and writing weights and batches
-//! ([`checkpoint`]: Hugging Face safetensors files), training data ([`data`]),
-//! training on the reference interpreter ([`reference`]), a plan's program on
-//! a [`runner::Device`] — this CPU ([`host`]) — with data-parallel ranks
-//! joined by a [`comm::Communicator`] (threads of this process, or one
-//! process per rank over TCP or NCCL), models compiled for the host
-//! ([`program`]) from Hugging Face model directories ([`model_dir`]),
-//! sentence embeddings on either ([`embed`]), sequence classification
-//! ([`classify`]) and the GLUE tasks' metrics ([`metrics`]).
+//! - [`runner`]: a rank's schedule — micro-batches, the optimizer phase,
+//!   deferred updates, collectives on a communication stream — on any
+//!   `zeroplan_exec::Device` ([`HostProgram`] on this CPU, [`CudaProgram`]
+//!   on a GPU);
+//! - [`comm`]: the groups a rank belongs to and the host communicators
+//!   (threads of this process, processes over TCP met through a rendezvous
+//!   store; NCCL is the CUDA backend's);
+//! - [`checkpoint`]: Hugging Face safetensors weights and batches, and
+//!   sharded training checkpoints that reshard across ranks;
+//! - [`reference`]: training steps on the reference interpreter, the oracle
+//!   the devices are checked against;
+//! - [`devices`]: the devices of this machine.
+//!
+//! Compiling a model for it, data, metrics and the training loops are the
+//! driver's (`zeroplan-driver`).
 
 pub mod checkpoint;
-pub mod classify;
 pub mod comm;
-pub mod data;
-pub mod embed;
-pub mod metrics;
-pub mod model_dir;
-pub mod program;
 pub mod reference;
 pub mod runner;
 

@@ -11,9 +11,9 @@ use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
 use zeroplan_ir::spec::ModelSpec;
 use zeroplan_ir::{Bindings, DType, Tensor};
+use zeroplan_runtime::checkpoint::training::Cursor;
 use zeroplan_runtime::checkpoint::training::{Checkpoint, Layout, Manifest, ShardFile};
 use zeroplan_runtime::checkpoint::{self, HeadShapes, Weights, training};
-use zeroplan_runtime::data::Cursor;
 use zeroplan_runtime::runner::{Device, Runner};
 
 /// Set to a step number, a save of that step stops after writing the

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use crate::cli::{Backend, EmbedArgs};
 use crate::output::emit;
-use zeroplan_runtime::embed::{self, Embedder, Embeddings};
+use zeroplan_driver::embed::{self, Embedder, Embeddings};
 
 /// Embedding values shown per text in the text output.
 const SHOWN: usize = 6;

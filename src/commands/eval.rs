@@ -4,7 +4,7 @@
 use super::glue;
 use crate::cli::EvalArgs;
 use crate::output::emit;
-use zeroplan_runtime::classify::{Classifier, FineTuned};
+use zeroplan_driver::classify::{Classifier, FineTuned};
 
 pub fn run(args: &EvalArgs) -> Result<(), String> {
     let task = glue::task(&args.common.task)?;

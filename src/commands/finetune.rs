@@ -18,17 +18,17 @@ use std::time::Instant;
 use super::{checkpoints, glue, train_host};
 use crate::cli::FinetuneArgs;
 use crate::output::emit;
+use zeroplan_driver::classify::Classifier;
+use zeroplan_driver::data::glue::{Split, load_task};
+use zeroplan_driver::data::{Dataset, Tokenizer};
+use zeroplan_driver::model_dir::{CONFIG, TOKENIZER, WEIGHTS};
+use zeroplan_driver::program;
 use zeroplan_ir::Graph;
 use zeroplan_ir::spec::{self, Head, Labels, ModelSpec, TaskSpec, TrainingSpec};
 use zeroplan_passes::pipeline::Target;
 use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::checkpoint::training::{Layout, model_weights};
 use zeroplan_runtime::checkpoint::{self, HeadShapes, Weights};
-use zeroplan_runtime::classify::Classifier;
-use zeroplan_runtime::data::glue::{Split, load_task};
-use zeroplan_runtime::data::{Dataset, Tokenizer};
-use zeroplan_runtime::model_dir::{CONFIG, TOKENIZER, WEIGHTS};
-use zeroplan_runtime::program;
 use zeroplan_runtime::reference::StepLog;
 
 /// The scores file written beside the best model.

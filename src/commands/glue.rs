@@ -6,11 +6,11 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use crate::cli::TaskArgs;
+use zeroplan_driver::classify::{self, Classifier};
+use zeroplan_driver::data::glue::{self, Split};
+use zeroplan_driver::data::{Example, Tokenizer};
+use zeroplan_driver::metrics::{self, MetricError, Predictions};
 use zeroplan_ir::spec::{Metric, ModelSpec, TaskSpec};
-use zeroplan_runtime::classify::{self, Classifier};
-use zeroplan_runtime::data::glue::{self, Split};
-use zeroplan_runtime::data::{Example, Tokenizer};
-use zeroplan_runtime::metrics::{self, MetricError, Predictions};
 
 /// The task `--task` names: a bundled preset, or a RON task spec file.
 pub fn task(name: &str) -> Result<TaskSpec, String> {

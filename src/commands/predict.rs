@@ -8,10 +8,10 @@ use std::fmt::Write;
 use super::glue;
 use crate::cli::PredictArgs;
 use crate::output::emit;
+use zeroplan_driver::classify::{Classifier, FineTuned};
+use zeroplan_driver::data::glue::{Split, load_task};
+use zeroplan_driver::metrics::Predictions;
 use zeroplan_ir::spec::Labels;
-use zeroplan_runtime::classify::{Classifier, FineTuned};
-use zeroplan_runtime::data::glue::{Split, load_task};
-use zeroplan_runtime::metrics::Predictions;
 
 pub fn run(args: &PredictArgs) -> Result<(), String> {
     let task = glue::task(&args.common.task)?;

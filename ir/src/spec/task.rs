@@ -5,7 +5,7 @@
 //! distribution lays them out (header or not, which columns hold the
 //! sentence or pair and the label), what the labels are, which dev-set
 //! metrics to report, and the default hyperparameters (MosaicBERT's Table S1
-//! where it gives them). `zeroplan_runtime::metrics` computes the metrics.
+//! where it gives them). `zeroplan_driver::metrics` computes the metrics.
 
 use serde::{Deserialize, Serialize};
 
@@ -57,7 +57,7 @@ pub enum Labels {
     Regression { min: f64, max: f64 },
 }
 
-/// A dev-set metric (see `zeroplan_runtime::metrics`).
+/// A dev-set metric (see `zeroplan_driver::metrics`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Metric {
     Accuracy,

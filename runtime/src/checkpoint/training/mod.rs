@@ -39,7 +39,6 @@ use zeroplan_ir::{DType, Tensor};
 
 use super::safetensors_io::{self, Entry, atomic_write, sync_dir};
 use super::{CheckpointError, Weights};
-use crate::data::Cursor;
 pub use layout::{Layout, Logical};
 pub use tensor_parallel::{Split, TensorParallel};
 
@@ -350,4 +349,13 @@ fn read_state(path: &Path) -> Result<State, CheckpointError> {
         state.insert(name, tensor);
     }
     Ok(state)
+}
+
+/// Where a training data stream stands (the driver's `Dataset`): the next
+/// example and the masking draws' state. A checkpoint keeps it, so a
+/// resumed run sees the batches an uninterrupted one would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cursor {
+    pub position: usize,
+    pub rng: u64,
 }

@@ -11,7 +11,7 @@ use zeroplan_ir::{Bindings, DType};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 
-use crate::HostProgram;
+use zeroplan_runtime::HostProgram;
 
 /// `model` compiled for `target` with every pass on and planned for `batch` × `seq`.
 pub fn plan(model: &ModelSpec, target: &Target, batch: usize, seq: usize) -> Result<Program, String> {

@@ -27,10 +27,10 @@ use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
 use zeroplan_ir::{DType, Graph, Tensor};
 
-use crate::HostProgram;
-use crate::checkpoint;
 use crate::model_dir::{ModelDir, TOKENIZER};
 use crate::program;
+use zeroplan_runtime::HostProgram;
+use zeroplan_runtime::checkpoint;
 
 /// Compiled programs kept per [`Embedder`]. Each holds its own copy of the
 /// weights in its arena (90 MB for MiniLM), so texts of ever new lengths

@@ -7,12 +7,12 @@
 mod glue_files;
 
 use glue_files::{model_dir, separable, temp_dir};
+use zeroplan_driver::classify::{Classifier, FineTuned};
+use zeroplan_driver::data::{Dataset, Example, Label};
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::{Interpreter, Precision};
 use zeroplan_ir::spec::Head;
 use zeroplan_runtime::checkpoint::{self, CheckpointError, HeadShapes};
-use zeroplan_runtime::classify::{Classifier, FineTuned};
-use zeroplan_runtime::data::{Dataset, Example, Label};
 
 const SEQ: usize = 12;
 

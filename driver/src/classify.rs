@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
 
-use crate::HostProgram;
-use crate::checkpoint::{self, CheckpointError, Weights};
 use crate::data::{DataError, Dataset, Example, Label, Tokenizer};
 use crate::metrics::Predictions;
 use crate::model_dir::ModelDir;
 use crate::program;
+use zeroplan_runtime::HostProgram;
+use zeroplan_runtime::checkpoint::{self, CheckpointError, Weights};
 
 /// The head's output a prediction is read from.
 const LOGITS: &str = "logits";

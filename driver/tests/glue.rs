@@ -9,9 +9,9 @@ mod glue_files;
 use std::path::Path;
 
 use glue_files::{Kind, Row, WORDS, model_dir, separable, temp_dir, write};
+use zeroplan_driver::data::glue::{Split, TaskData, load, load_task};
+use zeroplan_driver::data::{DataError, Dataset, Label, Tokenizer};
 use zeroplan_ir::spec::{Labels, TaskSpec};
-use zeroplan_runtime::data::glue::{Split, TaskData, load, load_task};
-use zeroplan_runtime::data::{DataError, Dataset, Label, Tokenizer};
 
 const SEQ: usize = 12;
 
@@ -184,7 +184,7 @@ fn shuffling_draws_a_new_order_of_the_same_examples_from_the_seed() {
     let (a, b, c) = (order(1), order(1), order(2));
     assert_eq!(a, b, "the order is the seed's");
     assert!(a != examples && a != c, "a new order, another for another seed");
-    let key = |v: &[zeroplan_runtime::data::Example]| {
+    let key = |v: &[zeroplan_driver::data::Example]| {
         let mut k: Vec<String> = v.iter().map(|e| format!("{:?}", e)).collect();
         k.sort();
         k

@@ -13,6 +13,8 @@ pub mod mlm;
 
 use std::path::{Path, PathBuf};
 
+pub use zeroplan_runtime::checkpoint::training::Cursor;
+
 use zeroplan_ir::interp::Feeds;
 use zeroplan_ir::{DType, Tensor};
 
@@ -116,15 +118,6 @@ impl Tokenizer {
         }
         Ok((ids, types))
     }
-}
-
-/// Where a [`Dataset`] stands: the next example and the masking draws'
-/// state. A checkpoint keeps it, so a resumed run sees the batches an
-/// uninterrupted one would.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Cursor {
-    pub position: usize,
-    pub rng: u64,
 }
 
 /// Examples walked in order, batched and padded.

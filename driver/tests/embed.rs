@@ -11,13 +11,13 @@ use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
+use zeroplan_driver::embed::{Backend, EmbedError, Embedder, Embeddings};
 use zeroplan_ir::DType;
 use zeroplan_ir::Tensor;
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::{Interpreter, Precision};
 use zeroplan_ir::spec::{self, Head};
 use zeroplan_runtime::checkpoint;
-use zeroplan_runtime::embed::{Backend, EmbedError, Embedder, Embeddings};
 
 const VOCAB: [&str; 24] = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "is", "eating", "food", "piece", "of", "bread", "the",

@@ -1,0 +1,18 @@
+//! zeroplan's driver: what turns a model and its data into work for the
+//! runtime, as a library the CLI calls.
+//!
+//! - [`program`]: a model compiled for the host — the pass pipeline, the
+//!   memory plan and the program for one batch × sequence length (the only
+//!   place outside the planner that runs `zeroplan-passes`);
+//! - [`data`]: training data (masked-LM text, GLUE TSVs) tokenised, batched
+//!   and padded;
+//! - [`model_dir`]: Hugging Face model directories;
+//! - [`embed`]: sentence embeddings; [`classify`]: sequence classification
+//!   and fine-tuning; [`metrics`]: the GLUE tasks' dev metrics.
+
+pub mod classify;
+pub mod data;
+pub mod embed;
+pub mod metrics;
+pub mod model_dir;
+pub mod program;
