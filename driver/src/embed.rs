@@ -17,7 +17,7 @@
 //!   checkpoint's weights into it, and keeps it for later calls at that shape.
 //! - [`Backend::Reference`]: the exact reference interpreter, slow and
 //!   shape-agnostic: the oracle the host runtime is checked against
-//!   (`runtime/tests/embed.rs`, within 1e-5 relative).
+//!   (`driver/tests/embed.rs`, within 1e-5 relative).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! GLUE files in each task's real layout, written by the tests (nothing is
 //! downloaded), a separable synthetic task to fill them with, and a tiny BERT
-//! model directory to read them with. `runtime/tests/glue.rs`,
-//! `runtime/tests/classify.rs` and the CLI's `tests/finetune.rs` (by path)
+//! model directory to read them with. `driver/tests/glue.rs`,
+//! `driver/tests/classify.rs` and the CLI's `tests/finetune.rs` (by path)
 //! share this file; `tests/cli.rs` its tokenizer.
 //!
 //! The layouts are GLUE's as its download script writes them, written out
