@@ -32,6 +32,7 @@ fn fnv1a(parts: &[&str]) -> u64 {
 }
 
 impl PtxCache {
+    /// A cache in `dir`, created on the first entry written.
     pub fn new(dir: impl Into<PathBuf>) -> PtxCache {
         PtxCache { dir: dir.into() }
     }
@@ -48,6 +49,7 @@ impl PtxCache {
         Some(cache.join("zeroplan").join("ptx"))
     }
 
+    /// The directory the entries are in.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

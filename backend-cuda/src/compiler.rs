@@ -20,23 +20,34 @@ use crate::nvrtc::{Nvrtc, NvrtcError};
 /// Why a kernel could not be compiled.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
+    /// The row kernel could not be turned into CUDA C.
     #[error(transparent)]
     Codegen(#[from] CodegenError),
+    /// NVRTC could not be loaded, or refused the source.
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    /// The fused attention cannot be rendered for this specialisation.
     #[error(transparent)]
     Attention(#[from] AttentionError),
+    /// The multi-tensor AdamW cannot be rendered for these dtypes.
     #[error(transparent)]
     AdamW(#[from] AdamWError),
     /// The PTX could not be written to the disk cache.
     #[error("cannot write the PTX cache in {dir}: {source}")]
-    Cache { dir: String, source: std::io::Error },
+    Cache {
+        /// The cache's directory.
+        dir: String,
+        /// The file system's error.
+        source: std::io::Error,
+    },
 }
 
 /// A kernel's CUDA C and its PTX.
 #[derive(Clone, Debug)]
 pub struct CompiledPtx {
+    /// The generated CUDA C, its symbols and how to launch it.
     pub kernel: GeneratedKernel,
+    /// NVRTC's PTX for the device's architecture, which the driver loads.
     pub ptx: String,
     /// Whether the PTX came from the disk cache rather than NVRTC.
     pub cached: bool,
@@ -45,16 +56,22 @@ pub struct CompiledPtx {
 /// A fused attention pass's CUDA C and its PTX.
 #[derive(Clone, Debug)]
 pub struct CompiledAttention {
+    /// The rendered CUDA C and its kernels' symbols.
     pub rendered: RenderedAttention,
+    /// NVRTC's PTX for the device's architecture, which the driver loads.
     pub ptx: String,
+    /// Whether the PTX came from the disk cache rather than NVRTC.
     pub cached: bool,
 }
 
 /// The multi-tensor AdamW's CUDA C and its PTX.
 #[derive(Clone, Debug)]
 pub struct CompiledAdamW {
+    /// The rendered CUDA C and its symbol.
     pub rendered: RenderedAdamW,
+    /// NVRTC's PTX for the device's architecture, which the driver loads.
     pub ptx: String,
+    /// Whether the PTX came from the disk cache rather than NVRTC.
     pub cached: bool,
 }
 
@@ -82,6 +99,7 @@ impl CudaKernelCompiler {
         }
     }
 
+    /// The device the kernels are generated and compiled for.
     pub fn device(&self) -> &DeviceProperties {
         &self.device
     }
@@ -149,6 +167,7 @@ impl CudaKernelCompiler {
         self.memory.len() + self.attention.len() + self.adamw.len()
     }
 
+    /// Whether nothing is compiled yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

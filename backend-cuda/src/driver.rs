@@ -19,8 +19,11 @@ use crate::compiler::CompiledPtx;
 /// One GPU as the driver reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpu {
+    /// Its index among the driver's devices, as [`CudaDevice::open`] takes it.
     pub ordinal: usize,
+    /// The product name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
+    /// Its total memory, in bytes.
     pub memory_bytes: u64,
     /// `(major, minor)`: `(9, 0)` is Hopper.
     pub compute_capability: (i32, i32),
@@ -33,6 +36,8 @@ pub enum Probe {
     NoDriver,
     /// The driver loaded but failed to initialise or enumerate (the message says why).
     DriverError(String),
+    /// The GPUs the driver enumerated (none, on a machine with a driver
+    /// but no GPU).
     Gpus(Vec<Gpu>),
 }
 
@@ -72,13 +77,20 @@ fn enumerate() -> Result<Vec<Gpu>, DriverError> {
 /// Why a GPU could not be used or a kernel run.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
+    /// No CUDA driver library could be loaded.
     #[error("no CUDA driver library found")]
     NoDriver,
+    /// A driver call failed.
     #[error("the CUDA driver failed: {0:?}")]
     Driver(#[from] DriverError),
     /// The buffers handed to a kernel do not match its operands.
     #[error("kernel `{kernel}`: {message}")]
-    Buffers { kernel: String, message: String },
+    Buffers {
+        /// The kernel's name (a fused attention's: its first entry's symbol).
+        kernel: String,
+        /// Which buffer does not match, and how.
+        message: String,
+    },
 }
 
 /// One GPU, ready to load modules: its context, a stream, its properties.
@@ -110,6 +122,8 @@ impl CudaDevice {
         Ok(CudaDevice { context, stream, properties })
     }
 
+    /// What the code generator needs to know of this GPU, as the driver
+    /// reports it.
     pub fn properties(&self) -> &DeviceProperties {
         &self.properties
     }

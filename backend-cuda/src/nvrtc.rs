@@ -23,10 +23,23 @@ pub enum NvrtcError {
     Missing(String),
     /// NVRTC rejected the source; `log` is its compilation log.
     #[error("NVRTC could not compile `{name}` with {options:?}:\n{log}")]
-    Compile { name: String, options: Vec<String>, log: String },
+    Compile {
+        /// The program's name (the kernel's symbol).
+        name: String,
+        /// The options it was compiled with.
+        options: Vec<String>,
+        /// NVRTC's compilation log.
+        log: String,
+    },
     /// An NVRTC call failed outside compilation.
     #[error("NVRTC failed on `{name}`: {message}")]
-    Call { name: String, message: String },
+    Call {
+        /// The program's name, or the function called when no program is
+        /// involved (`nvrtcVersion`).
+        name: String,
+        /// NVRTC's error.
+        message: String,
+    },
     /// The source cannot be handed to NVRTC (it holds a NUL byte).
     #[error("the CUDA C of `{0}` holds a NUL byte")]
     Nul(String),
@@ -78,6 +91,8 @@ impl Nvrtc {
         self.version
     }
 
+    /// Where the CUDA headers (`cuda_bf16.h`, `cuda_fp16.h`) are, if
+    /// found: passed to every compilation as `--include-path`.
     pub fn include_dir(&self) -> Option<&Path> {
         self.include_dir.as_deref()
     }

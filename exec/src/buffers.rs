@@ -11,14 +11,18 @@ use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Place, Shape, Value};
 /// the arena's size when the program is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Buf {
+    /// The arena it lies in: the device's memory or the host's.
     pub place: Place,
+    /// Its first byte, from the start of the arena.
     pub offset: usize,
     /// Elements, of `dtype`.
     pub len: usize,
+    /// The elements' type, which fixes their size and how routines read them.
     pub dtype: DType,
 }
 
 impl Buf {
+    /// Its size in bytes: `len` elements of `dtype`.
     pub fn bytes(&self) -> usize {
         self.len * self.dtype.size_bytes() as usize
     }
@@ -37,17 +41,41 @@ impl Buf {
 /// or a node the device cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
+    /// A node no instruction can be selected for on this rank or device.
     #[error("node `{node}` ({op}): {message}")]
-    Node { node: String, op: &'static str, message: String },
+    Node {
+        /// The node's name.
+        node: String,
+        /// Its op's name.
+        op: &'static str,
+        /// Why it cannot run.
+        message: String,
+    },
+    /// The device itself failed to load the program (allocation, a
+    /// library, a step pass), in its own words.
     #[error("{0}")]
     Device(String),
+    /// A value the schedule needs has no buffer in the plan (or no bound
+    /// size): the named value.
     #[error("the plan has no buffer for `{0}`: compile the plan again")]
     NoBuffer(String),
+    /// A buffer that runs past the end of its arena.
     #[error(
         "the buffer of `{value}` ({offset}+{bytes} bytes) lies outside the {place} arena of {arena} bytes: \
          the plan file is corrupt"
     )]
-    OutOfArena { value: String, offset: u64, bytes: u64, place: &'static str, arena: u64 },
+    OutOfArena {
+        /// The value whose buffer it is.
+        value: String,
+        /// The buffer's first byte in the arena.
+        offset: u64,
+        /// The buffer's size.
+        bytes: u64,
+        /// The arena's place, `device` or `host`.
+        place: &'static str,
+        /// The arena's size in bytes, as the plan gives it.
+        arena: u64,
+    },
 }
 
 /// This rank among the ranks of a program: `index` of the `ranks`
@@ -56,9 +84,15 @@ pub enum SelectError {
 /// `tensor_all_reduce`, the vocabulary-parallel ops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rank {
+    /// This rank's index in its data-parallel group, in `0..ranks`: which
+    /// ZeRO shard it holds.
     pub index: usize,
+    /// The data-parallel ranks the program was planned for.
     pub ranks: usize,
+    /// This rank's index in its tensor-parallel group, in `0..tensor_ranks`:
+    /// which Megatron-LM shard it holds.
     pub tensor: usize,
+    /// The tensor-parallel ranks of one model replica.
     pub tensor_ranks: usize,
 }
 

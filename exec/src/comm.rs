@@ -8,22 +8,88 @@ use std::any::Any;
 /// Why a collective failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CommError {
+    /// The ranks gave one collective buffers of different lengths.
     #[error("rank {rank} gave {got} elements to {op}, rank 0 gave {expected}: the ranks run different programs")]
-    Mismatch { op: &'static str, rank: usize, got: usize, expected: usize },
+    Mismatch {
+        /// The collective, as the trait's method is named.
+        op: &'static str,
+        /// The first rank whose length differs from rank 0's.
+        rank: usize,
+        /// That rank's length, in elements.
+        got: usize,
+        /// Rank 0's length, in elements.
+        expected: usize,
+    },
+    /// Another rank aborted ([`Communicator::abort`]): this call cannot
+    /// complete.
     #[error("{op}: a peer rank failed (see its error), so this rank stopped too")]
-    PeerFailed { op: &'static str },
+    PeerFailed {
+        /// The collective this rank was in.
+        op: &'static str,
+    },
+    /// A broadcast from a rank the group does not have.
     #[error("{op} from root {root}: the group has {ranks} ranks")]
-    NoRoot { op: &'static str, root: usize, ranks: usize },
+    NoRoot {
+        /// The collective.
+        op: &'static str,
+        /// The root asked for.
+        root: usize,
+        /// The group's ranks.
+        ranks: usize,
+    },
+    /// A reduce-scatter or all-gather whose whole length is not a multiple
+    /// of the ranks, so the slices cannot be equal.
     #[error("{op} of {len} elements over {ranks} ranks: the length must divide evenly")]
-    Uneven { op: &'static str, len: usize, ranks: usize },
+    Uneven {
+        /// The collective.
+        op: &'static str,
+        /// The whole length, in elements.
+        len: usize,
+        /// The group's ranks.
+        ranks: usize,
+    },
+    /// A peer's connection broke mid-collective: it exited or was killed.
     #[error("{op}: lost rank {peer} of the group ({cause}): it failed or was killed (see its error)")]
-    PeerLost { op: &'static str, peer: usize, cause: String },
+    PeerLost {
+        /// The collective this rank was in.
+        op: &'static str,
+        /// The rank whose connection broke.
+        peer: usize,
+        /// The transport's error, as text.
+        cause: String,
+    },
+    /// A peer made a different call than this rank at the same point of
+    /// the sequence: the ranks are not running one program.
     #[error("{op}: rank {peer} called {theirs} where this rank called {ours}: the ranks run different programs")]
-    Diverged { op: &'static str, peer: usize, theirs: String, ours: String },
+    Diverged {
+        /// The collective this rank called.
+        op: &'static str,
+        /// The rank that called something else.
+        peer: usize,
+        /// The peer's call: collective, sequence number and root.
+        theirs: String,
+        /// This rank's call, in the same form.
+        ours: String,
+    },
+    /// This rank could not join its group (the rendezvous or the
+    /// connections to its peers failed).
     #[error("joining group `{group}` as rank {rank}: {message}")]
-    Join { group: String, rank: usize, message: String },
+    Join {
+        /// The group's name in the rendezvous store.
+        group: String,
+        /// The rank joining.
+        rank: usize,
+        /// What failed.
+        message: String,
+    },
+    /// An NCCL call returned an error.
     #[error("{op}: NCCL failed: {message}")]
-    Nccl { op: &'static str, message: String },
+    Nccl {
+        /// The collective.
+        op: &'static str,
+        /// NCCL's error.
+        message: String,
+    },
 }
 
 /// One rank's handle on a group of ranks that run the same program.
@@ -33,6 +99,7 @@ pub enum CommError {
 pub trait Communicator: Send + Sync {
     /// This rank, in `0..ranks()`.
     fn rank(&self) -> usize;
+    /// The group's size: how many ranks every collective waits for.
     fn ranks(&self) -> usize;
     /// Every rank's `data` summed, into every rank's `data`.
     fn all_reduce(&self, data: &mut [f32]) -> Result<(), CommError>;

@@ -19,7 +19,9 @@ use crate::comm::Communicator;
 
 /// What an instruction may need besides its buffers.
 pub struct Ctx<'a> {
+    /// The tensors fed to the program's inputs for this micro-batch, by name.
     pub feeds: &'a Feeds,
+    /// The run's random seed, which dropout's masks are drawn from.
     pub seed: u64,
     /// Dropout's counter word for this pass.
     pub offset: u64,
@@ -31,6 +33,7 @@ pub struct Ctx<'a> {
 
 /// A scheduled node and what runs for it.
 pub struct Step<I> {
+    /// The graph node it runs.
     pub node: NodeIndex,
     /// Runs once per optimizer step (else once per micro-batch).
     pub optimizer: bool,
@@ -86,6 +89,8 @@ pub type Loaded<D> = (D, Vec<Step<<D as Device>::Instr>>);
 /// `Sync`: the rank's communication stream runs collectives from a thread
 /// of its own while compute goes on, on buffers the runner keeps apart.
 pub trait Device: Sized + Sync {
+    /// The device's instruction: an [`crate::Instr`] over its compiled
+    /// kernel, or what its step passes made of several.
     type Instr: Instruction + Sync;
 
     /// Allocates the program's arenas at the plan's sizes and selects the
@@ -98,13 +103,19 @@ pub trait Device: Sized + Sync {
         rank: Rank,
     ) -> Result<Loaded<Self>, SelectError>;
 
+    /// Runs one instruction on the device's memory; the error says why it
+    /// could not (a missing feed, a failed collective or launch).
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
 
     /// `buf` as a tensor of `shape` (f64 or i64 values, as the interpreter's).
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor;
     /// Writes `t` into `buf`, rounded to the buffer's dtype.
     fn write(&self, buf: Buf, t: &Tensor);
+    /// Copies `from`'s bytes into `to`, across places where they differ:
+    /// how the runner commits a state update.
     fn copy(&self, from: Buf, to: Buf);
+    /// Sets every element of `buf` to `value`: how the runner commits a
+    /// constant state update (an accumulator's zeroing).
     fn fill(&self, buf: Buf, value: f64);
 }
 
@@ -126,6 +137,7 @@ pub trait StepPass<I, Cx> {
 /// it left as it was with the reason, for the load's debug log.
 #[derive(Debug, Default)]
 pub struct Rewrites {
+    /// The groups of steps it rewrote into one instruction.
     pub taken: usize,
     /// `(what, why)`: a kernel or node name and why it kept its steps.
     pub left: Vec<(String, String)>,

@@ -22,6 +22,7 @@ use crate::instr::{Arith, Attention, Instr, MatMulShape};
 /// What compiles a row kernel for a device: the host's Cranelift compiler,
 /// or a GPU's. Selection is the same for every device; only the kernels differ.
 pub trait KernelCompile {
+    /// The device's compiled kernel, carried by [`Instr::Kernel`].
     type Kernel: Named;
     /// `kernel` at `dims`; `buffers` are its inputs then its outputs as the
     /// plan placed them (a device may run a kernel differently by place).
@@ -30,6 +31,7 @@ pub trait KernelCompile {
 
 /// A compiled kernel's name, as profiles count it.
 pub trait Named {
+    /// The kernel's name, which carries its node's, as profiles count it.
     fn name(&self) -> &str;
     /// Floating-point operations of one run, where counted (a device's
     /// GEMM standing as a kernel); 0 for row kernels.

@@ -13,6 +13,9 @@
 //! model-state bytes back out of a training graph; [`memory`] plans every
 //! buffer's offset and the peak.
 
+// Public items are not all documented yet: the lint is enforced crate by crate.
+#![allow(missing_docs)]
+
 pub mod accounting;
 pub mod attention;
 pub mod autodiff;

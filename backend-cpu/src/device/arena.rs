@@ -36,14 +36,18 @@ impl Arena {
         Ok(Arena { ptr, len })
     }
 
+    /// Its size in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it has no bytes (and so no allocation).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Its first byte, which a buffer's offset counts from; dangling (and
+    /// never read) when the arena is empty.
     pub fn base(&self) -> *mut u8 {
         self.ptr
     }
@@ -60,11 +64,16 @@ impl Drop for Arena {
 
 /// The device arena and the host arena of one rank.
 pub struct Memory {
+    /// The plan's device arena: [`Place::Device`] buffers (on the host
+    /// device, this CPU's memory too).
     pub device: Arena,
+    /// The plan's host arena: [`Place::Host`] buffers, where offloaded
+    /// optimizer state and parameters live.
     pub host: Arena,
 }
 
 impl Memory {
+    /// The arena of `place`.
     pub fn arena(&self, place: Place) -> &Arena {
         match place {
             Place::Device => &self.device,

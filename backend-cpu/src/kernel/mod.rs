@@ -42,13 +42,28 @@ use zeroplan_ir::kernel::Kernel;
 pub enum CodegenError {
     /// The kernel fails [`Kernel::check`].
     #[error("kernel `{kernel}` is malformed: {message}")]
-    Invalid { kernel: String, message: String },
+    Invalid {
+        /// The kernel's name.
+        kernel: String,
+        /// What the check found.
+        message: String,
+    },
     /// `dims` do not fit the kernel's shape.
     #[error("kernel `{kernel}`: {message}")]
-    Dims { kernel: String, message: String },
+    Dims {
+        /// The kernel's name.
+        kernel: String,
+        /// Which dim does not fit, and how.
+        message: String,
+    },
     /// Cranelift could not compile the function.
     #[error("kernel `{kernel}`: Cranelift failed: {message}")]
-    Cranelift { kernel: String, message: String },
+    Cranelift {
+        /// The kernel's name.
+        kernel: String,
+        /// Cranelift's error.
+        message: String,
+    },
     /// Cranelift cannot generate code for this machine.
     #[error("Cranelift cannot target this host: {0}")]
     Host(String),
@@ -77,6 +92,7 @@ pub struct CompiledKernel {
 }
 
 impl KernelCompiler {
+    /// An empty compiler, once Cranelift is known to target this host.
     pub fn new() -> Result<KernelCompiler, CodegenError> {
         crate::host_isa().map_err(|e| CodegenError::Host(e.to_string()))?;
         Ok(KernelCompiler::default())
@@ -108,6 +124,7 @@ impl KernelCompiler {
         self.cache.len()
     }
 
+    /// Whether no kernel is compiled yet.
     pub fn is_empty(&self) -> bool {
         self.cache.is_empty()
     }
@@ -134,6 +151,7 @@ impl CompiledKernel {
         unsafe { launch::run(self.entry, &self.layout, self.chunk_rows, inputs, outputs, seed, offset) }
     }
 
+    /// The kernel IR's name, as profiles and errors show it.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -45,16 +45,24 @@ pub const BLOCK: usize = 64;
 /// `[S]` mask.
 #[derive(Clone, Copy, Debug)]
 pub struct Operands<'a> {
+    /// The queries.
     pub q: &'a [f32],
+    /// The keys.
     pub k: &'a [f32],
+    /// The values.
     pub v: &'a [f32],
+    /// The padding mask per key: 0 where the key is padding, which no
+    /// query attends to.
     pub mask: &'a [i64],
 }
 
 /// The run's randomness: the seed and the dropout offset of this pass.
 #[derive(Clone, Copy, Debug)]
 pub struct Draw {
+    /// The run's seed, dropout's key.
     pub seed: u64,
+    /// Dropout's counter word for this pass, so each micro-batch draws its
+    /// own masks and a recomputed forward redraws the same.
     pub offset: u64,
 }
 

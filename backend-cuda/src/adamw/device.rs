@@ -11,9 +11,15 @@ use crate::driver::{CudaDevice, DeviceError};
 /// `lr_schedule` and `grad_scale` computed, and the step count `t`.
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWScalars {
+    /// The learning rate, from `lr_schedule`.
     pub lr: CUdeviceptr,
+    /// The 1-based step `t` the bias correction uses.
     pub step: CUdeviceptr,
+    /// What turns the summed, loss-scaled gradient into the clipped mean,
+    /// from `grad_scale`.
     pub multiplier: CUdeviceptr,
+    /// 1 when the gradients are finite, else 0 (the step leaves every
+    /// tensor as it was), from `grad_scale`.
     pub finite: CUdeviceptr,
 }
 

@@ -41,12 +41,21 @@ pub const ENTRY_BYTES: usize = 64;
 /// Why a multi-tensor AdamW cannot be rendered or its table built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdamWError {
+    /// A gradient dtype the kernel cannot read: the dtype asked for.
     #[error("multi-tensor AdamW reads f32, bf16 or f16 gradients, not {0:?}")]
     GradDtype(DType),
+    /// A working copy that is not 16-bit: the dtype asked for.
     #[error("the working copy AdamW writes is bf16 or f16, not {0:?} (f32 training has none: pass None)")]
     WorkingDtype(DType),
+    /// A tensor that does not fit the kernel it is tabled for.
     #[error("tensor {index} of the AdamW table: {message}")]
-    Tensor { index: usize, message: String },
+    Tensor {
+        /// Its position in the list given.
+        index: usize,
+        /// What does not fit (a missing or unexpected working copy, a length).
+        message: String,
+    },
+    /// More tensors than the kernel's `int` count holds: how many.
     #[error("the AdamW table holds {0} tensors, over the kernel's int: split it into several launches")]
     TooMany(usize),
 }
@@ -64,8 +73,11 @@ pub struct AdamWKernel {
 /// requires them shared); the weight decay is per tensor.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWHyper {
+    /// The first moment's decay rate.
     pub beta1: f64,
+    /// The second moment's decay rate.
     pub beta2: f64,
+    /// Added to `√v̂` so the update's denominator is never 0.
     pub eps: f64,
 }
 
@@ -82,7 +94,11 @@ pub struct AdamWTensor {
     pub v: u64,
     /// The kernel's working dtype; `Some` exactly when the kernel has one.
     pub working: Option<u64>,
+    /// Elements of every one of its buffers; an empty tensor is left out of
+    /// the table.
     pub len: usize,
+    /// Its decoupled weight decay (per tensor: biases and norms are
+    /// usually left undecayed).
     pub weight_decay: f64,
 }
 
@@ -100,14 +116,19 @@ pub struct AdamWTable {
 /// The rendered source and its symbol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderedAdamW {
+    /// What the source is specialised for.
     pub kernel: AdamWKernel,
+    /// The CUDA C NVRTC compiles.
     pub source: String,
+    /// The kernel's symbol in the source ([`AdamWKernel::symbol`]).
     pub entry: String,
 }
 
 const TEMPLATE: &str = include_str!("adamw.cu");
 
 impl AdamWKernel {
+    /// Whether the kernel can be rendered: f32, bf16 or f16 gradients, and
+    /// a working copy (if any) of bf16 or f16.
     pub fn check(&self) -> Result<(), AdamWError> {
         if !matches!(self.grad, DType::F32 | DType::BF16 | DType::F16) {
             return Err(AdamWError::GradDtype(self.grad));
@@ -118,6 +139,8 @@ impl AdamWKernel {
         }
     }
 
+    /// The kernel's C symbol, which names its dtypes: each specialisation
+    /// has its own.
     pub fn symbol(&self) -> String {
         let working = self.working.map_or(String::new(), |w| format!("_working_{}", w.name()));
         format!("zp_multi_tensor_adamw_grad_{}{working}", self.grad.name())

@@ -12,11 +12,18 @@ use crate::driver::{CudaDevice, DeviceError};
 /// (`[B, H, S, D]`, the storage dtype) and `lse` (`[B, H, S]`, f32) written.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardTensors {
+    /// The queries, `[B, H, S, D]`.
     pub q: CUdeviceptr,
+    /// The keys, `[B, H, S, D]`.
     pub k: CUdeviceptr,
+    /// The values, `[B, H, S, D]`.
     pub v: CUdeviceptr,
+    /// The padding mask, `[B, S]`: 0 where a key is masked.
     pub mask: CUdeviceptr,
+    /// The attention's output, `[B, H, S, D]`.
     pub out: CUdeviceptr,
+    /// The log-sum-exp of each score row, `[B, H, S]` f32, from which the
+    /// backward recomputes the probabilities.
     pub lse: CUdeviceptr,
 }
 
@@ -24,10 +31,15 @@ pub struct ForwardTensors {
 /// `dq, dk, dv` written.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardTensors {
+    /// The forward's operands and outputs, all read.
     pub forward: ForwardTensors,
+    /// The gradient of `out`.
     pub dout: CUdeviceptr,
+    /// Where the gradient of `q` is written.
     pub dq: CUdeviceptr,
+    /// Where the gradient of `k` is written.
     pub dk: CUdeviceptr,
+    /// Where the gradient of `v` is written.
     pub dv: CUdeviceptr,
 }
 

@@ -18,9 +18,11 @@ pub const MAX_BLOCKS_Y: usize = 65_535;
 /// How to launch one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelLaunch {
+    /// The kernel launched.
     pub entry: Entry,
     /// `(⌈S/16⌉, B·H)`.
     pub grid: (u32, u32),
+    /// Threads per block: [`THREADS`].
     pub block: u32,
     /// Static shared memory per block (declared in the source: nothing to
     /// pass at launch).
@@ -30,6 +32,7 @@ pub struct KernelLaunch {
 /// The launches of one pass, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttentionLaunch {
+    /// One launch per kernel of the pass, in [`Pass::entries`] order.
     pub kernels: Vec<KernelLaunch>,
 }
 

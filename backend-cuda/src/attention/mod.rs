@@ -49,22 +49,52 @@ use crate::codegen::prelude;
 /// Why an attention kernel cannot be rendered, launched or given arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttentionError {
+    /// A head dim the template has no tiles for: the dim asked for.
     #[error(
         "fused attention supports head dims 32 and 64, not {0}: use the unfused attention (matmul, softmax, matmul) for other head sizes"
     )]
     HeadDim(usize),
+    /// A storage dtype the template cannot load: the dtype asked for.
     #[error("fused attention stores q, k, v in f32, bf16 or f16, not {0:?}: cast the operands first")]
     Dtype(DType),
+    /// A mask that is not an `i32` or `i64` tensor: its dtype.
     #[error("the attention mask must be an i32 or i64 tensor (0 = masked key), not {0:?}")]
     MaskDtype(DType),
+    /// A drop probability outside `[0, 1)`, as written.
     #[error("attention dropout must be in [0, 1), not {0}")]
     Dropout(String),
+    /// ALiBi's heads asked of a tensor rank the group does not have.
     #[error("ALiBi over {ranks} tensor ranks has no rank {rank}: the rank must be below the rank count (at least 1)")]
-    TensorRank { rank: u64, ranks: u64 },
+    TensorRank {
+        /// The tensor rank asked for.
+        rank: u64,
+        /// The tensor ranks the heads are split over.
+        ranks: u64,
+    },
+    /// Sizes the kernels cannot take: empty, over CUDA's grid, or over an `int`.
     #[error("fused attention over [{batch}, {heads}, {seq}, ·]: {message}")]
-    Shape { batch: usize, heads: usize, seq: usize, message: String },
+    Shape {
+        /// `B`.
+        batch: usize,
+        /// `H`, this rank's heads.
+        heads: usize,
+        /// `S`.
+        seq: usize,
+        /// Which limit is passed, and what to do.
+        message: String,
+    },
+    /// A kernel whose static shared memory is over the device's limit.
     #[error("the {entry} kernel needs {needed} B of shared memory per block, the device allows {available} B")]
-    SharedMemory { entry: &'static str, needed: u32, available: u32 },
+    SharedMemory {
+        /// The kernel, as [`Entry::label`] names it.
+        entry: &'static str,
+        /// Its shared memory per block, in bytes.
+        needed: u32,
+        /// The device's limit per block, in bytes.
+        available: u32,
+    },
+    /// Arguments that ask for ALiBi or dropout when the kernel was rendered
+    /// without it (or the reverse): what was asked.
     #[error("the attention kernel was rendered without {0}, but the arguments ask for it: render it from the same op")]
     Mismatch(&'static str),
 }
@@ -92,14 +122,19 @@ pub struct AttentionKernel {
     pub dtype: DType,
     /// The mask's type: `I32` or `I64`.
     pub mask: DType,
+    /// Whether ALiBi's penalty is subtracted from the scores.
     pub alibi: bool,
+    /// Whether dropout is drawn on the probabilities (`p > 0`).
     pub dropout: bool,
 }
 
 /// Forward or backward: one source each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Pass {
+    /// `(q, k, v, mask) → (out, lse)`: one kernel.
     Forward,
+    /// `(q, k, v, mask, out, lse, dout) → (dq, dk, dv)`: two kernels, dQ
+    /// and dK/dV.
     Backward,
 }
 
@@ -115,6 +150,7 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Its name in errors and logs: `forward`, `dQ` or `dK/dV`.
     pub fn label(self) -> &'static str {
         match self {
             Entry::Forward => "forward",
@@ -138,8 +174,11 @@ impl Pass {
 /// A rendered pass: the CUDA C and its kernels' symbols.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderedAttention {
+    /// What the source is specialised for.
     pub kernel: AttentionKernel,
+    /// The pass whose kernels it holds.
     pub pass: Pass,
+    /// The CUDA C NVRTC compiles.
     pub source: String,
     /// `(entry, symbol)` in [`Pass::entries`] order.
     pub entries: Vec<(Entry, String)>,
@@ -148,8 +187,11 @@ pub struct RenderedAttention {
 /// `[B, H, S, ·]`: the tensors' leading dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
+    /// `B`, the sequences.
     pub batch: usize,
+    /// `H`, the heads of this rank's tensors.
     pub heads: usize,
+    /// `S`, the sequence length (of queries and keys alike).
     pub seq: usize,
 }
 
@@ -160,6 +202,7 @@ pub struct AttentionArgs {
     pub heads: i32,
     /// `S`.
     pub seq: i32,
+    /// The factor of `q·kᵀ`.
     pub scale: f32,
     /// This rank's first head among all ranks' (ALiBi's slopes).
     pub head_offset: i32,
@@ -169,8 +212,12 @@ pub struct AttentionArgs {
     pub keep_threshold: u32,
     /// `1/(1 − p)`.
     pub keep_scale: f32,
+    /// Dropout's Philox stream (the counter's third word).
     pub stream: u32,
+    /// The run's seed, Philox's key.
     pub seed: u64,
+    /// Dropout's counter word for this pass, as the generated dropout
+    /// kernels use it.
     pub offset: u64,
 }
 

@@ -19,11 +19,16 @@ use super::layout::Layout;
 pub struct DeviceProperties {
     /// `(major, minor)`; `(9, 0)` is Hopper (the code is compiled for `compute_{major}{minor}`).
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors: what caps the grid of a kernel with
+    /// cross-row outputs.
     pub multiprocessors: u32,
+    /// The most threads a block may have.
     pub max_threads_per_block: u32,
     /// Static shared memory one block may use, in bytes.
     pub shared_memory_per_block: u32,
+    /// The most blocks a grid may have along x.
     pub max_grid_x: u32,
+    /// Threads per warp; the generated reductions need 32.
     pub warp_size: u32,
 }
 

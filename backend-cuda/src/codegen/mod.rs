@@ -31,18 +31,34 @@ use zeroplan_ir::kernel::{Expr, Kernel};
 pub enum CodegenError {
     /// The kernel fails [`Kernel::check`].
     #[error("kernel `{kernel}` is malformed: {message}")]
-    Invalid { kernel: String, message: String },
+    Invalid {
+        /// The kernel's name.
+        kernel: String,
+        /// What the check found.
+        message: String,
+    },
     /// `dims` do not fit the kernel's shape.
     #[error("kernel `{kernel}`: {message}")]
-    Dims { kernel: String, message: String },
+    Dims {
+        /// The kernel's name.
+        kernel: String,
+        /// Which dim does not fit, and how.
+        message: String,
+    },
     /// The device cannot run the kernel as generated.
     #[error("kernel `{kernel}` cannot run on this device: {message}")]
-    Device { kernel: String, message: String },
+    Device {
+        /// The kernel's name.
+        kernel: String,
+        /// Which of the device's limits the kernel passes.
+        message: String,
+    },
 }
 
 /// One operand's buffer as the generated kernel reads or writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Buffer {
+    /// The element type the kernel loads or stores.
     pub dtype: DType,
     /// Elements (the operand's own shape, bound).
     pub len: usize,
@@ -65,14 +81,19 @@ pub struct Buffer {
 pub struct GeneratedKernel {
     /// The kernel IR's name.
     pub name: String,
+    /// The concrete shape the kernel was generated for.
     pub dims: Vec<usize>,
+    /// The CUDA C NVRTC compiles.
     pub source: String,
     /// The main kernel's symbol.
     pub entry: String,
     /// The symbol of the kernel adding up cross-row partials, if any.
     pub finish_entry: Option<String>,
+    /// The grid, block and scratch to launch it with.
     pub launch: LaunchConfig,
+    /// Each input's buffer, in the kernel's operand order.
     pub inputs: Vec<Buffer>,
+    /// Each output's buffer, in order.
     pub outputs: Vec<Buffer>,
     /// Whether the kernel draws dropout masks.
     pub uses_dropout: bool,

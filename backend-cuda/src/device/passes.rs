@@ -29,12 +29,17 @@ type CudaStep = Step<Instr<CudaKernel>>;
 
 /// What the device lends its step passes while it loads a program.
 pub struct Load<'a, 'd> {
+    /// The program's dimensions, which bind the kernels' shapes.
     pub bindings: &'a Bindings,
+    /// Each value's buffer, as the plan placed it.
     pub bufs: &'a HashMap<Value, Buf>,
+    /// This rank among the ranks (ALiBi's heads in fused attention).
     pub rank: Rank,
+    /// The rank's arenas on the GPU, where buffers become device pointers.
     pub memory: &'a GpuMemory,
     /// cuBLASLt, where the library loaded: without it no epilogue is taken.
     pub lt: Option<&'a BlasLt>,
+    /// The GPU and its compilers, for the kernels a pass writes anew.
     pub kernels: &'a mut Kernels<'d>,
     /// The multi-tensor AdamW launches' tables, once [`MultiTensorAdamW`] ran.
     pub tables: Option<DeviceArena>,

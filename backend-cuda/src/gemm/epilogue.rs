@@ -34,18 +34,43 @@ use super::{Gemm, GemmError};
 /// What cuBLASLt does after the product (see the module's table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Epilogue {
+    /// The product alone.
     Default,
+    /// A bias per output feature (column) added to the product.
     Bias,
-    Gelu { bias: bool, aux: bool, approximation: GeluApproximation },
-    DGelu { bias_grad: bool, approximation: GeluApproximation },
+    /// GELU of the product, after the bias when there is one.
+    Gelu {
+        /// Whether a bias is added before the GELU.
+        bias: bool,
+        /// Whether the pre-activation is kept in the aux matrix for the
+        /// backward.
+        aux: bool,
+        /// The GELU form; cuBLASLt has only the tanh one, so `Erf` is refused.
+        approximation: GeluApproximation,
+    },
+    /// GELU's backward: the product (the incoming gradient) times
+    /// `gelu′` of the pre-activation read from the aux matrix.
+    DGelu {
+        /// Whether the result's column sums (the bias gradient) are written
+        /// too.
+        bias_grad: bool,
+        /// The GELU form; cuBLASLt has only the tanh one, so `Erf` is refused.
+        approximation: GeluApproximation,
+    },
+    /// The product, and the row sums of `op(A)` as the bias gradient
+    /// (`bias[m]`).
     BiasGradA,
+    /// The product, and the column sums of `op(B)` as the bias gradient
+    /// (`bias[n]`).
     BiasGradB,
 }
 
 /// One product with its epilogue.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LtGemm<'a> {
+    /// The product, row-major.
     pub gemm: Gemm<'a>,
+    /// What cuBLASLt does after it.
     pub epilogue: Epilogue,
 }
 
@@ -54,9 +79,14 @@ pub struct LtGemm<'a> {
 /// batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LtLayout {
+    /// Rows, column-major, before the transpose flag.
     pub rows: u64,
+    /// Columns, column-major, before the transpose flag.
     pub cols: u64,
+    /// The leading dimension: elements between the starts of two columns.
     pub ld: i64,
+    /// Elements between one batch's matrix and the next's (0: every batch
+    /// reads the same matrix).
     pub batch_stride: i64,
 }
 
@@ -65,6 +95,7 @@ pub struct LtLayout {
 pub struct LtExtra {
     /// Elements (a vector) or the leading dimension (the aux matrix).
     pub len: u64,
+    /// Elements between one batch's and the next's (0 for a bias vector).
     pub batch_stride: i64,
     /// Written by the epilogue (a gradient, a saved pre-activation) rather than read.
     pub written: bool,
@@ -73,16 +104,26 @@ pub struct LtExtra {
 /// Everything the cuBLASLt call needs but the pointers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LtPlan {
+    /// The storage type of A, B and D (accumulation is in f32).
     pub data_type: sys::cudaDataType,
     /// cuBLASLt's `TRANSA`/`TRANSB` (its A is our B).
     pub transa: bool,
+    /// cuBLASLt's `TRANSB`: whether our A is transposed.
     pub transb: bool,
+    /// cuBLASLt's A: our B, column-major.
     pub a: LtLayout,
+    /// cuBLASLt's B: our A, column-major.
     pub b: LtLayout,
+    /// The result, column-major `Cᵀ[n×m]`.
     pub d: LtLayout,
+    /// The products in the batch.
     pub batch: i32,
+    /// cuBLASLt's epilogue for our [`Epilogue`].
     pub epilogue: sys::cublasLtEpilogue_t,
+    /// The bias vector (read) or bias gradient (written), when the
+    /// epilogue has one.
     pub bias: Option<LtExtra>,
+    /// The aux matrix (a GELU's pre-activation), when the epilogue has one.
     pub aux: Option<LtExtra>,
 }
 

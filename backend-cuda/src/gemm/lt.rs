@@ -17,10 +17,15 @@ use super::epilogue::{LtGemm, LtLayout, LtPlan};
 /// bias vector and the aux matrix when the epilogue uses them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LtPointers {
+    /// Our A (row-major), read.
     pub a: u64,
+    /// Our B (row-major), read.
     pub b: u64,
+    /// The product, written.
     pub d: u64,
+    /// The bias vector, or the bias gradient the epilogue writes.
     pub bias: Option<u64>,
+    /// The aux matrix: the pre-activation a GELU keeps, or reads back.
     pub aux: Option<u64>,
 }
 

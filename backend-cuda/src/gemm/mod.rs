@@ -34,14 +34,19 @@ use zeroplan_ir::DType;
 /// Why cuBLAS is unavailable or refused a product.
 #[derive(Debug, thiserror::Error)]
 pub enum GemmError {
+    /// The cuBLAS library could not be loaded.
     #[error("cuBLAS is not available: no libcublas on the library search path (LD_LIBRARY_PATH, ldconfig)")]
     Missing,
+    /// The cuBLASLt library could not be loaded.
     #[error("cuBLASLt is not available: no libcublasLt on the library search path (LD_LIBRARY_PATH, ldconfig)")]
     LtMissing,
+    /// A cuBLAS call returned an error.
     #[error("cuBLAS failed: {0:?}")]
     Cublas(#[from] CublasError),
+    /// A cuBLASLt call returned an error.
     #[error("cuBLASLt failed: {0:?}")]
     CublasLt(#[from] cudarc::cublaslt::result::CublasError),
+    /// A product the backend does not run: what it is.
     #[error("not supported on CUDA yet: {0}")]
     Unsupported(String),
 }
@@ -49,10 +54,15 @@ pub enum GemmError {
 /// One matmul, row-major: `batches.len()` products of `m×k` by `k×n`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gemm<'a> {
+    /// Rows of each product (and of `op(A)`).
     pub m: usize,
+    /// Columns of each product (and of `op(B)`).
     pub n: usize,
+    /// The summed dimension: columns of `op(A)`, rows of `op(B)`.
     pub k: usize,
+    /// Whether A is stored transposed, `[k, m]`.
     pub transpose_a: bool,
+    /// Whether B is stored transposed, `[n, k]`.
     pub transpose_b: bool,
     /// Per output matrix, the index of the A and the B matrix it reads.
     pub batches: &'a [(usize, usize)],

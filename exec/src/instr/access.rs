@@ -8,7 +8,9 @@ use crate::buffers::Buf;
 /// Whether an instruction writes a buffer (it may also read it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// Read only.
     Read,
+    /// Written, and perhaps read first.
     Write,
 }
 

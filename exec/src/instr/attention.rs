@@ -7,10 +7,13 @@
 pub struct Attention {
     /// `[B, H, S, D]` of q, k, v and the output.
     pub dims: [usize; 4],
+    /// The factor on `q·kᵀ` (`1/√D` in BERT).
     pub scale: f32,
     /// ALiBi's slope per head of this tensor rank, when biased.
     pub slopes: Option<Vec<f32>>,
-    /// Dropout's drop probability (0: none) and stream.
+    /// Dropout's drop probability on the probabilities (0: none).
     pub dropout: f64,
+    /// Dropout's random stream, so every device and a recomputed forward
+    /// draw the mask the unfused chain would.
     pub stream: u32,
 }

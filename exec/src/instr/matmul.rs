@@ -6,10 +6,15 @@
 /// A matmul's shapes, resolved when the program is loaded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatMulShape {
+    /// Rows of each product (and of `A` as multiplied).
     pub m: usize,
+    /// Columns of each product (and of `B` as multiplied).
     pub n: usize,
+    /// The summed dimension: columns of `A` and rows of `B` as multiplied.
     pub k: usize,
+    /// Whether `A` is stored transposed, `[k, m]` rather than `[m, k]`.
     pub transpose_a: bool,
+    /// Whether `B` is stored transposed, `[n, k]` rather than `[k, n]`.
     pub transpose_b: bool,
     /// Per output batch index (row-major over the output's leading axes):
     /// the index of the A and B matrices it reads.
@@ -78,6 +83,7 @@ impl MatMulShape {
         }
     }
 
+    /// Floating-point operations of the whole batch: `2·m·n·k` per product.
     pub fn flops(&self) -> f64 {
         2.0 * (self.m * self.n * self.k * self.batches.len()) as f64
     }

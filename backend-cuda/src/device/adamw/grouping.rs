@@ -16,10 +16,15 @@ use zeroplan_exec::{Buf, Step};
 /// `lr, step, multiplier, finite` (one f32 each).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Key {
+    /// The first moment's decay rate.
     pub beta1: f64,
+    /// The second moment's decay rate.
     pub beta2: f64,
+    /// The denominator's ε.
     pub eps: f64,
+    /// The gradients' dtype, which the kernel is specialised on.
     pub grad: DType,
+    /// The buffers of `lr, step, multiplier, finite`.
     pub scalars: [Buf; 4],
 }
 
@@ -29,11 +34,18 @@ pub struct Key {
 pub struct Update {
     /// Its step in the schedule.
     pub step: usize,
+    /// What it must share with the other updates of its launch.
     pub key: Key,
+    /// Its own weight decay, which the launch's table holds per tensor.
     pub weight_decay: f64,
+    /// The f32 parameter (the master weights under mixed precision),
+    /// updated in place.
     pub param: Buf,
+    /// Its gradient, read.
     pub grad: Buf,
+    /// The first moment, f32, updated in place.
     pub m: Buf,
+    /// The second moment, f32, updated in place.
     pub v: Buf,
 }
 

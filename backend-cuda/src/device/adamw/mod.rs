@@ -65,6 +65,8 @@ pub struct DeviceAdamW {
 }
 
 impl DeviceAdamW {
+    /// `multi_tensor_adamw_{grad dtype}[{updates}]`: the launch as profiles
+    /// count it.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -73,8 +75,12 @@ impl DeviceAdamW {
 /// What [`select`] made: the launches' count, the updates they took, and
 /// the buffer holding their tables.
 pub struct Grouped {
+    /// The multi-tensor launches that replaced groups of updates.
     pub launches: usize,
+    /// The AdamW updates those launches took over.
     pub updates: usize,
+    /// Every launch's table, each at its offset, uploaded once: the device
+    /// keeps it for the program's life.
     pub tables: DeviceArena,
 }
 

@@ -61,14 +61,17 @@ const BIAS_ALIGNMENT: usize = 16;
 /// once cuBLASLt computes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowSum {
-    /// `dY`, `rows × cols`: its buffer, and its value seen through
-    /// reshapes (a buffer alone could be another value's, the memory plan
-    /// reusing bytes).
+    /// `dY`, `rows × cols`: its buffer.
     pub x: Buf,
+    /// `dY`'s value seen through reshapes, which the matmul must read too
+    /// (a buffer alone could be another value's, the memory plan reusing
+    /// bytes).
     pub value: Value,
     /// `db`, `cols`.
     pub out: Buf,
+    /// The rows summed over (the tokens): the GEMM's `k`.
     pub rows: usize,
+    /// The columns, one sum each: the bias's length.
     pub cols: usize,
     /// The step's kernel without the sum (its output `out` dropped), or
     /// `None` when the step did nothing else.
@@ -174,8 +177,11 @@ fn through_reshapes(graph: &Graph, mut v: Value) -> Value {
 /// cuBLASLt `BGRAD` product, at the matmul's step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pair {
+    /// The weight-gradient matmul's step, where the product runs.
     pub matmul: usize,
+    /// The bias-gradient sum's step, marked written at `matmul`.
     pub sum: usize,
+    /// The matmul's GEMM with a `BGRADA` or `BGRADB` epilogue.
     pub gemm: DeviceGemm,
     /// `[a, b]`.
     pub inputs: [Buf; 2],
@@ -279,6 +285,7 @@ pub fn options<K>(
 /// What [`select`] did, for the load's debug line and the tests.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summed {
+    /// The bias gradients now summed inside a GEMM.
     pub taken: usize,
     /// `(sum, why)` of each bias gradient left as it was.
     pub left: Vec<(String, String)>,

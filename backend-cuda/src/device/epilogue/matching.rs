@@ -13,13 +13,30 @@ pub enum Fit {
     /// by the tanh GELU cuBLASLt implements (stored; the biased product
     /// too, as the epilogue's aux matrix, when the kernel keeps it for the
     /// backward). The GEMM writes output `out` (and `aux`); the kernel goes.
-    Whole { bias: usize, add: ExprId, epilogue: Epilogue, out: usize, aux: Option<usize> },
+    Whole {
+        /// The kernel input that is the bias.
+        bias: usize,
+        /// The bias add's expression.
+        add: ExprId,
+        /// The cuBLASLt epilogue that computes the kernel.
+        epilogue: Epilogue,
+        /// The kernel output the GEMM writes (the bias add's or the GELU's).
+        out: usize,
+        /// The kernel output storing the biased product, when the kernel
+        /// keeps it for the backward.
+        aux: Option<usize>,
+    },
     /// Only the bias add: the GEMM writes `mm + bias` into the product's
     /// buffer, and the rest of the kernel (an erf GELU, dropout, a residual,
     /// LayerNorm…) reads it there, rewritten without the add
     /// ([`super::rewrite::drop_bias`]). `add` is the add's expression (in
     /// both forms: a whole fit can fall back to this one).
-    BiasOnly { bias: usize, add: ExprId },
+    BiasOnly {
+        /// The kernel input that is the bias.
+        bias: usize,
+        /// The bias add's expression.
+        add: ExprId,
+    },
 }
 
 /// Whether input `i` is a bias of `kernel`: one value per column.

@@ -70,8 +70,11 @@ const BIAS_ALIGNMENT: usize = 16;
 /// gradient ([`super::bias_grad`]) `[a, b]` and `[d, db]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceGemm {
+    /// The matmul's dimensions and transposes.
     pub shape: MatMulShape,
+    /// The type of A, B and D alike (and of the bias, aux and bias gradient).
     pub dtype: DType,
+    /// What cuBLASLt does after the product.
     pub epilogue: Epilogue,
     /// `cublaslt_<epilogue>(<kernel>)`, as profiles count it.
     pub name: String,
@@ -96,6 +99,7 @@ impl DeviceGemm {
         }
     }
 
+    /// The product's floating-point operations (the epilogue not counted).
     pub fn flops(&self) -> f64 {
         self.shape.flops()
     }
@@ -105,13 +109,18 @@ impl DeviceGemm {
 /// no GPU passed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pair {
-    /// The steps of the matmul and of the kernel.
+    /// The matmul's step.
     pub matmul: usize,
+    /// The epilogue kernel's step.
     pub kernel: usize,
     /// Whether the whole kernel goes (else only its bias add).
     pub whole: bool,
+    /// The product with its epilogue.
     pub gemm: DeviceGemm,
+    /// `[a, b, bias]`.
     pub inputs: [Buf; 3],
+    /// `[d]`, or `[d, aux]` when the epilogue keeps the biased product for
+    /// the backward.
     pub outputs: Vec<Buf>,
     /// Bias only: the rewritten kernel, its inputs (the bias gone).
     pub rest: Option<(Kernel, Vec<Buf>)>,
@@ -252,7 +261,9 @@ pub fn options<K>(
 /// What [`select`] did, for the load's debug line and the tests.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Fused {
+    /// Pairs whose whole kernel went into the GEMM's epilogue.
     pub whole: usize,
+    /// Pairs where the GEMM took only the bias add.
     pub bias_only: usize,
     /// `(kernel, why)` of each marked pair left as it was.
     pub left: Vec<(String, String)>,
