@@ -5,8 +5,10 @@
 //!   to vectorised native code ([`KernelCompiler`], [`CompiledKernel`]),
 //!   multithreaded over rows, checked against the reference interpreter.
 //!
-//! Not yet: running whole compiled plans (matmuls, attention, the pass
-//! schedule). See the crate's README for the design and measured figures.
+//! This crate compiles kernels; whole plans (GEMMs, attention and the other
+//! host routines, the schedule, the arena) run in `zeroplan-runtime`'s host
+//! runtime, which calls it for every kernel. See the crate's README for the
+//! design and measured figures.
 
 use cranelift_codegen::settings::{self, Configurable};
 

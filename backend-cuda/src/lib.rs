@@ -18,8 +18,10 @@
 //! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
 //!   ([`AdamWKernel`]).
 //!
-//! Not yet: NCCL (whole-plan execution is `zeroplan_runtime::cuda`). See
-//! the crate's README for what was checked, and how.
+//! Whole-plan execution is `zeroplan_runtime::cuda`, and NCCL is the
+//! runtime's `comm::Nccl` (collectives on device buffers as device
+//! pointers), not this crate's. See the crate's README for what was
+//! checked, and how.
 
 pub mod adamw;
 pub mod attention;
