@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use zeroplan_ir::Phase;
 use zeroplan_ir::plan::{Candidate, Offload, Plan};
 use zeroplan_passes::memory::Category;
-use zeroplan_passes::plan::evaluate::bindings;
+use zeroplan_passes::planner::evaluate::bindings;
 
 const GIB: f64 = (1u64 << 30) as f64;
 /// Points per series: longer schedules keep each bin's busiest position.

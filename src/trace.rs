@@ -12,7 +12,7 @@ use zeroplan_ir::plan::{Plan, Program};
 use zeroplan_ir::{Graph, NodeIndex};
 use zeroplan_passes::cost::simulate::step_timeline;
 use zeroplan_passes::cost::work::{Stream, Work, work};
-use zeroplan_passes::plan::evaluate::bindings;
+use zeroplan_passes::planner::evaluate::bindings;
 use zeroplan_runtime::runner::{Profile, Track};
 
 /// The streams as threads of a rank, in this order.

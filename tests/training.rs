@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use zeroplan_ir::interp::{Feeds, Precision as Exactness};
+use zeroplan_ir::interp::{Feeds, Rounding as Exactness};
 use zeroplan_ir::spec::{self, LossScaling, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{DType, Tensor};
 use zeroplan_passes::training::training_graph;

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, State};
 use zeroplan_ir::spec::{self, Head, ModelSpec};
 use zeroplan_ir::{DType, Graph, Tensor};
 
@@ -205,7 +205,7 @@ impl Embedder {
     }
 
     fn reference_forward(&self, feeds: &Feeds) -> Result<Tensor, EmbedError> {
-        let values = Interpreter::new(Precision::Native, 0)
+        let values = Interpreter::new(Rounding::Native, 0)
             .evaluate(&self.graph, &self.state, feeds, 0)
             .map_err(|e| EmbedError::Forward(e.to_string()))?;
         values

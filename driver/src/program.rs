@@ -19,7 +19,7 @@ pub fn plan(model: &ModelSpec, target: &Target, batch: usize, seq: usize) -> Res
     let options = PassOptions { shape_hint: bindings.clone(), ..PassOptions::default() };
     let graph = compile(model, target, options).map_err(|e| e.to_string())?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| e.to_string())?;
-    Ok(zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64))
+    Ok(zeroplan_passes::planner::program::program(graph, &memory, batch as u64, seq as u64))
 }
 
 /// `model`'s f32 forward for `batch` × `seq` on the host, its parameters set

@@ -10,7 +10,7 @@ use glue_files::{model_dir, separable, temp_dir};
 use zeroplan_driver::classify::{Classifier, FineTuned};
 use zeroplan_driver::data::{Dataset, Example, Label};
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::spec::Head;
 use zeroplan_runtime::checkpoint::{self, CheckpointError, HeadShapes};
 
@@ -41,7 +41,7 @@ fn host_logits_equal_the_reference_interpreter_with_a_padded_last_batch() {
             let label = if num_labels == 1 { Label::Target(0.0) } else { Label::Class(0) };
             let one = Example { label, ..e.clone() };
             let feeds = Dataset::new(vec![one], SEQ, &model.tokenizer, false, 0).next_batch(1);
-            let values = Interpreter::new(Precision::Native, 0).evaluate(&graph, &model.weights, &feeds, 0).unwrap();
+            let values = Interpreter::new(Rounding::Native, 0).evaluate(&graph, &model.weights, &feeds, 0).unwrap();
             let exact = values.graph_output(&graph, "logits").unwrap().floats().unwrap().to_vec();
             assert_eq!(ours.len(), num_labels as usize);
             let scale = exact.iter().map(|x| x.abs()).fold(1e-3, f64::max);
@@ -85,7 +85,7 @@ fn another_label_counts_head_is_replaced_only_when_asked() {
     let mut rte = mnli.clone();
     rte.head = Head::Classification { num_labels: 2 };
     let graph = forward(&rte, &BuildOptions::default()).unwrap();
-    let initial = Interpreter::new(Precision::Native, 5).init_state(&graph).unwrap();
+    let initial = Interpreter::new(Rounding::Native, 5).init_state(&graph).unwrap();
 
     let mut weights = initial.clone();
     let err = checkpoint::load_weights(&file, &rte, &graph, &mut weights).unwrap_err();
@@ -107,7 +107,7 @@ fn another_label_counts_head_is_replaced_only_when_asked() {
     let mut wider = rte.clone();
     wider.intermediate = 48;
     let graph = forward(&wider, &BuildOptions::default()).unwrap();
-    let mut weights = Interpreter::new(Precision::Native, 5).init_state(&graph).unwrap();
+    let mut weights = Interpreter::new(Rounding::Native, 5).init_state(&graph).unwrap();
     let err = checkpoint::load_weights_with(&file, &wider, &graph, &mut weights, HeadShapes::Replace).unwrap_err();
     let CheckpointError::Mismatch(m) = &err else { panic!("{err}") };
     let wrong: Vec<&str> = m.wrong_shape.iter().map(|w| w.param.as_str()).collect();

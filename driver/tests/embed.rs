@@ -15,7 +15,7 @@ use zeroplan_driver::embed::{Backend, EmbedError, Embedder, Embeddings};
 use zeroplan_ir::DType;
 use zeroplan_ir::Tensor;
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::spec::{self, Head};
 use zeroplan_runtime::checkpoint;
 
@@ -65,7 +65,7 @@ fn tiny_model(dir: &Path) {
     let mut model = spec::load(&config_path).unwrap_or_else(|e| panic!("{e}"));
     model.head = Head::Pooler;
     let graph = forward(&model, &BuildOptions::new(DType::F32)).unwrap();
-    let mut weights = Interpreter::new(Precision::Native, 7).init_state(&graph).unwrap();
+    let mut weights = Interpreter::new(Rounding::Native, 7).init_state(&graph).unwrap();
     for (k, tensor) in weights.values_mut().enumerate() {
         let values = tensor.floats().unwrap();
         let perturbed = values.iter().enumerate().map(|(i, v)| 5.0 * v + 0.1 * (1.7 * i as f64 + k as f64).sin());

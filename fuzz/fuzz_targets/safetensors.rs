@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use zeroplan_ir::Graph;
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Interpreter, Precision, State};
+use zeroplan_ir::interp::{Interpreter, Rounding, State};
 use zeroplan_ir::spec::{self, ModelSpec};
 use zeroplan_runtime::checkpoint::{load_batch, load_weights};
 
@@ -18,7 +18,7 @@ fn model() -> &'static (ModelSpec, Graph, State) {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny/tiny-bert.ron");
         let spec = spec::load(&path).expect("the tiny spec loads");
         let graph = forward(&spec, &BuildOptions::default()).expect("it builds");
-        let state = Interpreter::new(Precision::Native, 0).init_state(&graph).expect("it initialises");
+        let state = Interpreter::new(Rounding::Native, 0).init_state(&graph).expect("it initialises");
         (spec, graph, state)
     })
 }

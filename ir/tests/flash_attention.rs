@@ -10,7 +10,7 @@
 //! outputs). The gradients are also checked against central differences,
 //! which know nothing of either form.
 
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, Values};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, Values};
 use zeroplan_ir::{DType, Dim, Graph, Op, Shape, Tensor, TensorType, Value};
 
 const B: usize = 2;
@@ -132,9 +132,9 @@ fn feeds(mask: &[i64]) -> Feeds {
 
 const PADDED: [i64; B * S] = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0];
 
-fn run(g: &Graph, precision: Precision, feeds: &Feeds) -> Values {
+fn run(g: &Graph, rounding: Rounding, feeds: &Feeds) -> Values {
     // Offset 3: dropout's mask depends on it, and both forms must use it alike.
-    Interpreter::new(precision, 11).evaluate(g, &Default::default(), feeds, 3).unwrap()
+    Interpreter::new(rounding, 11).evaluate(g, &Default::default(), feeds, 3).unwrap()
 }
 
 fn output<'v>(g: &Graph, values: &'v Values, name: &str) -> &'v [f64] {
@@ -153,7 +153,7 @@ fn fused_matches_the_unfused_chain_forward_and_backward() {
     for case in CASES {
         let (u, f) = (unfused(case), fused(case));
         let feeds = feeds(&PADDED);
-        for (precision, tolerance) in [(Precision::F64, 1e-12), (Precision::Native, 1e-5)] {
+        for (precision, tolerance) in [(Rounding::F64, 1e-12), (Rounding::Native, 1e-5)] {
             let (uv, fv) = (run(&u, precision, &feeds), run(&f, precision, &feeds));
             for name in ["out", "dq", "dk", "dv"] {
                 let err = relative_error(output(&f, &fv, name), output(&u, &uv, name));
@@ -168,8 +168,8 @@ fn dropout_draws_the_unfused_mask_and_changes_the_result() {
     // Agreement above with p = 0.3 could not happen with another mask; and
     // the dropout must actually bite, or the comparison proves nothing.
     let feeds = feeds(&PADDED);
-    let with = run(&fused(CASES[2]), Precision::F64, &feeds);
-    let without = run(&fused(CASES[0]), Precision::F64, &feeds);
+    let with = run(&fused(CASES[2]), Rounding::F64, &feeds);
+    let without = run(&fused(CASES[0]), Rounding::F64, &feeds);
     let err = relative_error(output(&fused(CASES[2]), &with, "out"), output(&fused(CASES[0]), &without, "out"));
     assert!(err > 0.1, "dropout changed the output by only {err}");
 }
@@ -181,7 +181,7 @@ fn lse_is_the_log_sum_exp_of_the_masked_scores() {
     let case = CASES[1];
     let f = fused(case);
     let feeds = feeds(&PADDED);
-    let values = run(&f, Precision::F64, &feeds);
+    let values = run(&f, Rounding::F64, &feeds);
     let lse = output(&f, &values, "lse");
     let (q, k) = (feeds["q"].floats().unwrap(), feeds["k"].floats().unwrap());
     let slopes = zeroplan_ir::interp::alibi_slopes(H);
@@ -207,7 +207,7 @@ fn a_row_with_every_key_masked_gives_zero_output_minus_infinite_lse_and_zero_gra
     let feeds = feeds(&mask);
     for case in CASES {
         let (u, f) = (unfused(case), fused(case));
-        let (uv, fv) = (run(&u, Precision::F64, &feeds), run(&f, Precision::F64, &feeds));
+        let (uv, fv) = (run(&u, Rounding::F64, &feeds), run(&f, Rounding::F64, &feeds));
         for name in ["out", "dq", "dk", "dv"] {
             let got = output(&f, &fv, name);
             assert_eq!(got, output(&u, &uv, name), "{case:?} {name}");
@@ -227,10 +227,10 @@ fn gradients_match_central_differences() {
     for case in [CASES[1], CASES[3]] {
         let f = fused(case);
         let base = feeds(&PADDED);
-        let values = run(&f, Precision::F64, &base);
+        let values = run(&f, Rounding::F64, &base);
         let dout = base["dout"].floats().unwrap().to_vec();
         let loss = |feeds: &Feeds| -> f64 {
-            let out = run(&f, Precision::F64, feeds);
+            let out = run(&f, Rounding::F64, feeds);
             output(&f, &out, "out").iter().zip(&dout).map(|(a, b)| a * b).sum()
         };
         for (input, grad) in [("q", "dq"), ("k", "dk"), ("v", "dv")] {

@@ -7,7 +7,7 @@ mod common;
 
 use common::load_model;
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, State};
 use zeroplan_ir::{DType, Dim, Graph, Init, Op, Phase, Shape, Tensor, TensorType, Value};
 
 fn ty(dims: Vec<Dim>, dtype: DType) -> TensorType {
@@ -30,8 +30,8 @@ fn feeds(items: Vec<(&str, Tensor)>) -> Feeds {
     items.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-const F64: Interpreter = Interpreter { precision: Precision::F64, seed: 1 };
-const NATIVE: Interpreter = Interpreter { precision: Precision::Native, seed: 1 };
+const F64: Interpreter = Interpreter { rounding: Rounding::F64, seed: 1 };
+const NATIVE: Interpreter = Interpreter { rounding: Rounding::Native, seed: 1 };
 
 /// A batch of 2×5 tokens for the tiny BERT (vocab 64), two labels ignored.
 fn tiny_batch() -> Feeds {

@@ -10,7 +10,7 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::path::PathBuf;
 use zeroplan_ir::spec::{self, Cluster, GpuProfile, Precision, TrainingSpec};
-use zeroplan_passes::plan::{Pins, PlanError, Request, plan};
+use zeroplan_passes::planner::{Pins, PlanError, Request, plan};
 
 fn models() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models")

@@ -27,7 +27,7 @@ pub mod mixed_precision;
 pub mod optimizer;
 pub mod partition;
 pub mod pipeline;
-pub mod plan;
+pub mod planner;
 mod rebuild;
 pub mod recompute;
 pub mod rewrite;

@@ -160,7 +160,7 @@ fn recomputing_a_layer_clones_the_fused_op_whole() {
 fn three_steps(
     m: &ModelSpec,
     disabled: &[&str],
-    precision: zeroplan_ir::interp::Precision,
+    precision: zeroplan_ir::interp::Rounding,
 ) -> (Vec<f64>, zeroplan_ir::interp::State) {
     use zeroplan_ir::Tensor;
     let train = TrainingSpec { dropout: Some(0.1), lr: 1e-2, ..TrainingSpec::default() };
@@ -189,18 +189,18 @@ fn three_steps(
 
 #[test]
 fn training_with_and_without_the_pass_agrees_in_the_interpreter() {
-    use zeroplan_ir::interp::Precision;
+    use zeroplan_ir::interp::Rounding;
     for file in ["tiny/tiny-bert.ron", "tiny/tiny-mosaicbert.ron"] {
         let m = model(file);
         // F64: the same steps in the same order, so bitwise equal.
-        let (fused, fused_state) = three_steps(&m, &[], Precision::F64);
-        let (unfused, unfused_state) = three_steps(&m, &["attention"], Precision::F64);
+        let (fused, fused_state) = three_steps(&m, &[], Rounding::F64);
+        let (unfused, unfused_state) = three_steps(&m, &["attention"], Rounding::F64);
         assert!(fused[2] != fused[0], "{file}: the loss should move over three steps: {fused:?}");
         assert_eq!(fused, unfused, "{file}: F64 losses");
         assert_eq!(fused_state, unfused_state, "{file}: F64 state after three steps");
         // f32: each unfused intermediate is rounded once more than the fused op's.
-        let (fused, fused_state) = three_steps(&m, &[], Precision::Native);
-        let (unfused, unfused_state) = three_steps(&m, &["attention"], Precision::Native);
+        let (fused, fused_state) = three_steps(&m, &[], Rounding::Native);
+        let (unfused, unfused_state) = three_steps(&m, &["attention"], Rounding::Native);
         for (a, b) in fused.iter().zip(&unfused) {
             assert!((a - b).abs() <= 1e-5 * b.abs(), "{file}: f32 losses {fused:?} vs {unfused:?}");
         }

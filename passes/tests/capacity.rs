@@ -9,8 +9,8 @@ mod common;
 use common::{closed_form_params, load_model as model, models_dir};
 use zeroplan_ir::plan::Offload;
 use zeroplan_ir::spec::{Cluster, GpuProfile, Precision, TrainingSpec};
-use zeroplan_passes::plan::capacity::{capacity, scaled, state_bytes_per_param};
-use zeroplan_passes::plan::{Pins, Request, plan};
+use zeroplan_passes::planner::capacity::{capacity, scaled, state_bytes_per_param};
+use zeroplan_passes::planner::{Pins, Request, plan};
 
 const LADDER: [(u64, u64); 6] = [(2, 128), (4, 256), (4, 512), (8, 768), (8, 1024), (12, 1536)];
 const MIB: u64 = 1 << 20;

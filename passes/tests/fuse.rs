@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::load_model as model;
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Op, Tensor};
 use zeroplan_passes::fuse::{Fuse, kernels_text};
@@ -62,7 +62,7 @@ fn fused_training_steps_match_unfused() {
         assert_eq!(kernels, fused_ops, "{file}");
         assert!(kernels > 0, "{file}");
 
-        let interp = Interpreter { precision: Precision::F64, seed: 11 };
+        let interp = Interpreter { rounding: Rounding::F64, seed: 11 };
         let feeds = feeds(&graph);
         let state = interp.init_state(&graph).unwrap();
         assert_eq!(state, interp.init_state(&fg).unwrap(), "{file}: the same parameters and states");

@@ -18,7 +18,7 @@
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, State};
 use zeroplan_ir::{DType, Dim, GeluApproximation, Graph, Init, NodeIndex, Op, Shape, Tensor, TensorType, Value};
 use zeroplan_passes::autodiff::backward;
 
@@ -96,7 +96,7 @@ impl Case {
         let seed = self.graph.source("dloss", Op::Fill { value: 1.0 }, f32_type(&[])).unwrap();
         let grads = backward(&mut self.graph, self.loss, seed).unwrap();
         self.graph.verify().unwrap();
-        let interp = Interpreter { precision: Precision::F64, seed: 7 };
+        let interp = Interpreter { rounding: Rounding::F64, seed: 7 };
         let values = interp.evaluate(&self.graph, &self.state, &self.feeds, 0).unwrap();
         let noise = 1e-10 * values.value(&self.graph, self.loss).item().unwrap().abs().max(1.0);
         let loss_at = |state: &State| {
@@ -320,7 +320,7 @@ fn tiny_bert_of_every_family() {
     {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/tiny/{file}.ron"));
         let graph = forward(&spec::load(&path).unwrap(), &BuildOptions::default()).unwrap();
-        let interp = Interpreter { precision: Precision::F64, seed: 3 };
+        let interp = Interpreter { rounding: Rounding::F64, seed: 3 };
         let state = interp.init_state(&graph).unwrap();
         let (batch, seq) = (2usize, 5usize);
         let ids: Vec<i64> = (0..batch * seq).map(|i| (i as i64 * 37 + 5) % 64).collect();

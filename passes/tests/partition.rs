@@ -7,7 +7,7 @@ mod common;
 
 use common::load_model as model;
 use std::collections::BTreeMap;
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::spec::{ModelSpec, Precision as Compute, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Op, Place, Tensor};
@@ -33,7 +33,7 @@ fn feeds(k: i64) -> BTreeMap<String, Tensor> {
 /// The losses of three steps: the second and third read every parameter
 /// the optimizer updated.
 fn losses(graph: &Graph, micro_batches: u64) -> Vec<f64> {
-    let interp = Interpreter { precision: Precision::F64, seed: 5 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 5 };
     let mut state = interp.init_state(graph).unwrap_or_else(|e| panic!("{e}"));
     (0..3)
         .map(|step| {

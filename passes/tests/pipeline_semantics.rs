@@ -10,7 +10,7 @@
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::spec::{
     Activation, FeedForward, Head, ModelSpec, NormPlacement, PositionEncoding, Sharing, TrainingSpec,
 };
@@ -82,7 +82,7 @@ fn one_step(model: &ModelSpec, disabled: &[&str]) -> (f64, BTreeMap<String, Tens
     let compiled = compile(model, &Target::Training(&train), options).unwrap();
     let graph = compiled.graph;
     let merged = graph.petgraph().node_weights().filter(|n| n.op.name() == "split").count();
-    let interp = Interpreter { precision: Precision::F64, seed: 5 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 5 };
     let mut state = interp.init_state(&graph).unwrap();
     let out = interp.step(&graph, &mut state, &[batch(model.head)], 0).unwrap();
     let loss = out.micro_batches[0]["loss"].item().unwrap();

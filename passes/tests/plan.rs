@@ -10,11 +10,11 @@ use zeroplan_ir::plan::{Offload, Plan};
 use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
 use zeroplan_passes::cost::Machine;
 use zeroplan_passes::cost::work::GemmShape;
-use zeroplan_passes::plan::depth::Probe;
-use zeroplan_passes::plan::evaluate::{Choice, Step};
-use zeroplan_passes::plan::explain::gpus_for_budget;
-use zeroplan_passes::plan::search::divisors;
-use zeroplan_passes::plan::{Pins, PlanError, Request, plan};
+use zeroplan_passes::planner::depth::Probe;
+use zeroplan_passes::planner::evaluate::{Choice, Step};
+use zeroplan_passes::planner::explain::gpus_for_budget;
+use zeroplan_passes::planner::search::divisors;
+use zeroplan_passes::planner::{Pins, PlanError, Request, plan};
 use zeroplan_passes::recompute::Policy;
 
 const GIB: u64 = 1 << 30;

@@ -7,7 +7,7 @@ mod common;
 
 use common::{load_model as model, tiny_models};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::spec::{ModelSpec, Precision as Compute, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Graph, Op, Phase, Tensor};
 use zeroplan_passes::cost::work::work;
@@ -88,7 +88,7 @@ fn step(graph: &Graph) -> (f64, BTreeMap<String, Tensor>) {
         ("attention_mask".to_string(), int(vec![1, 1, 1, 0, 1, 1, 1, 1])),
         ("labels".to_string(), int(vec![-100, 9, -100, 2, 7, -100, 5, -100])),
     ]);
-    let interp = Interpreter { precision: Precision::F64, seed: 9 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 9 };
     let mut state = interp.init_state(graph).unwrap();
     let out = interp.step(graph, &mut state, &[feeds], 0).unwrap();
     (out.micro_batches[0]["loss"].item().unwrap(), state)

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, State};
 use zeroplan_ir::{Bindings, DType, Dim, Graph, Init, Op, Shape, Tensor, TensorType, Value, spec};
 use zeroplan_passes::autodiff::backward;
 use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
@@ -187,7 +187,7 @@ fn close(a: &Tensor, b: &Tensor, tolerance: f64, floor: f64, what: &str) {
 /// Forward values and parameter gradients of `graph` (f64 reference),
 /// through the training path: master weights, then autodiff.
 fn evaluate(graph: &Graph, state: &State, feeds: &Feeds) -> (Tensor, Tensor, BTreeMap<String, Tensor>) {
-    let interp = Interpreter { precision: Precision::F64, seed: 3 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 3 };
     let mut g = master_weights(graph).unwrap();
     let loss = g.outputs.iter().find(|(n, _)| n == "loss").unwrap().1;
     let f32_scalar = TensorType::new(Shape(vec![]), DType::F32);
@@ -206,7 +206,7 @@ fn semantics_and_gradients_are_preserved() {
         let (after, stats, _) = rewrite(before.clone(), PassOptions::default());
         assert_ne!(stats["groups merged"], "0", "{name}: nothing merged");
         let masters = master_weights(&before).unwrap();
-        let state = Interpreter { precision: Precision::F64, seed: 3 }.init_state(&masters).unwrap();
+        let state = Interpreter { rounding: Rounding::F64, seed: 3 }.init_state(&masters).unwrap();
         let feeds = feeds(&before);
         let (loss0, logits0, grads0) = evaluate(&before, &state, &feeds);
         let (loss1, logits1, grads1) = evaluate(&after, &state, &feeds);
@@ -276,7 +276,7 @@ fn reshape(s: &[&str]) -> Op {
 /// Every graph output of `before` and `after` (f64 reference) on the same
 /// inputs and parameters: identical.
 fn same_outputs(before: &Graph, after: &Graph) {
-    let interp = Interpreter { precision: Precision::F64, seed: 3 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 3 };
     let state = interp.init_state(before).unwrap();
     let (batch, seq) = (2usize, 3usize);
     let mut feeds = Feeds::new();

@@ -26,7 +26,7 @@ const PROFILE_ROWS: usize = 25;
 
 fn program(graph: Graph, bindings: &Bindings) -> Program {
     let memory = zeroplan_passes::memory::plan(&graph, bindings).expect("planned");
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 fn feeds(vocab: u64) -> Feeds {

@@ -4,7 +4,7 @@
 //! with, and it lets every plan's numerics be checked on any machine.
 
 use std::collections::BTreeMap;
-use zeroplan_ir::interp::{Feeds, InterpError, Interpreter, Precision, State, StepOutputs};
+use zeroplan_ir::interp::{Feeds, InterpError, Interpreter, Rounding, State, StepOutputs};
 use zeroplan_ir::{Graph, Op, Tensor};
 
 /// What one optimizer step reports.
@@ -62,9 +62,9 @@ pub enum TrainStepError {
 
 impl ReferenceTrainer {
     /// Initialises every parameter and state of `graph` from `seed`.
-    /// `Precision::Native` rounds every value to its dtype, as hardware would.
-    pub fn new(graph: Graph, seed: u64, precision: Precision) -> Result<ReferenceTrainer, InterpError> {
-        let interpreter = Interpreter { precision, seed };
+    /// `Rounding::Native` rounds every value to its dtype, as hardware would.
+    pub fn new(graph: Graph, seed: u64, rounding: Rounding) -> Result<ReferenceTrainer, InterpError> {
+        let interpreter = Interpreter { rounding, seed };
         let state = interpreter.init_state(&graph)?;
         let micro_batches = micro_batches(&graph);
         Ok(ReferenceTrainer { graph, interpreter, state, micro_batches, steps: 0 })

@@ -62,7 +62,7 @@ fn program(model: &ModelSpec, config: Config) -> Program {
     let options = PassOptions { shape_hint: bindings(), data_parallel: config.data_parallel, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(&train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings()).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// The program loaded on its ranks, from `given[r]` where a state is given.

@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 
 use zeroplan_backend_cuda::device as cuda;
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding as Exactness};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{Activation, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Graph, Tensor};
@@ -39,7 +39,7 @@ fn program_with(model: &ModelSpec, train: &TrainingSpec, dp: Option<DataParallel
     let options = PassOptions { shape_hint: bindings.clone(), data_parallel: dp, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! every family, with each pass on and off; and the arena's measured peak
 //! is the plan's.
 
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision as Exactness};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding as Exactness};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph, Tensor, Value};
@@ -32,7 +32,7 @@ fn program(model: &ModelSpec, train: &TrainingSpec, disabled: &[&str], recompute
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// A tensor's relative error (see [`common::relative`]).

@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
+use zeroplan_ir::interp::{Feeds, Rounding as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{LossScaling, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Tensor};
@@ -46,7 +46,7 @@ fn program(model: &ModelSpec, train: &TrainingSpec, dp: DataParallel) -> Program
     let options = PassOptions { shape_hint: bindings.clone(), data_parallel: Some(dp), ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// Rank `rank`'s batch at `step`: labels of 100 at the overflowing step on

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
+use zeroplan_ir::interp::{Feeds, Rounding as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op};
@@ -36,7 +36,7 @@ fn program(model: &ModelSpec, train: &TrainingSpec, data_parallel: Option<DataPa
     let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 fn close(what: &str, got: f64, want: f64) {

@@ -18,7 +18,7 @@
 //! rank does not reproduce, while the replicated regions' masks are the
 //! same on every tensor rank (`tensor_parallel_dropout.rs` tests both).
 
-use zeroplan_ir::interp::{Feeds, Precision as Exactness, State};
+use zeroplan_ir::interp::{Feeds, Rounding as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op};
@@ -66,7 +66,7 @@ fn program_of(model: &ModelSpec, train: &TrainingSpec, split: Split, dp: Option<
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, seq as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, seq as u64)
 }
 
 /// The worst errors of a configuration, for the test's output.

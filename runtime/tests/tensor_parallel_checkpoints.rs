@@ -84,7 +84,7 @@ fn program(model: &ModelSpec, config: Config) -> Program {
     };
     let graph = compile(model, &Target::Training(&train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings()).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// The program on its `d·t` ranks (global rank `data·t + tensor`), from

@@ -43,7 +43,7 @@ fn program(model: &ModelSpec, train: &TrainingSpec, sp: bool, disabled: &[&str])
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// The `T` tensor ranks of `plan`, each loaded from seed 7.

@@ -115,7 +115,7 @@ fn program() -> Program {
     let train = TrainingSpec::default();
     let graph = compile(&model("tiny-bert"), &Target::Training(&train), options).unwrap().graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    zeroplan_passes::plan::program::program(graph, &memory, BATCH as u64, SEQ as u64)
+    zeroplan_passes::planner::program::program(graph, &memory, BATCH as u64, SEQ as u64)
 }
 
 /// The AdamW update nodes in schedule order (the first ones are merged).

@@ -1,6 +1,6 @@
 //! `zeroplan capacity SPEC --gpus N --gpu PROFILE [--tp T] [--zero S]`: the
 //! largest model of the spec's family that trains on the cluster, by model
-//! states alone and with a full plan (`zeroplan_passes::plan::capacity`).
+//! states alone and with a full plan (`zeroplan_passes::planner::capacity`).
 
 use serde_json::json;
 
@@ -9,8 +9,8 @@ use crate::commands::compile::{cluster, training};
 use crate::commands::inspect;
 use crate::output::emit;
 use zeroplan_ir::spec;
-use zeroplan_passes::plan::capacity::{Capacity, LADDER, Size, capacity};
-use zeroplan_passes::plan::{Pins, Request, precision_name};
+use zeroplan_passes::planner::capacity::{Capacity, LADDER, Size, capacity};
+use zeroplan_passes::planner::{Pins, Request, precision_name};
 
 /// What the figures include and leave out, printed with them.
 const ASSUMPTIONS: &str = "\

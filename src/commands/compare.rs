@@ -13,7 +13,7 @@ use crate::deepspeed::import;
 use crate::output::emit;
 use zeroplan_ir::plan::Plan;
 use zeroplan_ir::spec::{Cluster, ModelSpec, TrainingSpec};
-use zeroplan_passes::plan::{Pins, plan};
+use zeroplan_passes::planner::{Pins, plan};
 
 pub fn run(
     args: &CompileArgs,
@@ -55,7 +55,7 @@ pub fn run(
     for note in &notes {
         eprintln!("note: {file}: {note}");
     }
-    let context = |e: zeroplan_passes::plan::PlanError| format!("{}: error: {e}", args.spec.display());
+    let context = |e: zeroplan_passes::planner::PlanError| format!("{}: error: {e}", args.spec.display());
     let given = plan(&request(args, model, train.clone(), cluster.clone(), global_batch, pins)).map_err(context);
     let best = plan(&request(args, model, train, cluster, global_batch, Pins::default())).map_err(context)?;
     if let (Some(path), Ok(given)) = (&args.output, &given) {

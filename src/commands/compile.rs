@@ -5,7 +5,7 @@ use crate::cli::{ClusterArgs, CompileArgs, TrainingArgs};
 use crate::commands::{compare, inspect};
 use crate::output::emit;
 use zeroplan_ir::spec::{self, Cluster, ModelSpec, Precision, TrainingSpec};
-use zeroplan_passes::plan::{Pins, Request, plan};
+use zeroplan_passes::planner::{Pins, Request, plan};
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
     let model = spec::load(&args.spec).map_err(|e| e.to_string())?;

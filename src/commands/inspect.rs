@@ -10,7 +10,7 @@ use zeroplan_ir::plan::{
 };
 use zeroplan_ir::spec::Cluster;
 use zeroplan_passes::cost::Machine;
-use zeroplan_passes::plan::evaluate::bindings;
+use zeroplan_passes::planner::evaluate::bindings;
 
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let text =

@@ -6,7 +6,7 @@ use crate::cli::{Backend, TrainArgs};
 use zeroplan_backend_cpu::Host;
 use zeroplan_backend_cuda::Cuda;
 use zeroplan_backend_cuda::device as cuda;
-use zeroplan_ir::interp::{Feeds, Precision as InterpPrecision};
+use zeroplan_ir::interp::{Feeds, Rounding};
 use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Tensor};
 use zeroplan_passes::training::training_graph;
@@ -54,8 +54,7 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
         ));
     }
     let graph = training_graph(&model, &train).map_err(|e| context(e.to_string()))?;
-    let mut trainer =
-        ReferenceTrainer::new(graph, args.seed, InterpPrecision::Native).map_err(|e| context(e.to_string()))?;
+    let mut trainer = ReferenceTrainer::new(graph, args.seed, Rounding::Native).map_err(|e| context(e.to_string()))?;
     if let Some(path) = &args.weights {
         let mut weights = trainer.weights();
         let report =

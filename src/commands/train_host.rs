@@ -93,7 +93,7 @@ pub fn run<D: Device<Instr: Send> + Send>(
     let compiling = Instant::now();
     let graph = compile(model, &Target::Training(train), options).map_err(|e| context(e.to_string()))?.graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).map_err(|e| context(e.to_string()))?;
-    let program = zeroplan_passes::plan::program::program(graph, &memory, batch as u64, seq as u64);
+    let program = zeroplan_passes::planner::program::program(graph, &memory, batch as u64, seq as u64);
     let compile_seconds = Some(compiling.elapsed().as_secs_f64());
     let layout = checkpoints::layout(&program, model)?;
     // Every rank of the run: the data-parallel replicas' tensor ranks.

@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 
 use zeroplan_ir::plan::Offload;
 use zeroplan_ir::spec::{LossScaling, Precision, TrainingSpec};
-use zeroplan_passes::plan::Pins;
+use zeroplan_passes::planner::Pins;
 use zeroplan_passes::recompute::Policy;
 
 use super::ZEROPLAN_KEY;

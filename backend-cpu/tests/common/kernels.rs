@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use zeroplan_ir::interp::{Feeds, Interpreter, Precision, State};
+use zeroplan_ir::interp::{Feeds, Interpreter, Rounding, State};
 use zeroplan_ir::kernel::Kernel;
 use zeroplan_ir::spec::{self, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Graph, Op, Tensor};
@@ -118,7 +118,7 @@ pub fn interpret(kernel: &Kernel, inputs: &[Tensor], seed: u64, offset: u64) -> 
         feeds.insert(name, t.clone());
     }
     g.add_multi("kernel", Op::Fused { kernel: Box::new(kernel.clone()) }, &values).unwrap();
-    let interp = Interpreter::new(Precision::F64, seed);
+    let interp = Interpreter::new(Rounding::F64, seed);
     let out = interp.evaluate(&g, &State::new(), &feeds, offset).unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
     out.outputs("kernel").unwrap().to_vec()
 }

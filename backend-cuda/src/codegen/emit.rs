@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use zeroplan_ir::DType;
 use zeroplan_ir::kernel::{Expr, ExprId, Kernel};
 
-use super::expr::{self, Precision};
+use super::expr::{self, ComputeType};
 use super::launch::{FINISH_THREADS, LaunchConfig};
 use super::layout::{ArgLayout, Class, Layout};
 use super::prelude;
@@ -169,7 +169,7 @@ impl Emitter<'_> {
         if self.has(|e| *e == Expr::AlibiPenalty) {
             // `Kernel::check` makes an ALiBi kernel [B, H, Sq, Sk].
             let slopes = zeroplan_ir::interp::alibi_slopes(l.shape[1]);
-            let list: Vec<String> = slopes.iter().map(|&m| Precision::Float.literal(m)).collect();
+            let list: Vec<String> = slopes.iter().map(|&m| ComputeType::Float.literal(m)).collect();
             self.line(0, "// ALiBi's slope per head.");
             self.line(
                 0,
@@ -254,7 +254,7 @@ impl Emitter<'_> {
                 continue;
             }
             let id = i as ExprId;
-            let p = Precision::Double;
+            let p = ComputeType::Double;
             let value = match *e {
                 Expr::Load(k) => format!("zp_ld_f64(in{k})"),
                 ref other => self.arithmetic(p, other, id),
@@ -268,7 +268,7 @@ impl Emitter<'_> {
 
     /// Arithmetic, constants and `row_len` (loads, dropout, ALiBi and
     /// reductions are the callers').
-    fn arithmetic(&self, p: Precision, e: &Expr, id: ExprId) -> String {
+    fn arithmetic(&self, p: ComputeType, e: &Expr, id: ExprId) -> String {
         let name = |a: ExprId| p.name(a);
         match *e {
             Expr::Const(c) => p.literal(c),
@@ -384,7 +384,7 @@ impl Emitter<'_> {
                 Expr::ReduceSum(_) | Expr::ReduceMax(_) => {
                     unreachable!("v{id}: reductions are defined by their sweep")
                 }
-                ref e => self.arithmetic(Precision::Float, e, id),
+                ref e => self.arithmetic(ComputeType::Float, e, id),
             };
             self.line(2, format!("const float v{id} = {value};"));
             defined.insert(id);
@@ -529,7 +529,7 @@ impl Emitter<'_> {
                     expr::keep_threshold(p)
                 ),
                 Expr::AlibiPenalty => format!("zp_alibi_slopes[c1] * (float)llabs(c2 - ({j}))"),
-                ref e => self.arithmetic(Precision::Float, e, id),
+                ref e => self.arithmetic(ComputeType::Float, e, id),
             };
             self.line(depth, format!("const float v{id} = {value};"));
         }

@@ -8,28 +8,28 @@ use zeroplan_ir::DType;
 use zeroplan_ir::GeluApproximation;
 use zeroplan_ir::kernel::{Binary, Unary};
 
-/// The C type expressions are computed in.
+/// The C type expressions are computed in (cuBLAS calls it the compute type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Precision {
+pub(crate) enum ComputeType {
     /// Per-element and per-row values.
     Float,
     /// Launch-uniform values, as the interpreter computes them.
     Double,
 }
 
-impl Precision {
-    /// The name of SSA value `id` in this precision.
+impl ComputeType {
+    /// The name of SSA value `id` computed in this type.
     pub fn name(self, id: u32) -> String {
         match self {
-            Precision::Float => format!("v{id}"),
-            Precision::Double => format!("d{id}"),
+            ComputeType::Float => format!("v{id}"),
+            ComputeType::Double => format!("d{id}"),
         }
     }
 
     /// `x` as a literal of this type (infinities and NaN by their bits).
     pub fn literal(self, x: f64) -> String {
         match self {
-            Precision::Float => {
+            ComputeType::Float => {
                 let f = x as f32;
                 if f.is_nan() {
                     "__int_as_float(0x7fc00000)".into()
@@ -39,7 +39,7 @@ impl Precision {
                     signed(format!("{f:?}f"))
                 }
             }
-            Precision::Double => {
+            ComputeType::Double => {
                 if x.is_nan() {
                     "__longlong_as_double(0x7ff8000000000000LL)".into()
                 } else if x.is_infinite() {
@@ -53,15 +53,15 @@ impl Precision {
 
     fn one(self) -> &'static str {
         match self {
-            Precision::Float => "1.0f",
-            Precision::Double => "1.0",
+            ComputeType::Float => "1.0f",
+            ComputeType::Double => "1.0",
         }
     }
 
     fn zero(self) -> &'static str {
         match self {
-            Precision::Float => "0.0f",
-            Precision::Double => "0.0",
+            ComputeType::Float => "0.0f",
+            ComputeType::Double => "0.0",
         }
     }
 }
@@ -98,7 +98,7 @@ pub(crate) fn unary(u: Unary, x: &str) -> String {
     }
 }
 
-pub(crate) fn binary(p: Precision, op: Binary, x: &str, y: &str) -> String {
+pub(crate) fn binary(p: ComputeType, op: Binary, x: &str, y: &str) -> String {
     let flag = |cmp: &str| format!("(({x} {cmp} {y}) ? {} : {})", p.one(), p.zero());
     match op {
         Binary::Add => format!("({x} + {y})"),
@@ -115,7 +115,7 @@ pub(crate) fn binary(p: Precision, op: Binary, x: &str, y: &str) -> String {
 }
 
 /// `c ? a : b` on `c != 0` (a NaN condition takes `a`, as `NaN != 0.0` is true).
-pub(crate) fn select(p: Precision, c: &str, a: &str, b: &str) -> String {
+pub(crate) fn select(p: ComputeType, c: &str, a: &str, b: &str) -> String {
     format!("(({c} != {}) ? {a} : {b})", p.zero())
 }
 
@@ -148,13 +148,13 @@ mod tests {
 
     #[test]
     fn literals_are_valid_c() {
-        assert_eq!(Precision::Float.literal(0.5), "0.5f");
-        assert_eq!(Precision::Float.literal(-2.0), "(-2.0f)");
-        assert_eq!(Precision::Float.literal(1e-12), "1e-12f");
-        assert_eq!(Precision::Float.literal(f64::NEG_INFINITY), "-__int_as_float(0x7f800000)");
-        assert_eq!(Precision::Double.literal(0.1), "0.1");
-        assert_eq!(Precision::Double.literal(f64::INFINITY), "__longlong_as_double(0x7ff0000000000000LL)");
-        assert!(Precision::Double.literal(f64::NAN).contains("7ff8"));
+        assert_eq!(ComputeType::Float.literal(0.5), "0.5f");
+        assert_eq!(ComputeType::Float.literal(-2.0), "(-2.0f)");
+        assert_eq!(ComputeType::Float.literal(1e-12), "1e-12f");
+        assert_eq!(ComputeType::Float.literal(f64::NEG_INFINITY), "-__int_as_float(0x7f800000)");
+        assert_eq!(ComputeType::Double.literal(0.1), "0.1");
+        assert_eq!(ComputeType::Double.literal(f64::INFINITY), "__longlong_as_double(0x7ff0000000000000LL)");
+        assert!(ComputeType::Double.literal(f64::NAN).contains("7ff8"));
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub fn selected_with(model: &ModelSpec, train: &TrainingSpec, dp: Option<DataPar
     let options = PassOptions { shape_hint: bindings.clone(), data_parallel: dp, ..PassOptions::default() };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
-    let program = zeroplan_passes::plan::program::program(graph, &memory, 2, 6);
+    let program = zeroplan_passes::planner::program::program(graph, &memory, 2, 6);
     let order = program.graph.topo_order().unwrap();
     let rank = Rank { index: 0, ranks, tensor: 0, tensor_ranks: 1 };
     let bufs = buffers(&program, &order, &bindings, rank).unwrap();

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use zeroplan_ir::build::{BuildOptions, forward};
-use zeroplan_ir::interp::{Interpreter, Precision};
+use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::spec::{self, ModelSpec};
 use zeroplan_runtime::checkpoint::{self, Weights};
 
@@ -203,7 +203,7 @@ pub fn model_dir(dir: &Path, num_labels: Option<u64>, edit: impl FnOnce(&mut Wei
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let model = spec::load(&dir.join("config.json")).unwrap_or_else(|e| panic!("{e}"));
     let graph = forward(&model, &BuildOptions::default()).unwrap();
-    let mut weights = Interpreter::new(Precision::Native, 11).init_state(&graph).unwrap();
+    let mut weights = Interpreter::new(Rounding::Native, 11).init_state(&graph).unwrap();
     edit(&mut weights);
     checkpoint::save_weights(&dir.join("model.safetensors"), &model, &graph, &weights).unwrap();
 

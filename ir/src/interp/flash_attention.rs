@@ -5,7 +5,7 @@
 //! its own order — `scale·q·kᵀ` summed in increasing `d`, minus ALiBi's
 //! `m_h·|i − j|`, −∞ on masked keys, [`softmax_row`], dropout on the flat
 //! `[B, H, S, S]` index, the product with `v` in increasing `j` — so in
-//! `Precision::F64` the fused op is the unfused graph bit for bit. The
+//! `Rounding::F64` the fused op is the unfused graph bit for bit. The
 //! backward recomputes everything from `q, k, v` (the `out` and `lse`
 //! operands are what a kernel reads instead; here they are only checked for
 //! shape) and applies the unfused chain's adjoints: the product's, dropout's

@@ -5,11 +5,11 @@
 //! correctness come before speed. Each op family has its own file; this page
 //! states the semantics they implement, exactly, in one place.
 //!
-//! # Precision
+//! # Rounding
 //!
-//! Every op computes in `f64`. In [`Precision::F64`] nothing is ever rounded:
+//! Every op computes in `f64`. In [`Rounding::F64`] nothing is ever rounded:
 //! dtypes are labels only and `cast` between float dtypes relabels, which is
-//! what gradient checks want. In [`Precision::Native`] each float output is
+//! what gradient checks want. In [`Rounding::Native`] each float output is
 //! then rounded once to its dtype (round to nearest even,
 //! [`Tensor::round_to_dtype`]), as are parameters, states and inputs when
 //! they are read: an exactly-rounded f32/bf16/f16 reference. A matmul or a
@@ -210,7 +210,7 @@ pub use random::InitRank;
 
 /// How float results are rounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Precision {
+pub enum Rounding {
     /// All float math in f64, no rounding anywhere (dtypes are ignored, casts
     /// only relabel): for gradient checks.
     F64,
@@ -228,7 +228,7 @@ pub type State = BTreeMap<String, Tensor>;
 /// Evaluates graphs. `seed` drives dropout masks and parameter init.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interpreter {
-    pub precision: Precision,
+    pub rounding: Rounding,
     pub seed: u64,
 }
 
@@ -299,8 +299,8 @@ pub struct StepOutputs {
 }
 
 impl Interpreter {
-    pub fn new(precision: Precision, seed: u64) -> Interpreter {
-        Interpreter { precision, seed }
+    pub fn new(rounding: Rounding, seed: u64) -> Interpreter {
+        Interpreter { rounding, seed }
     }
 
     /// Initial values of every Param and State node from its Init (see the
@@ -336,7 +336,7 @@ impl Interpreter {
             let shape = bind::concrete_shape(&ty.shape, &Bindings::new()).map_err(fail)?;
             let stream = random::name_stream(&node.name);
             let mut t = random::init(init, shape, ty.dtype, self.seed, stream, rank).map_err(fail)?;
-            if self.precision == Precision::Native {
+            if self.rounding == Rounding::Native {
                 t.round_to_dtype();
             }
             state.insert(node.name.clone(), t);

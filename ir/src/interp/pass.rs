@@ -9,7 +9,7 @@
 use petgraph::stable_graph::NodeIndex;
 use std::collections::HashMap;
 
-use super::{Feeds, InterpError, Interpreter, Precision, State, Values, bind, dispatch, nd};
+use super::{Feeds, InterpError, Interpreter, Rounding, State, Values, bind, dispatch, nd};
 use crate::graph::{Graph, Value};
 use crate::op::Op;
 use crate::shape::Bindings;
@@ -113,7 +113,7 @@ impl<'a> Pass<'a> {
                     bind::describe(&self.bindings)
                 )));
             }
-            if self.interp.precision == Precision::Native {
+            if self.interp.rounding == Rounding::Native {
                 t.round_to_dtype();
             }
         }

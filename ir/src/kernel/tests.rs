@@ -1,7 +1,7 @@
 use super::*;
 use crate::dtype::DType;
 use crate::graph::Graph;
-use crate::interp::{Feeds, Interpreter, Precision, State};
+use crate::interp::{Feeds, Interpreter, Rounding, State};
 use crate::op::Op;
 use crate::shape;
 use crate::tensor::Tensor;
@@ -42,7 +42,7 @@ fn run(kernel: &Kernel, inputs: Vec<Tensor>) -> Vec<Vec<f64>> {
     }
     let outs = g.add_multi("fused", Op::Fused { kernel: Box::new(kernel.clone()) }, &operands).unwrap();
     g.verify().unwrap();
-    let interp = Interpreter { precision: Precision::F64, seed: 5 };
+    let interp = Interpreter { rounding: Rounding::F64, seed: 5 };
     let values = interp.evaluate(&g, &State::new(), &feeds, 0).unwrap();
     (0..outs.len()).map(|i| values.outputs("fused").unwrap()[i].floats().unwrap().to_vec()).collect()
 }

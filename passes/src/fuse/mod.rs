@@ -22,7 +22,7 @@
 //! residual it needs. Each group is lowered op by op to the exact `f64`
 //! expressions of the reference interpreter ([`lower`], in `zeroplan_ir`
 //! so a runtime can lower a lone node the same way), so the fused graph
-//! computes the same values as the unfused one in `Precision::F64`.
+//! computes the same values as the unfused one in `Rounding::F64`.
 //!
 //! The fused node is named `ANCHOR.fused`; its kernel has the same name.
 //! The graph's text form shows `{kernel=NAME}`; [`kernels_text`] prints the

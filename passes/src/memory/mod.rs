@@ -102,7 +102,7 @@ pub struct PhasePeak {
 /// and the same for each phase's own busiest position. The phases' peaks
 /// grow at different rates with depth and batch (activations in the
 /// backward, states in the optimizer), so the depth extrapolation
-/// (`plan::depth`) follows each on its own.
+/// (`planner::depth`) follows each on its own.
 fn peaks(
     intervals: &[Interval],
     arena: &Arena,

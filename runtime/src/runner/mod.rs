@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use zeroplan_ir::dropout_stream;
-use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Precision, State, StepOutputs};
+use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Rounding, State, StepOutputs};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
 
@@ -207,7 +207,7 @@ impl<D: Device> Runner<D> {
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
         let init_rank = InitRank { data: Some(rank.index as u64), tensor: Some(rank.tensor as u64) };
-        let state = Interpreter::new(Precision::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
+        let state = Interpreter::new(Rounding::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
         runner.set_state(&state)?;
         runner.set_state(given)?;
         Ok(runner)
