@@ -3,7 +3,6 @@
 mod chart;
 mod cli;
 mod commands;
-mod deepspeed;
 mod diagnostic;
 mod gpus;
 mod logging;

@@ -2,8 +2,8 @@
 //! configuration that trains as the plan does.
 
 use crate::cli::ExportDeepspeedArgs;
-use crate::deepspeed::export;
 use crate::output::emit;
+use zeroplan_driver::deepspeed::export;
 use zeroplan_ir::plan::Plan;
 
 pub fn run(args: &ExportDeepspeedArgs) -> Result<(), String> {

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{checkpoints, glue, train_host};
+use super::glue;
 use crate::cli::FinetuneArgs;
 use crate::output::emit;
 use zeroplan_driver::classify::Classifier;
@@ -23,6 +23,8 @@ use zeroplan_driver::data::glue::{Split, load_task};
 use zeroplan_driver::data::{Dataset, Tokenizer};
 use zeroplan_driver::model_dir::{CONFIG, TOKENIZER, WEIGHTS};
 use zeroplan_driver::program;
+use zeroplan_driver::train::checkpoints;
+use zeroplan_driver::train::divergence::{diverged, diverges};
 use zeroplan_ir::Graph;
 use zeroplan_ir::spec::{self, Head, Labels, ModelSpec, TaskSpec, TrainingSpec};
 use zeroplan_passes::pipeline::Target;
@@ -126,11 +128,11 @@ fn train_epoch(
         let feeds = [vec![data.next_batch(batch)]];
         let result = host.step(&feeds[0]).map_err(|e| format!("error: {e}"))?;
         let log = StepLog::from_outputs(host.steps_done(), &result.outputs).map_err(|e| format!("error: {e}"))?;
-        if !log.loss.is_finite() || (log.skipped && log.loss_scale.is_none()) {
+        if diverges(&log) {
             if let Some(bar) = bar {
                 bar.abandon();
             }
-            return Err(train_host::diverged(std::slice::from_mut(host), 0, &feeds, &log, None));
+            return Err(diverged(std::slice::from_mut(host), 0, &feeds, &log, None));
         }
         loss += log.loss / steps as f64;
         if let Some(bar) = bar {

@@ -1,7 +1,6 @@
 //! One module per subcommand.
 
 pub mod capacity;
-pub mod checkpoints;
 pub mod compare;
 pub mod compile;
 pub mod devices;
@@ -14,7 +13,5 @@ pub mod glue;
 pub mod graph;
 pub mod inspect;
 pub mod launch;
-pub mod launched;
 pub mod predict;
 pub mod train;
-pub mod train_host;

@@ -1,15 +1,14 @@
-//! A rank of a launched run: this process runs one rank, found through
+//! One process per rank: this process runs one rank of a run, found through
 //! the torchrun environment (`zeroplan launch`, torchrun, or a scheduler),
 //! and meets the others at the rendezvous store.
 //!
-//! Its collectives go through `comm::Tcp` (`--backend cpu`; `--backend
-//! cuda` with `ZEROPLAN_COMM=tcp`) or the CUDA backend's `Nccl` (`--backend cuda`),
-//! laid out as the threaded run's `InProcess::grid`, so a launched run is
+//! Its collectives go through `comm::Tcp` (the host device; the CUDA device
+//! with `ZEROPLAN_COMM=tcp`) or the CUDA backend's `Nccl`, laid out as the
+//! threaded run's `InProcess::grid`, so a run of one process per rank is
 //! the threaded run split over processes: over TCP, the same bits.
 
 use std::sync::Arc;
 
-use crate::cli::Backend;
 use zeroplan_backend_cuda::device as cuda;
 use zeroplan_backend_cuda::{Nccl, nccl};
 use zeroplan_runtime::comm::{self, Communicator, Groups, Store, Tcp, World};
@@ -27,8 +26,17 @@ pub enum Transport {
     },
 }
 
+/// The device a process's rank runs on, which decides its transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host runtime: collectives over TCP.
+    Host,
+    /// A GPU: collectives over NCCL, or TCP where `ZEROPLAN_COMM=tcp`.
+    Cuda,
+}
+
 /// This process's rank, its rendezvous, and its collectives' transport.
-pub struct Launched {
+pub struct ProcessRank {
     pub world: World,
     store: Store,
     transport: Transport,
@@ -36,21 +44,14 @@ pub struct Launched {
     everyone: Option<Arc<dyn Communicator>>,
 }
 
-/// The launched rank this process is, when `WORLD_SIZE` says it is one:
-/// the environment read and checked, the transport chosen (NCCL probed),
-/// the rendezvous joined.
-pub fn from_env(backend: Backend) -> Result<Option<Launched>, String> {
+/// The rank this process is, when `WORLD_SIZE` says it is one: the
+/// environment read and checked, the transport chosen (NCCL probed), the
+/// rendezvous joined.
+pub fn from_env(device: DeviceKind) -> Result<Option<ProcessRank>, String> {
     let Some(world) = World::from_env().map_err(|e| format!("error: {e}"))? else { return Ok(None) };
-    let transport = match backend {
-        Backend::Reference => {
-            return Err(format!(
-                "error: WORLD_SIZE={} asks for one rank per process, but the reference interpreter runs one rank: \
-                 add --backend cpu (or cuda)",
-                world.world_size
-            ));
-        }
-        Backend::Cpu => Transport::Tcp,
-        Backend::Cuda => match std::env::var(COMM_VAR).as_deref() {
+    let transport = match device {
+        DeviceKind::Host => Transport::Tcp,
+        DeviceKind::Cuda => match std::env::var(COMM_VAR).as_deref() {
             Ok("tcp") => Transport::Tcp,
             Ok("nccl") | Err(_) => {
                 nccl::probe().map_err(|e| format!("error: --backend cuda under launch: {e}"))?;
@@ -60,10 +61,10 @@ pub fn from_env(backend: Backend) -> Result<Option<Launched>, String> {
         },
     };
     let store = world.rendezvous().map_err(|e| format!("error: rank {}: {e}", world.rank))?;
-    Ok(Some(Launched { world, store, transport, everyone: None }))
+    Ok(Some(ProcessRank { world, store, transport, everyone: None }))
 }
 
-impl Launched {
+impl ProcessRank {
     /// This rank's data and tensor groups of a `data × tensor` run, which
     /// must be the launch's world; also joins the group of every rank.
     pub fn groups(&mut self, data: usize, tensor: usize) -> Result<Groups, String> {
@@ -86,12 +87,12 @@ impl Launched {
         Ok(groups)
     }
 
-    /// Every rank's `values`, in rank order (after [`Launched::groups`]).
+    /// Every rank's `values`, in rank order (after [`ProcessRank::groups`]).
     pub fn gather(&self, values: &[f64]) -> Result<Vec<f64>, String> {
         self.share(values, "sharing the step's log")
     }
 
-    /// As [`Launched::gather`]; `doing` names the exchange in its error.
+    /// As [`ProcessRank::gather`]; `doing` names the exchange in its error.
     /// It returns once every rank has reached it: a barrier too.
     pub fn share(&self, values: &[f64], doing: &str) -> Result<Vec<f64>, String> {
         let everyone = self.everyone.as_ref().expect("groups() joined the world group");

@@ -1,11 +1,11 @@
-//! `train --save`, `--save-every`, `--resume` and `--weights` on the host
-//! runtime, for any number of ranks: training checkpoints through
+//! Saving and resuming a run, for any number of ranks (`train --save`,
+//! `--save-every`, `--resume`, `--weights`): training checkpoints through
 //! `zeroplan_runtime::checkpoint::training`, Hugging Face weights through
 //! the logical, per-parameter view of the ranks' flat buffers.
 
 use std::path::{Path, PathBuf};
 
-use super::launched::Launched;
+use super::process::ProcessRank;
 use zeroplan_ir::build::{BuildOptions, forward};
 use zeroplan_ir::interp::State;
 use zeroplan_ir::plan::{DataParallel, Program};
@@ -45,7 +45,7 @@ impl Saver {
     }
 
     /// Saves every rank's state (one writer thread per rank), then the
-    /// manifest. Launched, `ranks` is this process's rank: rank 0 starts the
+    /// manifest. With one process per rank, `ranks` is this process's rank: rank 0 starts the
     /// step directory, every process writes its own file, and rank 0
     /// writes the manifest once all have (the directory must be one they
     /// all see: a shared file system across nodes).
@@ -53,13 +53,13 @@ impl Saver {
         &self,
         ranks: &[Runner<D>],
         data: Option<Cursor>,
-        launched: Option<&Launched>,
+        process: Option<&ProcessRank>,
     ) -> Result<PathBuf, String> {
         let error = |e: checkpoint::CheckpointError| format!("error: {e}");
         let step = ranks[0].steps_done();
-        let (first, world) = launched.map_or((0, ranks.len()), |l| (l.world.rank, l.world.world_size));
+        let (first, world) = process.map_or((0, ranks.len()), |p| (p.world.rank, p.world.world_size));
         // One value each: an exchange every rank has to reach.
-        let barrier = |doing: &str| launched.map_or(Ok(Vec::new()), |l| l.share(&[0.0], doing));
+        let barrier = |doing: &str| process.map_or(Ok(Vec::new()), |p| p.share(&[0.0], doing));
         if first == 0 {
             training::begin(&self.dir, step).map_err(error)?;
         }
@@ -73,10 +73,10 @@ impl Saver {
             writers.into_iter().map(|w| w.join().expect("a writer thread panicked")).collect::<Result<Vec<_>, _>>()
         })
         .map_err(error)?;
-        let files = match launched {
+        let files = match process {
             None => mine,
             // Sizes are far below 2⁵³ bytes: exact in an f64.
-            Some(l) => l
+            Some(p) => p
                 .share(&[mine[0].bytes as f64], "sharing the saved shards' sizes")?
                 .into_iter()
                 .enumerate()

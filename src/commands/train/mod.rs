@@ -1,16 +1,22 @@
-//! `zeroplan train SPEC`: run training steps and log them.
+//! `zeroplan train SPEC|PLAN`: run training steps and log them — on the
+//! reference interpreter here, or the planned program on a device
+//! ([`planned`]).
 
-use std::collections::BTreeMap;
+mod planned;
 
 use crate::cli::{Backend, TrainArgs};
 use zeroplan_backend_cpu::Host;
 use zeroplan_backend_cuda::Cuda;
 use zeroplan_backend_cuda::device as cuda;
+use zeroplan_driver::train::batches::synthetic_batch;
+use zeroplan_driver::train::checkpoints::is_weights_file;
+use zeroplan_driver::train::plan_file::is_plan;
+use zeroplan_driver::train::process::{self, DeviceKind};
 use zeroplan_ir::interp::{Feeds, Rounding};
-use zeroplan_ir::spec::{self, Head, ModelSpec, TrainingSpec};
-use zeroplan_ir::{DType, Tensor};
+use zeroplan_ir::spec::{self, TrainingSpec};
 use zeroplan_passes::training::training_graph;
 use zeroplan_runtime::checkpoint;
+use zeroplan_runtime::comm::World;
 use zeroplan_runtime::reference::ReferenceTrainer;
 
 pub fn run(args: &TrainArgs) -> Result<(), String> {
@@ -18,13 +24,25 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
         // Before anything is compiled: a machine without a GPU learns it at once.
         cuda::available().map_err(|e| format!("error: --backend cuda: {e}"))?;
     }
-    // A rank of a launched run (WORLD_SIZE set) runs only itself.
-    let mut launched = super::launched::from_env(args.backend)?;
-    let launched = launched.as_mut();
-    if super::train_host::is_plan(&args.spec) {
+    // One rank of several processes (WORLD_SIZE set) runs only itself.
+    let process = match args.backend {
+        Backend::Reference => match World::from_env().map_err(|e| format!("error: {e}"))? {
+            Some(world) => {
+                return Err(format!(
+                    "error: WORLD_SIZE={} asks for one rank per process, but the reference interpreter runs one \
+                     rank: add --backend cpu (or cuda)",
+                    world.world_size
+                ));
+            }
+            None => None,
+        },
+        Backend::Cpu => process::from_env(DeviceKind::Host)?,
+        Backend::Cuda => process::from_env(DeviceKind::Cuda)?,
+    };
+    if is_plan(&args.spec) {
         match args.backend {
-            Backend::Cpu => return super::train_host::run_plan::<Host>(args, launched),
-            Backend::Cuda => return super::train_host::run_plan::<Cuda>(args, launched),
+            Backend::Cpu => return planned::run_plan::<Host>(args, process),
+            Backend::Cuda => return planned::run_plan::<Cuda>(args, process),
             Backend::Reference => {}
         }
     }
@@ -35,8 +53,8 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     let train = training_spec(args)?;
     let context = |e: String| format!("{}: error: {e}", args.spec.display());
     match args.backend {
-        Backend::Cpu => return super::train_host::run::<Host>(args, &model, &train, launched),
-        Backend::Cuda => return super::train_host::run::<Cuda>(args, &model, &train, launched),
+        Backend::Cpu => return planned::run::<Host>(args, &model, &train, process),
+        Backend::Cuda => return planned::run::<Cuda>(args, &model, &train, process),
         Backend::Reference => {}
     }
     if args.data_parallel.ranks.is_some_and(|r| r > 1) || args.tp.is_some_and(|t| t > 1) {
@@ -45,7 +63,7 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     if args.profile.is_some() {
         return Err(context("--profile times the host runtime's instructions: add --backend cpu".into()));
     }
-    let checkpoint_dir = args.save.as_ref().filter(|p| !super::checkpoints::is_weights_file(p));
+    let checkpoint_dir = args.save.as_ref().filter(|p| !is_weights_file(p));
     if checkpoint_dir.is_some() || args.resume.is_some() {
         return Err(context(
             "training checkpoints (--save DIR, --resume) are written by the host runtime: add --backend cpu, or \
@@ -106,48 +124,4 @@ pub(super) fn training_spec(args: &TrainArgs) -> Result<TrainingSpec, String> {
         lines.join("\n")
     })?;
     Ok(t)
-}
-
-/// A seeded synthetic batch: random tokens, every seventh position labelled
-/// for MLM (its original token), random class labels or targets otherwise.
-pub(super) fn synthetic_batch(model: &ModelSpec, batch: usize, seq: usize, seed: u64) -> Result<Feeds, String> {
-    if batch == 0 || seq == 0 || seq as u64 > model.max_position {
-        return Err(format!(
-            "error: a synthetic batch of {batch}×{seq} does not fit `{}` (max_position {})",
-            model.name, model.max_position
-        ));
-    }
-    Ok(synthetic_feeds(&model.head, model.vocab_size, batch, seq, seed))
-}
-
-/// [`synthetic_batch`] for a head and vocabulary (a plan's, which has no
-/// spec), at a shape known to fit.
-pub(super) fn synthetic_feeds(head: &Head, vocab_size: u64, batch: usize, seq: usize, seed: u64) -> Feeds {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x2545_F491_4F6C_DD1D;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    let tokens = batch * seq;
-    let ids: Vec<i64> = (0..tokens).map(|_| next(vocab_size) as i64).collect();
-    let int = |v: Vec<i64>, shape: Vec<usize>| Tensor::int(shape, DType::I64, v).expect("consistent");
-    let labels = match *head {
-        Head::Mlm => {
-            int(ids.iter().enumerate().map(|(i, id)| if i % 7 == 3 { *id } else { -100 }).collect(), vec![batch, seq])
-        }
-        Head::Classification { num_labels: 1 } => {
-            let targets = (0..batch).map(|_| next(500) as f64 / 100.0).collect();
-            Tensor::float(vec![batch], DType::F32, targets).expect("consistent")
-        }
-        Head::Classification { num_labels } => int((0..batch).map(|_| next(num_labels) as i64).collect(), vec![batch]),
-        Head::Pooler => int(Vec::new(), vec![0]),
-    };
-    let mut feeds = BTreeMap::new();
-    feeds.insert("input_ids".to_string(), int(ids, vec![batch, seq]));
-    feeds.insert("token_type_ids".to_string(), int(vec![0; tokens], vec![batch, seq]));
-    feeds.insert("attention_mask".to_string(), int(vec![1; tokens], vec![batch, seq]));
-    feeds.insert("labels".to_string(), labels);
-    feeds
 }
