@@ -96,6 +96,19 @@ pub struct Rank {
     pub tensor_ranks: usize,
 }
 
+impl Rank {
+    /// Fills this rank into `graph` where the graph leaves it to the load:
+    /// the stream words of the dropout sites the builder marked sharded,
+    /// so each tensor rank draws its own masks there
+    /// ([`zeroplan_ir::dropout_stream`], Megatron-LM's model-parallel RNG
+    /// tracker). Every other choice that differs per rank (which ZeRO or
+    /// Megatron-LM shard a buffer holds) is made where it is read:
+    /// [`buffers`] and [`crate::select`]. Returns how many streams changed.
+    pub fn specialise(self, graph: &mut Graph) -> Result<usize, String> {
+        zeroplan_ir::dropout_stream::graph_for_tensor_rank(graph, self.tensor as u64, self.tensor_ranks as u64)
+    }
+}
+
 /// Each value's buffer, from the plan, with views placed inside what they view.
 pub fn buffers(
     program: &Program,

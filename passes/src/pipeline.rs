@@ -8,6 +8,7 @@
 //! asked for), `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
+use zeroplan_ir::plan::DataParallel;
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph};
 
@@ -34,14 +35,32 @@ pub enum Target<'a> {
     Training(&'a TrainingSpec),
 }
 
-/// The names of the passes a target runs, in order.
-pub fn pass_names(target: &Target) -> Vec<&'static str> {
+/// The standard passes for `target`, in order, as `options` configure
+/// them: the one list, so names, order and configuration cannot drift
+/// apart. `partition` is built only when data parallelism is asked for.
+fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     match target {
-        Target::Forward(_) => vec!["rewrite", "attention", "fuse"],
-        Target::Training(_) => {
-            vec!["rewrite", "attention", "mixed-precision", "training-step", "recompute", "partition", "fuse"]
+        Target::Forward(_) => vec![Box::new(Rewrite), Box::new(Attention), Box::new(Fuse)],
+        Target::Training(train) => {
+            let mut passes: Vec<Box<dyn Pass>> = vec![
+                Box::new(Rewrite),
+                Box::new(Attention),
+                Box::new(MixedPrecision),
+                Box::new(TrainingStep { train: (*train).clone() }),
+                Box::new(Recompute { policy: options.recompute }),
+            ];
+            passes.extend(options.data_parallel.map(|data_parallel| Box::new(Partition { data_parallel }) as _));
+            passes.push(Box::new(Fuse));
+            passes
         }
     }
+}
+
+/// The names of the passes a target can run, in order (`partition` among
+/// them, though it runs only with data parallelism).
+pub fn pass_names(target: &Target) -> Vec<&'static str> {
+    let every = PassOptions { data_parallel: Some(DataParallel::single()), ..PassOptions::default() };
+    passes(target, &every).iter().map(|pass| pass.name()).collect()
 }
 
 /// Builds `model`'s graph for `target` and runs the standard passes.
@@ -62,26 +81,15 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
             known.join(", ")
         )));
     }
+    let passes = passes(target, &options);
+    let passes: Vec<&dyn Pass> = passes.iter().map(Box::as_ref).collect();
     let mut cx = PassContext::new(options);
-    let (graph, records) = match target {
-        Target::Forward(dtype) => {
-            let forward = build::forward(model, &BuildOptions::new(*dtype))?;
-            run_passes(forward, &[&Rewrite, &Attention, &Fuse], &mut cx)
-        }
+    let graph = match target {
+        Target::Forward(dtype) => build::forward(model, &BuildOptions::new(*dtype))?,
         Target::Training(train) => {
-            let (t, sp) = (cx.options.tensor_parallel.unwrap_or(1), cx.options.sequence_parallel);
-            let forward = training_forward(model, train, t, sp)?;
-            let step = TrainingStep { train: (*train).clone() };
-            let recompute = Recompute { policy: cx.options.recompute };
-            let mut passes: Vec<&dyn Pass> = vec![&Rewrite, &Attention, &MixedPrecision, &step, &recompute];
-            let partition = cx.options.data_parallel.map(|data_parallel| Partition { data_parallel });
-            if let Some(partition) = &partition {
-                passes.push(partition);
-            }
-            passes.push(&Fuse);
-            run_passes(forward, &passes, &mut cx)
+            training_forward(model, train, cx.options.tensor_parallel.unwrap_or(1), cx.options.sequence_parallel)?
         }
-    }
-    .map_err(|e| TrainError::Pass(Box::new(e)))?;
+    };
+    let (graph, records) = run_passes(graph, &passes, &mut cx).map_err(|e| TrainError::Pass(Box::new(e)))?;
     Ok(Compiled { graph, records, explanations: cx.explanations })
 }

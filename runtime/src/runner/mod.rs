@@ -33,7 +33,6 @@ mod stream;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use zeroplan_ir::dropout_stream;
 use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Rounding, State, StepOutputs};
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
@@ -164,7 +163,7 @@ impl<D: Device> Runner<D> {
     /// `given` taken from there.
     ///
     /// A tensor rank draws its own dropout masks at the sites the builder
-    /// marked sharded ([`dropout_stream`]: Megatron-LM's model-parallel RNG
+    /// marked sharded ([`Rank::specialise`]: Megatron-LM's model-parallel RNG
     /// tracker), so its streams are rewritten here, before instruction
     /// selection; replicated sites keep theirs.
     pub fn load_groups_with(
@@ -174,11 +173,10 @@ impl<D: Device> Runner<D> {
         given: &State,
     ) -> Result<Runner<D>, RunError> {
         let (data, tensor) = (&groups.data, &groups.tensor);
-        dropout_stream::graph_for_tensor_rank(&mut program.graph, tensor.rank() as u64, tensor.ranks() as u64)
-            .map_err(RunError::Load)?;
-        let g = &program.graph;
         let rank =
             Rank { index: data.rank(), ranks: data.ranks(), tensor: tensor.rank(), tensor_ranks: tensor.ranks() };
+        rank.specialise(&mut program.graph).map_err(RunError::Load)?;
+        let g = &program.graph;
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
         let order = g.topo_order().ok_or_else(|| RunError::Load("the program's graph has a cycle".into()))?;
         let bufs = buffers::buffers(&program, &order, &bindings, rank)?;
