@@ -41,10 +41,10 @@ use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, StackSlot, StackSlot
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
+use zeroplan_ir::kernel::layout::{Class, Layout};
 use zeroplan_ir::kernel::{Binary, Expr, ExprId, Kernel, Unary};
 
 use super::dropout::{self, PhiloxKey};
-use super::layout::{Class, Layout};
 use super::libcalls::LibCall;
 use super::math;
 use super::simd::{self, LANES, mem, splat};

@@ -10,9 +10,9 @@
 
 use rayon::prelude::*;
 use zeroplan_ir::DType;
+use zeroplan_ir::kernel::layout::Layout;
 
 use super::codegen::Entry;
-use super::layout::Layout;
 
 /// Below this many bytes read and written a launch stays on the caller's
 /// thread: handing work to rayon costs a few microseconds.

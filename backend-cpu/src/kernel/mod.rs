@@ -16,16 +16,15 @@
 //!   row-major over its own axes; bf16/f16 round to nearest even on store.
 //! - **Dropout** is bit-exact with the interpreter (`dropout.rs`).
 //!
-//! Files: `layout.rs` (shape binding, expression classes, sweeps),
-//! `codegen.rs` (IR → Cranelift), `math.rs` (approximations), `storage.rs`
-//! (dtype conversions), `dropout.rs` (Philox), `simd.rs` (vector helpers),
-//! `libcalls.rs` (Rust functions the code calls), `launch.rs` (threads and
-//! partial sums).
+//! Shape binding, expression classes and sweeps come from
+//! [`zeroplan_ir::kernel::layout`]. Files: `codegen.rs` (IR → Cranelift),
+//! `math.rs` (approximations), `storage.rs` (dtype conversions),
+//! `dropout.rs` (Philox), `simd.rs` (vector helpers), `libcalls.rs` (Rust
+//! functions the code calls), `launch.rs` (threads and partial sums).
 
 mod codegen;
 mod dropout;
 mod launch;
-mod layout;
 mod libcalls;
 mod math;
 mod simd;
@@ -36,6 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use cranelift_jit::JITModule;
 use zeroplan_ir::kernel::Kernel;
+use zeroplan_ir::kernel::layout::Layout;
 
 /// Why a kernel cannot be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ pub struct KernelCompiler {
 /// A kernel compiled for one set of dims.
 pub struct CompiledKernel {
     name: String,
-    layout: layout::Layout,
+    layout: Layout,
     chunk_rows: usize,
     entry: codegen::Entry,
     /// Owns the code `entry` points into; freed on drop. Behind a mutex only
@@ -110,7 +110,7 @@ impl KernelCompiler {
         let name = kernel.name.clone();
         kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
         let layout =
-            layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+            Layout::bind(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
         let (module, entry) = codegen::generate(kernel, &layout)
             .map_err(|message| CodegenError::Cranelift { kernel: name.clone(), message })?;
         let chunk_rows = launch::chunk_rows(&layout);

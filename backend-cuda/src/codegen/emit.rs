@@ -29,12 +29,13 @@
 use std::collections::BTreeSet;
 
 use zeroplan_ir::DType;
+use zeroplan_ir::kernel::layout::{ArgLayout, Class, Layout};
 use zeroplan_ir::kernel::{Expr, ExprId, Kernel};
 
 use super::expr::{self, ComputeType};
 use super::launch::{FINISH_THREADS, LaunchConfig};
-use super::layout::{ArgLayout, Class, Layout};
 use super::prelude;
+use super::vector::{VectorSteps, vectorised};
 
 /// The entry point names of a generated kernel.
 pub(crate) struct Entries {
@@ -51,9 +52,10 @@ pub(crate) fn entries(kernel: &Kernel, layout: &Layout) -> Entries {
     Entries { main, finish }
 }
 
-/// The whole CUDA C source of `kernel` laid out as `layout`.
-pub(crate) fn source(kernel: &Kernel, layout: &Layout, launch: &LaunchConfig) -> String {
-    let mut e = Emitter { kernel, layout, launch, out: String::new() };
+/// The whole CUDA C source of `kernel` laid out as `layout`, its column
+/// loops split as `vectors`.
+pub(crate) fn source(kernel: &Kernel, layout: &Layout, vectors: VectorSteps, launch: &LaunchConfig) -> String {
+    let mut e = Emitter { kernel, layout, vectors, launch, out: String::new() };
     e.header();
     e.main_kernel();
     e.finish_kernel();
@@ -82,6 +84,7 @@ enum Action {
 struct Emitter<'a> {
     kernel: &'a Kernel,
     layout: &'a Layout,
+    vectors: VectorSteps,
     launch: &'a LaunchConfig,
     out: String,
 }
@@ -142,7 +145,7 @@ impl Emitter<'_> {
             0,
             format!(
                 "// {} rows of {}; {} threads per block, {} rows per block, {} blocks; {} columns per vector step",
-                l.rows, l.width, n.block, n.rows_per_block, n.grid, l.vector
+                l.rows, l.width, n.block, n.rows_per_block, n.grid, self.vectors.columns
             ),
         );
         for text in self.kernel.to_text().lines() {
@@ -458,24 +461,24 @@ impl Emitter<'_> {
 
     /// The vector steps, then the scalar tail, of one sweep.
     fn columns(&mut self, actions: &[Action], defined: &BTreeSet<ExprId>) {
-        let (l, threads) = (self.layout, self.launch.block);
-        let v = l.vector;
-        if l.main > 0 {
+        let (l, vs, threads) = (self.layout, self.vectors, self.launch.block);
+        let v = vs.columns;
+        if vs.main > 0 {
             self.line(
                 2,
                 format!(
                     "for (long long col = (long long)threadIdx.x * {v}; col < {}; col += {}) {{",
-                    l.main,
+                    vs.main,
                     threads as usize * v
                 ),
             );
             self.lanes(Step::Vector, actions, defined);
             self.line(2, "}");
         }
-        if l.width > l.main {
+        if l.width > vs.main {
             self.line(
                 2,
-                format!("for (long long col = {} + threadIdx.x; col < {}; col += {threads}) {{", l.main, l.width),
+                format!("for (long long col = {} + threadIdx.x; col < {}; col += {threads}) {{", vs.main, l.width),
             );
             self.lanes(Step::Scalar, actions, defined);
             self.line(2, "}");
@@ -485,7 +488,7 @@ impl Emitter<'_> {
     /// The body of one column loop: per-element values, then the actions.
     fn lanes(&mut self, step: Step, actions: &[Action], defined: &BTreeSet<ExprId>) {
         let l = self.layout;
-        let v = l.vector;
+        let v = self.vectors.columns;
         // The element expressions the actions read, in SSA order.
         let mut needed = BTreeSet::new();
         let mut stack: Vec<ExprId> = actions.iter().map(action_value).collect();
@@ -498,7 +501,7 @@ impl Emitter<'_> {
             Step::Vector => (4, "col + l"),
             Step::Scalar => (3, "col"),
         };
-        let vectorised_input = |k: u32| step == Step::Vector && l.inputs[k as usize].vectorised();
+        let vectorised_input = |k: u32| step == Step::Vector && vectorised(&l.inputs[k as usize]);
         if step == Step::Vector {
             let loaded: BTreeSet<u32> = needed
                 .iter()

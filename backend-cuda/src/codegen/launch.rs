@@ -12,7 +12,9 @@
 //!   [`SCRATCH_BYTES`]. The grid is a function of the shape and the device
 //!   only, so the partial sums are added in the same order on every run.
 
-use super::layout::Layout;
+use zeroplan_ir::kernel::layout::Layout;
+
+use super::vector::VectorSteps;
 
 /// What the generator needs to know about the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +96,7 @@ pub(crate) fn shared_bytes(layout: &Layout, has_reduction: bool) -> u32 {
 
 pub(crate) fn launch_config(
     layout: &Layout,
+    vectors: VectorSteps,
     device: &DeviceProperties,
     has_reduction: bool,
 ) -> Result<LaunchConfig, LaunchError> {
@@ -104,7 +107,7 @@ pub(crate) fn launch_config(
             device.max_threads_per_block
         )));
     }
-    let steps = layout.main / layout.vector + (layout.width - layout.main);
+    let steps = vectors.main / vectors.columns + (layout.width - vectors.main);
     let cap = MAX_THREADS.min(device.max_threads_per_block / warp * warp);
     let block = (steps.div_ceil(warp as usize) * warp as usize).clamp(warp as usize, cap as usize) as u32;
     let shared = shared_bytes(layout, has_reduction);

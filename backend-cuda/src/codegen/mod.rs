@@ -6,8 +6,9 @@
 //! device described by [`DeviceProperties`]. Nothing here touches CUDA: the
 //! source is plain text, compiled by NVRTC in [`crate::nvrtc`].
 //!
-//! Files: `layout.rs` (shape binding, expression classes, sweeps, vector
-//! width), `launch.rs` (grid, block, shared memory, scratch), `emit.rs` (the
+//! Shape binding, expression classes and sweeps come from
+//! [`zeroplan_ir::kernel::layout`]. Files: `vector.rs` (16-byte vector
+//! steps), `launch.rs` (grid, block, shared memory, scratch), `emit.rs` (the
 //! kernel's text), `expr.rs` (one expression as C), `prelude.rs` (the C
 //! helpers: math, bf16/f16 storage, block reductions, Philox).
 //!
@@ -19,11 +20,12 @@
 mod emit;
 pub(crate) mod expr;
 mod launch;
-mod layout;
 pub(crate) mod prelude;
+mod vector;
 
 pub use launch::{DeviceProperties, LaunchConfig};
 use zeroplan_ir::DType;
+use zeroplan_ir::kernel::layout::{ArgLayout, Layout};
 use zeroplan_ir::kernel::{Expr, Kernel};
 
 /// Why a kernel cannot be turned into CUDA C.
@@ -103,20 +105,20 @@ pub struct GeneratedKernel {
 pub fn generate(kernel: &Kernel, dims: &[usize], device: &DeviceProperties) -> Result<GeneratedKernel, CodegenError> {
     let name = kernel.name.clone();
     kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
-    let layout =
-        layout::layout(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+    let layout = Layout::bind(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
     let has_reduction = kernel.body.iter().any(|e| matches!(e, Expr::ReduceSum(_) | Expr::ReduceMax(_)));
-    let launch = launch::launch_config(&layout, device, has_reduction)
+    let vectors = vector::VectorSteps::of(&layout);
+    let launch = launch::launch_config(&layout, vectors, device, has_reduction)
         .map_err(|launch::LaunchError::Device(message)| CodegenError::Device { kernel: name.clone(), message })?;
-    let source = emit::source(kernel, &layout, &launch);
+    let source = emit::source(kernel, &layout, vectors, &launch);
     let entries = emit::entries(kernel, &layout);
-    let buffer = |a: &layout::ArgLayout| {
+    let buffer = |a: &ArgLayout| {
         let size = a.dtype.size_bytes() as usize;
-        let vectorised = a.vectorised() && layout.main > 0;
+        let vectorised = vector::vectorised(a) && vectors.main > 0;
         Buffer {
             dtype: a.dtype,
             len: a.len,
-            alignment: if vectorised { size * layout.vector } else { size },
+            alignment: if vectorised { size * vectors.columns } else { size },
             cross_row: a.cross_row,
         }
     };

@@ -38,6 +38,9 @@
 //! Comparisons give `1.0` or `0.0`; [`Expr::Select`] takes its second
 //! operand where the first is nonzero.
 //!
+//! [`layout`] binds a kernel's shape to concrete dims for code generators:
+//! operand strides, expression classes, reduction sweeps.
+//!
 //! The text form ([`Kernel::to_text`]) is stable and read by snapshot tests:
 //!
 //! ```text
@@ -60,6 +63,7 @@ use std::fmt::{self, Write};
 
 mod adamw;
 mod builder;
+pub mod layout;
 pub mod lower;
 pub use adamw::adamw_operands;
 pub use builder::KernelBuilder;

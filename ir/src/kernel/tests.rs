@@ -252,3 +252,62 @@ fn epilogue_and_pow_in_text_and_interpreter() {
     let out = run(&kernel, vec![t(vec![1, 2], &[3.0, 0.5]), t(vec![], &[2.0])]);
     assert_eq!(out[0], vec![9.0, 0.25]);
 }
+
+#[test]
+fn layout_classes_and_sweeps_of_layer_norm() {
+    use layout::{Class::*, Layout};
+    let l = Layout::bind(&bias_layer_norm(), &[2, 4]).unwrap();
+    assert_eq!((l.shape.as_slice(), l.width, l.rows), (&[2, 4][..], 4, 2));
+    // x, b, x+b, row_len, Σ, μ, x−μ, (x−μ)², Σ, σ², eps, σ²+eps, rsqrt, y.
+    assert_eq!(
+        l.class,
+        [Element, Element, Element, Uniform, Row, Row, Element, Element, Row, Row, Uniform, Row, Row, Element]
+    );
+    assert_eq!(l.level, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 0, 2, 2, 2]);
+    assert_eq!(l.reduction_sweeps, 2);
+    let (x, b) = (&l.inputs[0], &l.inputs[1]);
+    assert_eq!((x.len, x.strides.as_slice(), x.along_row, x.scalar), (8, &[4, 1][..], true, false));
+    assert_eq!((b.len, b.strides.as_slice(), b.along_row, b.scalar), (4, &[0, 1][..], true, false));
+    assert!(l.outputs.iter().all(|o| !o.cross_row && o.strides == [4, 1]));
+}
+
+#[test]
+fn layout_of_per_row_scalar_and_cross_row_operands() {
+    use layout::{Class::*, Layout};
+    let mut k = KernelBuilder::new("rows", shape![2, 3]);
+    let r = k.load("r", f32t(shape![2]), vec![0]);
+    let s = k.load("s", f32t(shape![]), vec![]);
+    let rs = k.binary(Binary::Mul, r, s);
+    k.store("y", f32t(shape![2, 3]), rs);
+    let l = Layout::bind(&k.finish().unwrap(), &[2, 3]).unwrap();
+    assert_eq!(l.class, [Row, Uniform, Row]);
+    assert_eq!(l.reduction_sweeps, 0);
+    let (r, s) = (&l.inputs[0], &l.inputs[1]);
+    assert_eq!((r.len, r.strides.as_slice(), r.along_row, r.scalar), (2, &[1, 0][..], false, false));
+    assert_eq!((s.len, s.strides.as_slice(), s.along_row, s.scalar), (1, &[0, 0][..], false, true));
+
+    // dy_copy, dgamma [2], db [0, 2], sq [], row [0, 1] over [2, 2, 3].
+    let l = Layout::bind(&cross_row(), &[2, 2, 3]).unwrap();
+    let o = &l.outputs;
+    assert_eq!(o.iter().map(|o| o.cross_row).collect::<Vec<_>>(), [false, true, true, true, true]);
+    assert_eq!(o.iter().map(|o| o.len).collect::<Vec<_>>(), [12, 3, 6, 1, 4]);
+    assert_eq!(o[1].strides, [0, 0, 1]);
+    assert_eq!(o[2].strides, [3, 0, 1]);
+    assert_eq!(o[4].strides, [2, 1, 0]);
+    assert!(o[3].scalar && !o[4].along_row && o[2].along_row);
+    assert_eq!(l.rows, 4);
+}
+
+#[test]
+fn layout_rejects_dims_that_do_not_fit() {
+    use crate::shape::Dim;
+    use layout::Layout;
+    let k = bias_layer_norm();
+    assert!(Layout::bind(&k, &[2]).unwrap_err().contains("rank"));
+    assert_eq!(Layout::bind(&k, &[3, 4]).unwrap_err(), "axis 0 is the constant 2 but dims give 3");
+    let mut big = KernelBuilder::new("big", Shape::new([Dim::symbol("n"), Dim::symbol("m")]));
+    let x = big.load("x", f32t(big.shape().clone()), vec![0, 1]);
+    big.store("y", f32t(big.shape().clone()), x);
+    let err = Layout::bind(&big.finish().unwrap(), &[1 << 32, 1 << 30]).unwrap_err();
+    assert!(err.contains("more elements than fit"), "{err}");
+}
