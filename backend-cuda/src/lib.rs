@@ -37,6 +37,7 @@ pub mod driver;
 pub mod gemm;
 pub mod nccl;
 pub mod nvrtc;
+pub mod ptxas;
 
 pub use adamw::{AdamWError, AdamWKernel};
 pub use attention::{AttentionError, AttentionKernel, FlashAttention};

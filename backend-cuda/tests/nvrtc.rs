@@ -1,13 +1,27 @@
 //! Every generated kernel compiled to PTX by NVRTC for Hopper (`compute_90`),
 //! without a GPU: NVRTC is a host library (`scripts/fetch-nvrtc.sh` puts it
-//! in `fixtures/nvrtc/`). Without it the tests say SKIPPED and pass.
+//! in `fixtures/nvrtc/`). Without it the tests say SKIPPED and pass. The PTX
+//! is then assembled by ptxas (the same script fetches it) for `sm_90`, and
+//! the attention and AdamW templates for `sm_80` too, and every entry's
+//! registers, spills and occupancy checked ([`common::resources`]); the
+//! table: `cargo test -p zeroplan-backend-cuda --test nvrtc -- --nocapture`.
 
 mod common;
 
 use std::collections::BTreeSet;
 
+use common::resources::{ATTENTION_FLOOR, MEMORY_BOUND_FLOOR, ResourceCheck};
 use common::{dims, fused_kernels, nvrtc, precisions, tiny_models};
-use zeroplan_backend_cuda::{CudaKernelCompiler, DeviceProperties, NvrtcError, PtxCache, generate};
+use zeroplan_backend_cuda::ptxas::SmLimits;
+use zeroplan_backend_cuda::{CudaKernelCompiler, DeviceProperties, GeneratedKernel, NvrtcError, PtxCache, generate};
+
+/// Threads per block of `entry`, one of `g`'s two kernels.
+fn threads_of(g: &GeneratedKernel) -> impl Fn(&str) -> u32 + '_ {
+    |entry| match (&g.finish_entry, g.launch.finish) {
+        (Some(finish), Some((_, block))) if entry == finish => block,
+        _ => g.launch.block,
+    }
+}
 
 #[test]
 fn every_tiny_model_kernel_compiles_for_hopper() {
@@ -16,12 +30,19 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
     let arch = device.arch();
     let (mut sources, mut failures) = (BTreeSet::new(), Vec::new());
     let mut kernels = 0;
-    for model in tiny_models() {
-        for (label, precision) in precisions() {
+    let mut resources = ResourceCheck::new(SmLimits::SM_90);
+    // The tiny models at two shapes, and BERT-base in bf16 at seq 128: the
+    // widths (768, 3072) the runtime launches in practice.
+    let mut cases: Vec<_> = tiny_models().into_iter().flat_map(|m| precisions().map(|p| (m.clone(), p))).collect();
+    cases.push((common::root().join("models/bert-base.ron"), precisions()[1]));
+    for (model, (label, precision)) in cases {
+        let real = !model.starts_with(common::root().join("models/tiny"));
+        {
             for kernel in fused_kernels(&model, precision) {
                 kernels += 1;
                 // 2×5: rows of 5 keys (scalar); 3×8: attention rows of whole vectors.
-                for (batch, seq) in [(2, 5), (3, 8)] {
+                let shapes: &[(u64, u64)] = if real { &[(8, 128)] } else { &[(2, 5), (3, 8)] };
+                for &(batch, seq) in shapes {
                     let d = dims(&kernel, batch, seq);
                     let g = generate(&kernel, &d, &device).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
                     if !sources.insert(g.source.clone()) {
@@ -33,6 +54,16 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
                                 assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
                             }
                             assert!(ptx.contains(".target sm_90"), "{}", &ptx[..ptx.len().min(400)]);
+                            // Resources at the vectorised tiny shape (spills) and at
+                            // BERT-base's width (spills and occupancy: a tiny row's
+                            // block of 32 threads says nothing about occupancy).
+                            if real || (batch, seq) == (3, 8) {
+                                let pattern = kernel.pattern.as_deref().unwrap_or("elementwise");
+                                let at = if real { "bert-base" } else { "tiny" };
+                                let family = format!("{pattern} {label} ({at})");
+                                let floor = if real { MEMORY_BOUND_FLOOR } else { 0.0 };
+                                resources.add(&family, &ptx, &threads_of(&g), floor);
+                            }
                         }
                         Err(e) => failures.push(format!("{} ({label}) {:?}: {e}\n{}", model.display(), d, g.source)),
                     }
@@ -47,6 +78,7 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
     );
     assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), sources.len(), failures.join("\n\n"));
     assert!(sources.len() > 300, "only {} sources", sources.len());
+    resources.finish();
 }
 
 #[test]
@@ -123,6 +155,7 @@ fn every_attention_specialisation_compiles_for_hopper() {
     }
     let mut failures = Vec::new();
     let mut compiled = 0;
+    let mut resources = ResourceCheck::new(SmLimits::SM_90);
     for kernel in &kernels {
         for pass in [Pass::Forward, Pass::Backward] {
             let rendered = kernel.render(pass).unwrap();
@@ -136,6 +169,8 @@ fn every_attention_specialisation_compiles_for_hopper() {
                         // The launch shape states the shared memory the source declares.
                         assert_eq!(shared_bytes_of(&ptx, symbol), kernel.shared_bytes(*entry), "{symbol}");
                     }
+                    let family = attention_family(kernel, pass);
+                    resources.add(&family, &ptx, &|_| zeroplan_backend_cuda::attention::THREADS, ATTENTION_FLOOR);
                 }
                 Err(e) => failures.push(format!("{kernel:?} {pass:?}: {e}")),
             }
@@ -144,6 +179,43 @@ fn every_attention_specialisation_compiles_for_hopper() {
     println!("NVRTC compiled {compiled} fused attention sources for {arch}");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert_eq!(compiled, 2 * kernels.len());
+    resources.finish();
+}
+
+fn attention_family(
+    k: &zeroplan_backend_cuda::AttentionKernel,
+    pass: zeroplan_backend_cuda::attention::Pass,
+) -> String {
+    let extras = [(k.alibi, " alibi"), (k.dropout, " dropout"), (k.mask == zeroplan_ir::DType::I32, " i32 mask")];
+    let extras: String = extras.iter().filter(|(on, _)| *on).map(|(_, s)| *s).collect();
+    format!("attention {pass:?} d{} {:?}{extras}", k.head_dim, k.dtype)
+}
+
+/// The attention and AdamW templates assembled for Ampere (`sm_80`): less
+/// shared memory per SM than Hopper, the same register file.
+#[test]
+fn attention_and_adamw_fit_ampere() {
+    use zeroplan_backend_cuda::adamw::{self, AdamWKernel};
+    use zeroplan_backend_cuda::attention::{self, AttentionKernel, Pass};
+    use zeroplan_ir::DType;
+    let Some(nvrtc) = nvrtc() else { return };
+    let mut resources = ResourceCheck::new(SmLimits::SM_80);
+    for head_dim in [32, 64] {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi: true, dropout: true };
+            for pass in [Pass::Forward, Pass::Backward] {
+                let r = kernel.render(pass).unwrap();
+                let ptx = nvrtc.compile_ptx(&r.entries[0].1, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
+                resources.add(&attention_family(&kernel, pass), &ptx, &|_| attention::THREADS, ATTENTION_FLOOR);
+            }
+        }
+    }
+    for grad in [DType::F32, DType::BF16, DType::F16] {
+        let r = AdamWKernel { grad, working: Some(DType::BF16) }.render().unwrap();
+        let ptx = nvrtc.compile_ptx(&r.entry, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
+        resources.add(&format!("adamw {grad:?} → bf16"), &ptx, &|_| adamw::THREADS, MEMORY_BOUND_FLOOR);
+    }
+    resources.finish();
 }
 
 #[test]
@@ -153,6 +225,7 @@ fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
     let Some(nvrtc) = nvrtc() else { return };
     let arch = DeviceProperties::H100_SXM.arch();
     let mut compiled = 0;
+    let mut resources = ResourceCheck::new(SmLimits::SM_90);
     for grad in [DType::F32, DType::BF16, DType::F16] {
         for working in [None, Some(DType::BF16), Some(DType::F16)] {
             let r = AdamWKernel { grad, working }.render().unwrap();
@@ -161,7 +234,10 @@ fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
             // No shared memory: the launch passes none.
             assert!(!ptx.contains(".shared"), "{}", r.entry);
             compiled += 1;
+            let family = format!("adamw {grad:?} → {working:?}");
+            resources.add(&family, &ptx, &|_| zeroplan_backend_cuda::adamw::THREADS, MEMORY_BOUND_FLOOR);
         }
     }
     println!("NVRTC compiled {compiled} multi-tensor AdamW sources for {arch}");
+    resources.finish();
 }

@@ -1,7 +1,7 @@
 //! Helpers for the CUDA backend's tests: the backend-agnostic half shared
 //! with the CPU backend's tests (real kernels from the fuse pass on the tiny
 //! models, random operands, the interpreter's answer; included by path),
-//! and NVRTC from the fixture.
+//! NVRTC from the fixture, and the ptxas resource check.
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
@@ -12,6 +12,7 @@ pub use kernels::*;
 pub mod adamw;
 pub mod attention;
 pub mod host;
+pub mod resources;
 
 use std::path::PathBuf;
 
