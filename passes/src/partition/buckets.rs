@@ -26,6 +26,8 @@ pub(super) struct Bucket {
     /// Padded length: a multiple of `ranks × SHARD_ALIGN`.
     pub len: u64,
     pub weight_decay: f64,
+    /// A tile of a large operator (`passes::tiling`): a layer of its own.
+    pub tile: bool,
 }
 
 impl Bucket {
@@ -84,6 +86,7 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
                 members: Vec::new(),
                 len: 0,
                 weight_decay: slot.weight_decay,
+                tile: matches!(init, Init::Slice { .. }),
             });
             buckets.len() - 1
         });
