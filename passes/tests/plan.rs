@@ -105,6 +105,7 @@ fn pins_are_honoured() {
         recompute: Some(Policy::Full),
         micro_batch: Some(8),
         sequence_parallel: None,
+        tiles: None,
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -184,6 +185,7 @@ fn nothing_fits_names_what_would() {
         recompute: Some(recompute),
         micro_batch: None,
         sequence_parallel: None,
+        tiles: None,
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -227,6 +229,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 0,
             offload: Offload::None,
             recompute: Policy::None,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -234,6 +237,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 1,
             offload: Offload::None,
             recompute: Policy::Selective,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -241,6 +245,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 3,
             offload: Offload::None,
             recompute: Policy::Full,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -248,6 +253,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 2,
             offload: Offload::Optimizer,
             recompute: Policy::None,
+            tiles: 1,
         },
     ] {
         let (b, micro_batches) = (8, 4);
@@ -370,6 +376,7 @@ fn sequence_parallelism_is_pinned_or_refused_by_name() {
         recompute: Some(Policy::None),
         micro_batch: Some(8),
         sequence_parallel: Some(sp),
+        tiles: None,
     };
     req.pins = pinned(true);
     let with = planned(&req);
