@@ -5,15 +5,16 @@
 #[path = "../../ir/tests/common/mod.rs"]
 mod common;
 
-use common::load_model as model;
+use common::{load_model as model, models_dir};
 use std::collections::BTreeMap;
 use zeroplan_ir::interp::{Interpreter, Rounding};
 use zeroplan_ir::plan::{DataParallel, Offload};
-use zeroplan_ir::spec::{ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Graph, Init, Op, Tensor};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::memory::plan;
 use zeroplan_passes::pipeline::{Compiled, Target, compile};
+use zeroplan_passes::planner::{Pins, PlanError, Request, plan};
 
 fn compiled(m: &ModelSpec, train: &TrainingSpec, dp: Option<DataParallel>, tiles: Option<u64>) -> Compiled {
     let options = PassOptions {
@@ -198,4 +199,54 @@ fn under_zero3_the_working_set_is_a_tile_as_the_plan_says() {
         );
         before = live;
     }
+}
+
+/// A model whose feed-forward weights dwarf the rest: two `[2^20, 1024]`
+/// matrices per layer, 2 GiB each in bf16.
+fn wide_feed_forward() -> ModelSpec {
+    ModelSpec { hidden: 1024, heads: 16, intermediate: 1 << 20, layers: 2, ..model("bert-base.ron") }
+}
+
+fn request(m: &ModelSpec, budget: u64, pins: Pins) -> Request<'_> {
+    let gpu = GpuProfile::load(&models_dir().join("gpus/h100-80gb-sxm.ron")).unwrap();
+    let cluster =
+        Cluster { nodes: 1, gpus_per_node: 8, gpu, memory_budget: Some(budget), host_memory: None };
+    let train = TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() };
+    Request { model: m, train, cluster, seq: 128, global_batch: 8, pins, extrapolate_depth: true }
+}
+
+#[test]
+fn the_planner_tiles_an_operator_that_does_not_fit_gathered() {
+    let m = wide_feed_forward();
+    let pins = Pins {
+        tensor_parallel: Some(1),
+        micro_batch: Some(1),
+        recompute: Some(zeroplan_passes::recompute::Policy::Full),
+        ..Pins::default()
+    };
+    // Untiled ZeRO-3's least memory, with room to spare.
+    let untiled = Pins { zero_stage: Some(3), offload: Some(Offload::None), tiles: Some(1), ..pins };
+    let roomy = plan(&request(&m, 80 << 30, untiled)).unwrap_or_else(|e| panic!("{e}"));
+    let untiled_peak = roomy.memory.peak_bytes;
+    // A budget 1 GiB under it: every untiled choice fails (ZeRO-3 holds the
+    // least), and the search tiles.
+    let budget = untiled_peak - (1 << 30);
+    match plan(&request(&m, budget, Pins { tiles: Some(1), ..pins })) {
+        Err(e @ PlanError::NothingFits { .. }) => assert!(e.to_string().contains("--tiles"), "{e}"),
+        other => panic!("untiled should not fit {budget} B: {:?}", other.map(|p| p.strategy)),
+    }
+    let p = plan(&request(&m, budget, pins)).unwrap_or_else(|e| panic!("{e}"));
+    let s = &p.strategy;
+    assert!(s.tiles > 1 && s.zero_stage == 3, "{s}");
+    assert!(s.to_string().ends_with(&format!("tiles {}", s.tiles)), "{s}");
+    assert!(p.memory.peak_bytes <= budget, "{} > {budget}", p.memory.peak_bytes);
+    // The plan's program is the tiled step: each tile its own bucket.
+    let tile_buckets = p.program.graph.params().into_iter().filter(|&n| p.program.graph.node(n).name.contains(".tile"));
+    assert!(tile_buckets.count() >= 2 * s.tiles as usize, "tiles {}", s.tiles);
+    // The least count that fits: one fewer doubling does not.
+    let fewer = Pins { zero_stage: Some(3), offload: Some(s.offload), tiles: Some(s.tiles / 2), ..pins };
+    if let Ok(q) = plan(&request(&m, budget, fewer)) {
+        panic!("{} tiles fit too: {}", s.tiles / 2, q.strategy);
+    }
+    println!("untiled peak {untiled_peak} B; {s}: {} B", p.memory.peak_bytes);
 }
