@@ -300,6 +300,7 @@ fn sharding_costs_time_when_memory_is_ample() {
             zero_stage,
             offload: Offload::None,
             recompute: Policy::None,
+            tiles: 1,
         };
         let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
         probe.predict(&req, &machine, 16, 1).unwrap()
