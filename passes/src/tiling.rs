@@ -24,8 +24,9 @@
 //! parameter would, so a tiled step computes what the untiled one does.
 //!
 //! Tileable: `x @ Wᵀ` (`transpose_b`, no `transpose_a`) where `W` is a
-//! rank-2 parameter, or a row-wise `concat` of them, and every use of each
-//! such parameter is a tileable matmul. The tiles are ordinary `matmul`,
+//! rank-2 parameter, a row-wise `concat` of them, or a `tensor_copy` of one
+//! (a replicated weight in a sequence-parallel region: each tile gets its
+//! own), and every use of each such parameter is a tileable matmul. The tiles are ordinary `matmul`,
 //! `concat` and (in the backward) `slice` nodes, which both backends run.
 
 use std::collections::{BTreeMap, HashMap};
@@ -102,6 +103,9 @@ fn weight_members(graph: &Graph, n: NodeIndex) -> Option<Vec<NodeIndex>> {
     }
     let members = match graph.node(w.node).op {
         Op::Param { .. } => vec![w.node],
+        // A replicated weight read in a sequence-parallel region: its
+        // gradient is summed over the tensor ranks; each tile's will be.
+        Op::TensorCopy { .. } => graph.operands(w.node).iter().map(|v| v.node).collect(),
         Op::Concat { axis: 0 } => graph.operands(w.node).iter().map(|v| v.node).collect(),
         _ => return None,
     };
@@ -128,7 +132,9 @@ fn keep_closed(graph: &Graph, matmuls: &mut BTreeMap<NodeIndex, Vec<NodeIndex>>)
     loop {
         let only_read_by_matmuls = |p: NodeIndex| {
             graph.users(p).iter().all(|&u| match graph.node(u).op {
-                Op::Concat { axis: 0 } => graph.users(u).iter().all(|m| matmuls.contains_key(m)),
+                Op::Concat { axis: 0 } | Op::TensorCopy { .. } => {
+                    graph.users(u).iter().all(|m| matmuls.contains_key(m))
+                }
                 _ => matmuls.contains_key(&u),
             })
         };
@@ -183,20 +189,35 @@ impl TilePlan {
             if let Some(blocks) = self.pieces.get(&n) {
                 tiles.insert(n, self.tile_params(graph, n, blocks, &mut out)?);
             } else if let Some(members) = self.operators.get(&n) {
-                let x = map[&graph.operands(n)[0]];
+                let (x, w) = (map[&graph.operands(n)[0]], graph.operands(n)[1]);
                 let rank = node.outputs[0].shape.rank();
+                let copy = match &graph.node(w.node).op {
+                    op @ Op::TensorCopy { .. } => Some(op.clone()),
+                    _ => None,
+                };
                 let mut parts = Vec::new();
-                for w in members.iter().flat_map(|p| &tiles[p]) {
+                for &w in members.iter().flat_map(|p| &tiles[p]) {
+                    let w = match &copy {
+                        Some(op) => {
+                            let name = format!("{}.sequence_parallel", out.node(w.node).name);
+                            match out.node_by_name(&name) {
+                                Some(node) => Value { node, output: 0 },
+                                None => out.at_place(node.place, |out| out.add(name, op.clone(), &[w]))?,
+                            }
+                        }
+                        None => w,
+                    };
                     let name = format!("{}{TILE_SUFFIX}{}", node.name, parts.len());
-                    parts.push(out.at_place(node.place, |out| out.add(name, node.op.clone(), &[x, *w]))?);
+                    parts.push(out.at_place(node.place, |out| out.add(name, node.op.clone(), &[x, w]))?);
                 }
                 let y =
                     out.at_place(node.place, |out| out.add(node.name.clone(), Op::Concat { axis: rank - 1 }, &parts))?;
                 map.insert(Value { node: n, output: 0 }, y);
-            } else if matches!(node.op, Op::Concat { axis: 0 })
+            } else if matches!(node.op, Op::Concat { axis: 0 } | Op::TensorCopy { .. })
                 && graph.operands(n).iter().all(|v| self.pieces.contains_key(&v.node))
             {
-                // A merged weight read only by tiled matmuls: never built.
+                // A merged (or sequence-parallel) weight read only by tiled
+                // matmuls: never built; the tiles are.
             } else {
                 copy_node(graph, n, &mut out, &mut map)?;
             }
