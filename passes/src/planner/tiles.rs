@@ -6,8 +6,9 @@
 //! activations. Where that exceeds the budget, the search tiles the large
 //! operators: 2, 4, 8, … tiles of the largest, each count searched as a
 //! choice of its own, stopping at the first count that fits (fewer tiles
-//! are fewer, wider GEMMs and fewer collectives) or once more tiles no
-//! longer lower the least peak (activations, not weights, are what stays).
+//! are fewer, wider GEMMs and fewer collectives) or once two counts in a
+//! row do not lower the least peak (activations or shards, not gathered
+//! weights, are what stays).
 //! A tiled choice then competes with every other on predicted throughput,
 //! tensor parallelism included, and the runner-up line says why it lost.
 
@@ -34,16 +35,19 @@ pub fn tiled_outcomes(
 ) -> Result<Vec<Outcome>, PlanError> {
     let mut out = Vec::new();
     for o in outcomes.iter().filter(|o| o.best.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1) {
-        let mut least: Option<Outcome> = None;
+        let (mut least, mut misses): (Option<Outcome>, u32) = (None, 0);
         for tiles in TILE_COUNTS {
             let _span = tracing::debug_span!("plan.tiles", tiles).entered();
             let tiled = search_choice(req, machine, Choice { tiles, ..o.choice })?;
             let before = least.as_ref().map_or(o.min_peak_bytes, |l| l.min_peak_bytes);
             let (fits, lower) = (tiled.best.is_some(), tiled.min_peak_bytes < before);
+            misses = if lower { 0 } else { misses + 1 };
             if fits || lower {
                 least = Some(tiled);
             }
-            if fits || !lower {
+            // The peak is not monotone in the tile count (the operators
+            // under the max tile change bucket): give up after two misses.
+            if fits || misses == 2 {
                 break;
             }
         }
