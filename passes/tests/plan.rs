@@ -161,6 +161,8 @@ fn nothing_fits_names_what_would() {
     let mut req = request(&m, cluster("a100-40gb", 2, Some(budget)), 512, 2);
     // (Split over both GPUs by tensor parallelism, bert-large would fit.)
     req.pins.tensor_parallel = Some(1);
+    // The 24 fixed choices, untiled (tiling would add choices of its own).
+    req.pins.tiles = Some(1);
     let Err(PlanError::NothingFits { shortfalls, .. }) = plan(&req) else { panic!("bert-large fits in 1.5 GiB") };
     assert_eq!(shortfalls.len(), 24);
     assert!(shortfalls.iter().all(|s| s.min_peak_bytes > budget));
@@ -185,7 +187,7 @@ fn nothing_fits_names_what_would() {
         recompute: Some(recompute),
         micro_batch: None,
         sequence_parallel: None,
-        tiles: None,
+        tiles: Some(1),
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
