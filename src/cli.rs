@@ -222,6 +222,11 @@ pub struct CompileArgs {
     /// Pin the sequences per micro-batch per GPU.
     #[arg(long)]
     pub micro_batch: Option<u64>,
+    /// Pin memory-centric tiling: the largest gathered operator is computed as N tiles, each gathered,
+    /// used and freed before the next (1: none). Default: the search tiles ZeRO-3 choices that do not
+    /// fit untiled.
+    #[arg(long, value_name = "N")]
+    pub tiles: Option<u64>,
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
@@ -526,6 +531,10 @@ pub struct PassArgs {
     /// The sequence length cost models assume.
     #[arg(long, default_value_t = 128)]
     pub seq_len: u64,
+    /// Memory-centric tiling in training steps: the largest parameter matmul as N tiles, each gathered,
+    /// used and freed before the next (the `tiling` pass).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub tiles: Option<u64>,
 }
 
 /// Data parallelism of a training step: `--ranks` runs the `partition` pass
@@ -563,6 +572,7 @@ impl PassArgs {
             data_parallel: self.data_parallel.strategy(),
             tensor_parallel: self.tp,
             sequence_parallel: self.sp,
+            tiles: self.tiles,
         }
     }
 }

@@ -282,10 +282,7 @@ impl Graph {
     /// whole tensor it is `1/t` of (the vocabulary padded to a multiple of
     /// `t` included), so every tensor rank gives the same count.
     pub fn model_parameter_count(&self) -> u64 {
-        let whole = |init: &Init, len: u64| match init {
-            Init::TensorShard { ranks, .. } => len * ranks,
-            _ => len,
-        };
+        let whole = |init: &Init, len: u64| len * init.tensor_shard_ranks().unwrap_or(1);
         let count = |n: &NodeIndex| match &self.graph[*n].op {
             Op::Param { init: Init::Flat { members, .. } } => {
                 Some(members.iter().map(|m| whole(&m.init, m.len())).sum())

@@ -41,6 +41,17 @@ pub enum Init {
         ranks: u64,
         init: Box<Init>,
     },
+    /// A tile: the `len` rows from `start` (axis 0) of a whole tensor of
+    /// shape `whole` named `of`, initialised as that tensor would be (under
+    /// its name), so the tiles of a split parameter start bitwise where the
+    /// unsplit parameter would (memory-centric tiling, `passes::tiling`).
+    Slice {
+        of: String,
+        whole: Vec<u64>,
+        start: u64,
+        len: u64,
+        init: Box<Init>,
+    },
 }
 
 /// One parameter inside a flat buffer.
@@ -72,6 +83,7 @@ impl Init {
         match self {
             Init::TensorShard { ranks, .. } => Some(*ranks),
             Init::Flat { members, .. } => members.first().and_then(|m| m.init.tensor_shard_ranks()),
+            Init::Slice { init, .. } => init.tensor_shard_ranks(),
             _ => None,
         }
     }
@@ -91,6 +103,7 @@ impl fmt::Display for Init {
             Init::TensorShard { axis, ranks, init, .. } => {
                 write!(f, "tensor_shard({init}, axis={axis}, ranks={ranks})")
             }
+            Init::Slice { of, start, len, init, .. } => write!(f, "slice({of}[{start}..{}], {init})", start + len),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! turns one verified graph into another; [`pipeline`] orders them:
 //! [`rewrite`] (egg: merge matmuls that share an input, by cost),
 //! [`attention`] (each attention chain into one fused, FlashAttention-style op),
+//! [`tiling`] (ZeRO-Infinity's memory-centric tiling of large operators),
 //! [`training::MixedPrecision`] (fp32 master weights behind 16-bit working
 //! copies), [`training::TrainingStep`] ([`autodiff`] and [`optimizer`]:
 //! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
@@ -31,4 +32,5 @@ pub mod planner;
 mod rebuild;
 pub mod recompute;
 pub mod rewrite;
+pub mod tiling;
 pub mod training;

@@ -3,7 +3,9 @@
 //! Forward graphs: `rewrite`, `attention`, `fuse`. Training steps:
 //! `rewrite` (on the forward graph, so merged weights get their gradients
 //! split back by autodiff), `attention` (also on the forward graph, so
-//! autodiff differentiates the fused op whole), `mixed-precision`,
+//! autodiff differentiates the fused op whole), `tiling` (only when tiles
+//! are asked for; on the forward graph, so autodiff tiles the backward
+//! too), `mixed-precision`,
 //! `training-step`, `recompute`, `partition` (only when data parallelism is
 //! asked for), `fuse`.
 
@@ -18,6 +20,7 @@ use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
 use crate::partition::Partition;
 use crate::recompute::Recompute;
 use crate::rewrite::Rewrite;
+use crate::tiling::Tiling;
 use crate::training::{MixedPrecision, TrainError, TrainingStep, training_forward};
 
 /// The result of a pipeline run.
@@ -37,18 +40,19 @@ pub enum Target<'a> {
 
 /// The standard passes for `target`, in order, as `options` configure
 /// them: the one list, so names, order and configuration cannot drift
-/// apart. `partition` is built only when data parallelism is asked for.
+/// apart. `partition` is built only when data parallelism is asked for,
+/// `tiling` only when tiles are.
 fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     match target {
         Target::Forward(_) => vec![Box::new(Rewrite), Box::new(Attention), Box::new(Fuse)],
         Target::Training(train) => {
-            let mut passes: Vec<Box<dyn Pass>> = vec![
-                Box::new(Rewrite),
-                Box::new(Attention),
+            let mut passes: Vec<Box<dyn Pass>> = vec![Box::new(Rewrite), Box::new(Attention)];
+            passes.extend(options.tiles.map(|tiles| Box::new(Tiling { tiles }) as _));
+            passes.extend::<[Box<dyn Pass>; 3]>([
                 Box::new(MixedPrecision),
                 Box::new(TrainingStep { train: (*train).clone() }),
                 Box::new(Recompute { policy: options.recompute }),
-            ];
+            ]);
             passes.extend(options.data_parallel.map(|data_parallel| Box::new(Partition { data_parallel }) as _));
             passes.push(Box::new(Fuse));
             passes
@@ -56,10 +60,10 @@ fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     }
 }
 
-/// The names of the passes a target can run, in order (`partition` among
-/// them, though it runs only with data parallelism).
+/// The names of the passes a target can run, in order (`tiling` and
+/// `partition` among them, though they run only when asked for).
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
-    let every = PassOptions { data_parallel: Some(DataParallel::single()), ..PassOptions::default() };
+    let every = PassOptions { data_parallel: Some(DataParallel::single()), tiles: Some(1), ..PassOptions::default() };
     passes(target, &every).iter().map(|pass| pass.name()).collect()
 }
 

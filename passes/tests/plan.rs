@@ -105,6 +105,7 @@ fn pins_are_honoured() {
         recompute: Some(Policy::Full),
         micro_batch: Some(8),
         sequence_parallel: None,
+        tiles: None,
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -160,6 +161,8 @@ fn nothing_fits_names_what_would() {
     let mut req = request(&m, cluster("a100-40gb", 2, Some(budget)), 512, 2);
     // (Split over both GPUs by tensor parallelism, bert-large would fit.)
     req.pins.tensor_parallel = Some(1);
+    // The 24 fixed choices, untiled (tiling would add choices of its own).
+    req.pins.tiles = Some(1);
     let Err(PlanError::NothingFits { shortfalls, .. }) = plan(&req) else { panic!("bert-large fits in 1.5 GiB") };
     assert_eq!(shortfalls.len(), 24);
     assert!(shortfalls.iter().all(|s| s.min_peak_bytes > budget));
@@ -184,6 +187,7 @@ fn nothing_fits_names_what_would() {
         recompute: Some(recompute),
         micro_batch: None,
         sequence_parallel: None,
+        tiles: Some(1),
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -227,6 +231,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 0,
             offload: Offload::None,
             recompute: Policy::None,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -234,6 +239,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 1,
             offload: Offload::None,
             recompute: Policy::Selective,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -241,6 +247,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 3,
             offload: Offload::None,
             recompute: Policy::Full,
+            tiles: 1,
         },
         Choice {
             tensor_parallel: 1,
@@ -248,6 +255,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             zero_stage: 2,
             offload: Offload::Optimizer,
             recompute: Policy::None,
+            tiles: 1,
         },
     ] {
         let (b, micro_batches) = (8, 4);
@@ -294,6 +302,7 @@ fn sharding_costs_time_when_memory_is_ample() {
             zero_stage,
             offload: Offload::None,
             recompute: Policy::None,
+            tiles: 1,
         };
         let probe = Probe::compile(&req, choice, 16, 16, 1).unwrap();
         probe.predict(&req, &machine, 16, 1).unwrap()
@@ -370,6 +379,7 @@ fn sequence_parallelism_is_pinned_or_refused_by_name() {
         recompute: Some(Policy::None),
         micro_batch: Some(8),
         sequence_parallel: Some(sp),
+        tiles: None,
     };
     req.pins = pinned(true);
     let with = planned(&req);

@@ -123,6 +123,7 @@ fn pins() -> impl Strategy<Value = Pins> {
         micro_batch: None,
         // The search tries sequence parallelism wherever there are several tensor ranks.
         sequence_parallel: None,
+        tiles: None,
     })
 }
 

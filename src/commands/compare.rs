@@ -90,6 +90,9 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
     if flags.sequence_parallel.is_some() {
         note("--sp");
     }
+    if flags.tiles.is_some() {
+        note("--tiles");
+    }
     Pins {
         tensor_parallel: flags.tensor_parallel.or(config.tensor_parallel),
         zero_stage: flags.zero_stage.or(config.zero_stage),
@@ -97,6 +100,7 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
         recompute: flags.recompute.or(config.recompute),
         micro_batch: flags.micro_batch.or(config.micro_batch),
         sequence_parallel: flags.sequence_parallel.or(config.sequence_parallel),
+        tiles: flags.tiles.or(config.tiles),
     }
 }
 

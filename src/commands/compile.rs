@@ -68,7 +68,7 @@ pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
     })
 }
 
-/// What `--tp`, `--zero`, `--offload`, `--recompute` and `--micro-batch` pin.
+/// What `--tp`, `--zero`, `--offload`, `--recompute`, `--micro-batch` and `--tiles` pin.
 pub fn pins(args: &CompileArgs) -> Pins {
     Pins {
         tensor_parallel: args.tp,
@@ -83,6 +83,7 @@ pub fn pins(args: &CompileArgs) -> Pins {
         offload: args.offload,
         recompute: args.recompute,
         micro_batch: args.micro_batch,
+        tiles: args.tiles,
     }
 }
 

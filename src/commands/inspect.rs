@@ -162,12 +162,14 @@ pub fn text(plan: &Plan) -> String {
         } else {
             let tp = candidate.strategy.tensor_parallel;
             let sp = if candidate.strategy.sequence_parallel { "+SP" } else { "" };
+            let tiles = candidate.strategy.tiles;
             format!(
-                "{}ZeRO-{} offload {} recompute {}",
+                "{}ZeRO-{} offload {} recompute {}{}",
                 if tp > 1 { format!("TP-{tp}{sp} ") } else { String::new() },
                 candidate.strategy.zero_stage,
                 candidate.strategy.offload.name(),
-                candidate.strategy.recompute
+                candidate.strategy.recompute,
+                if tiles > 1 { format!(" tiles {tiles}") } else { String::new() }
             )
         };
         t += &format!("  {strategy:<72} {:>12}  {speed}\n", gib(candidate.peak_bytes));

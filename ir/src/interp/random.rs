@@ -131,6 +131,18 @@ pub(super) fn init(
             }
             Ok(nd::float(shape, dtype, part))
         }
+        Init::Slice { of, whole, start, len, init: of_init } => {
+            let whole: Vec<usize> = whole.iter().map(|&d| d as usize).collect();
+            let all = self::init(of_init, whole.clone(), dtype, seed, name_stream(of), rank)?;
+            let row: usize = whole.iter().skip(1).product();
+            let values = all.floats().ok_or("a tile is a float")?;
+            let (at, count) = (*start as usize * row, *len as usize * row);
+            let part = values.get(at..at + count).ok_or_else(|| format!("{init} ends past `{of}`'s {whole:?}"))?;
+            if count != n {
+                return Err(format!("{init} has {count} elements, its node {n}"));
+            }
+            Ok(nd::float(shape, dtype, part.to_vec()))
+        }
         Init::Flat { members, .. } => {
             let mut flat = vec![0.0; n];
             for m in members {

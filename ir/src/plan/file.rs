@@ -88,6 +88,14 @@ pub struct Strategy {
     pub micro_batch: u64,
     /// Micro-batches accumulated per optimizer step.
     pub micro_batches: u64,
+    /// Tiles of the largest gathered operator (ZeRO-Infinity's
+    /// memory-centric tiling, `passes::tiling`); 1: none.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tiles: u64,
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 /// Plans written before tensor parallelism have none.
@@ -116,7 +124,11 @@ impl std::fmt::Display for Strategy {
             self.recompute,
             self.micro_batch,
             self.micro_batches
-        )
+        )?;
+        if self.tiles > 1 {
+            write!(f, " tiles {}", self.tiles)?;
+        }
+        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
 //! Buckets: the flat buffers ZeRO shards, communicates and updates whole.
 //!
 //! One bucket per layer (the name's first component, `layer3`, `embeddings`,
-//! `mlm`), weight-decay group and, with tensor parallelism, whether its
+//! `mlm`; a tile of a large operator alone), weight-decay group and, with tensor parallelism, whether its
 //! parameters are tensor shards, in the order the forward first reads its
 //! parameters — so stage 3 gathers one bucket per layer, in forward order,
 //! and backward reduces them in reverse. Each bucket is padded to a multiple
@@ -26,6 +26,8 @@ pub(super) struct Bucket {
     /// Padded length: a multiple of `ranks × SHARD_ALIGN`.
     pub len: u64,
     pub weight_decay: f64,
+    /// A tile of a large operator (`passes::tiling`): a layer of its own.
+    pub tile: bool,
 }
 
 impl Bucket {
@@ -41,8 +43,13 @@ impl Bucket {
 }
 
 /// The layer a parameter belongs to: `layer3.attn.q.weight` → `layer3`.
-fn group(name: &str) -> &str {
-    name.split('.').next().unwrap_or(name)
+/// A tile of a large operator (`passes::tiling`) is a layer of its own, so
+/// stage 3 gathers, frees and reduces it alone, one tile after another.
+fn group<'a>(name: &'a str, init: &Init) -> &'a str {
+    match init {
+        Init::Slice { .. } => name,
+        _ => name.split('.').next().unwrap_or(name),
+    }
 }
 
 /// Groups `slots` into buckets for `ranks` ranks.
@@ -61,8 +68,8 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
     for i in by_use {
         let slot = &slots[i];
         let node = graph.node(slot.param);
-        let layer = group(&node.name).to_string();
         let Op::Param { init } = &node.op else { unreachable!("slots hold parameters") };
+        let layer = group(&node.name, init).to_string();
         // Tensor shards and replicated parameters count differently in the
         // global norm (`optimizer::norm_share`): never in one bucket.
         let sharded = init.tensor_shard_ranks().is_some();
@@ -79,6 +86,7 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
                 members: Vec::new(),
                 len: 0,
                 weight_decay: slot.weight_decay,
+                tile: matches!(init, Init::Slice { .. }),
             });
             buckets.len() - 1
         });

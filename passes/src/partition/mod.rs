@@ -253,7 +253,8 @@ impl<'a> Builder<'a> {
 
     /// The whole bucket in `phase`: the parameters themselves, or under
     /// stage 3 an all-gather of the shards, made together with the gathers
-    /// of the layer that runs next (prefetch, one layer ahead).
+    /// of the layer that runs next (prefetch, one layer ahead; a tile of a
+    /// large operator is a layer of its own, prefetched by the tile before).
     fn gathered(&mut self, b: usize, phase: Phase) -> Result<Value, GraphError> {
         if let Some(&g) = self.made[b].gathered.get(&phase) {
             return Ok(g);
@@ -267,7 +268,11 @@ impl<'a> Builder<'a> {
         let layer = self.buckets[b].layer;
         let next = if phase == Phase::Forward { layer.checked_add(1) } else { layer.checked_sub(1) };
         for n in 0..self.buckets.len() {
-            if Some(self.buckets[n].layer) == next && !self.made[n].gathered.contains_key(&phase) {
+            // A tile is prefetched only by the tile before it: a layer's
+            // bucket is read at both ends of its backward, and a tile
+            // gathered that early would stay beside the next ones.
+            let prefetch = !self.buckets[n].tile || self.buckets[b].tile;
+            if Some(self.buckets[n].layer) == next && prefetch && !self.made[n].gathered.contains_key(&phase) {
                 self.gather(n, phase)?;
             }
         }

@@ -13,8 +13,8 @@ use crate::memory::{self, Category, MemoryPlan};
 use crate::pipeline::{Target, compile};
 use crate::recompute::Policy;
 
-/// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`
-/// and `--recompute` pin, and what the runner-up differs from the winner in.
+/// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
+/// `--recompute` and `--tiles` pin, and what the runner-up differs from the winner in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Choice {
     /// Tensor-parallel ranks per data-parallel replica.
@@ -24,6 +24,8 @@ pub struct Choice {
     pub zero_stage: u8,
     pub offload: Offload,
     pub recompute: Policy,
+    /// Tiles of the largest gathered operator (the `tiling` pass); 1: none.
+    pub tiles: u64,
 }
 
 impl Choice {
@@ -43,6 +45,7 @@ impl Choice {
             recompute: self.recompute.name(),
             micro_batch,
             micro_batches,
+            tiles: self.tiles,
         }
     }
 }
@@ -53,7 +56,11 @@ impl std::fmt::Display for Choice {
             let sp = if self.sequence_parallel { "+SP" } else { "" };
             write!(f, "TP-{}{sp} ", self.tensor_parallel)?;
         }
-        write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())
+        write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())?;
+        if self.tiles > 1 {
+            write!(f, " tiles {}", self.tiles)?;
+        }
+        Ok(())
     }
 }
 
@@ -92,6 +99,7 @@ impl Step {
             data_parallel: Some(DataParallel { ranks, zero_stage: choice.zero_stage, offload: choice.offload }),
             tensor_parallel: Some(choice.tensor_parallel),
             sequence_parallel: choice.sequence_parallel,
+            tiles: (choice.tiles > 1).then_some(choice.tiles),
             ..PassOptions::default()
         };
         let graph = compile(model, &Target::Training(&train), options)

@@ -119,8 +119,9 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall
     if sorted.iter().all(|s| s.gpus_to_fit.is_none()) {
         text += "\nNo GPU count fits: what stays on each GPU (a gathered layer's weights, one micro-batch's \
                  activations) exceeds the budget. That needs more tensor parallelism (--tp: each GPU of a \
-                 group holds 1/t of every layer and its activations) or ZeRO-Infinity's tiling of large \
-                 operators, which zeroplan does not plan.";
+                 group holds 1/t of every layer and its activations) or more tiles of the large operators \
+                 (--tiles: ZeRO-3 gathers, uses and frees one tile at a time; the search stops where more \
+                 tiles no longer lower the peak).";
     }
     text
 }

@@ -2,7 +2,8 @@
 //! with the highest predicted throughput that fits in memory.
 //!
 //! [`search`] tries every choice of ZeRO stage × offload × recomputation
-//! (less what the user pinned) at the micro-batches that fit, judging
+//! (less what the user pinned) at the micro-batches that fit, and [`tiles`]
+//! the tile counts of ZeRO-3 choices whose gathered operators do not fit, judging
 //! memory with the memory pass and time with the cost model; [`depth`]
 //! makes that cheap for deep models by planning each distinct layer once.
 //! The winner is then compiled and planned whole — its figures in the plan
@@ -17,6 +18,7 @@ pub mod evaluate;
 pub mod explain;
 pub mod program;
 pub mod search;
+pub mod tiles;
 
 use zeroplan_ir::DType;
 use zeroplan_ir::plan::{Candidate, ClusterDescription, Offload, PLAN_FORMAT, Plan, RunnerUp, Workload};
@@ -39,6 +41,9 @@ pub struct Pins {
     pub offload: Option<Offload>,
     pub recompute: Option<Policy>,
     pub micro_batch: Option<u64>,
+    /// Tiles of the largest gathered operator (`--tiles`; `None`: the
+    /// search tiles ZeRO-3 choices that do not fit untiled).
+    pub tiles: Option<u64>,
 }
 
 /// What to plan.
@@ -219,6 +224,9 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
     let ranks = world / req.pins.tensor_parallel.unwrap_or(1).max(1);
     if ranks == 0 || req.global_batch == 0 || !req.global_batch.is_multiple_of(ranks) {
         return Err(PlanError::Batch { global_batch: req.global_batch, ranks: ranks.max(1) });
+    }
+    if req.pins.tiles == Some(0) {
+        return Err(PlanError::Pins("--tiles 0: an operator is at least one tile (1: untiled)".into()));
     }
     if let Some(z) = req.pins.zero_stage.filter(|z| *z > 3) {
         return Err(PlanError::Stage(z));

@@ -89,7 +89,8 @@ fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
                     && pins.offload.is_none_or(|o| o == offload)
                 {
                     for sequence_parallel in sequence_parallel_choices(req, tensor_parallel) {
-                        out.push(Choice { tensor_parallel, sequence_parallel, zero_stage, offload, recompute });
+                        let tiles = req.pins.tiles.unwrap_or(1);
+                        out.push(Choice { tensor_parallel, sequence_parallel, zero_stage, offload, recompute, tiles });
                     }
                 }
             }
@@ -128,6 +129,10 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
     for &choice in choices {
         let _span = tracing::debug_span!("plan.choice", ?choice).entered();
         outcomes.push(search_choice(req, machine, choice)?);
+    }
+    if req.pins.tiles.is_none() {
+        let tiled = super::tiles::tiled_outcomes(req, machine, &outcomes, search_choice)?;
+        outcomes.extend(tiled);
     }
     if req.pins.recompute.is_none() {
         let optimal = optimal_outcomes(req, machine, &outcomes)?;
