@@ -125,6 +125,11 @@ impl Tier {
         &self.slots
     }
 
+    /// The bytes it keeps: every slot, rounded to blocks (the file's size).
+    pub fn bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.len).sum()
+    }
+
     /// The state file's path.
     pub fn path(&self) -> PathBuf {
         self.lock().file.path().to_path_buf()

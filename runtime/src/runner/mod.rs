@@ -181,7 +181,7 @@ impl<D: Device> Runner<D> {
     /// tracker), so its streams are rewritten here, before instruction
     /// selection; replicated sites keep theirs.
     pub fn load_groups_with(
-        mut program: Program,
+        program: Program,
         seed: u64,
         groups: Groups,
         given: &State,
@@ -207,7 +207,7 @@ impl<D: Device> Runner<D> {
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
         let order = g.topo_order().ok_or_else(|| RunError::Load("the program's graph has a cycle".into()))?;
         let bufs = buffers::buffers(&program, &order, &bindings, rank)?;
-        let (mut device, steps) = D::load(&program, &order, &bufs, &bindings, rank)?;
+        let (device, steps) = D::load(&program, &order, &bufs, &bindings, rank)?;
         let micro_batches = crate::reference::micro_batches(g);
         let updates = deferred_updates(g, &order, &bufs)?;
         let mut runner = Runner {
@@ -257,6 +257,11 @@ impl<D: Device> Runner<D> {
     /// memory (or in flight) at once; `None` without a tier.
     pub fn tier_high_water_bytes(&self) -> Option<u64> {
         self.device.tier().map(|t| t.high_water_bytes() as u64)
+    }
+
+    /// The bytes the NVMe tier keeps (its file's size); `None` without one.
+    pub fn tier_bytes(&self) -> Option<u64> {
+        self.device.tier().map(|t| t.bytes() as u64)
     }
 
     /// The NVMe tier's state file, if any.
