@@ -259,6 +259,12 @@ impl<D: Device> Runner<D> {
         self.device.tier().map(|t| t.high_water_bytes() as u64)
     }
 
+    /// The NVMe tier's slot bytes in memory (or in flight) now; between
+    /// steps, after [`Runner::check_tier`] (which waits for the writes), 0.
+    pub fn tier_resident_bytes(&self) -> Option<u64> {
+        self.device.tier().map(|t| t.resident_bytes() as u64)
+    }
+
     /// The bytes the NVMe tier keeps (its file's size); `None` without one.
     pub fn tier_bytes(&self) -> Option<u64> {
         self.device.tier().map(|t| t.bytes() as u64)
