@@ -41,7 +41,9 @@ fn train(ranks: &str, zero: &str, offload: &str, steps: &str) -> Vec<String> {
 #[test]
 fn nvme_runs_log_the_bits_of_host_memory_runs() {
     let dir = scratch("agree");
-    for (ranks, zero, offload) in [("1", "3", "optimizer+params"), ("2", "3", "optimizer+params"), ("4", "2", "optimizer")] {
+    for (ranks, zero, offload) in
+        [("1", "3", "optimizer+params"), ("2", "3", "optimizer+params"), ("4", "2", "optimizer")]
+    {
         let args = train(ranks, zero, offload, "3");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let memory = logged(&args);
@@ -122,7 +124,10 @@ fn a_missing_directory_a_full_disk_and_contradictions_are_named() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let missing = std::env::temp_dir().join("zeroplan-cli-nvme-no-such-dir");
     let err = failure(&[&args[..], &["--nvme-dir", missing.to_str().unwrap()]].concat());
-    assert!(err.contains("--nvme-dir") && err.contains(missing.to_str().unwrap()) && err.contains("no such directory"), "{err}");
+    assert!(
+        err.contains("--nvme-dir") && err.contains(missing.to_str().unwrap()) && err.contains("no such directory"),
+        "{err}"
+    );
     let err = failure(&[&args[..], &["--offload-to", "nvme"]].concat());
     assert!(err.contains("--offload-to nvme needs --nvme-dir"), "{err}");
     let err = failure(&[&args[..], &["--offload-to", "cpu", "--nvme-dir", "/tmp"]].concat());
@@ -146,7 +151,10 @@ fn a_missing_directory_a_full_disk_and_contradictions_are_named() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the run went on: {err}");
-    assert!(err.contains("could not allocate") && err.contains(dir.to_str().unwrap()) && err.contains("free space"), "{err}");
+    assert!(
+        err.contains("could not allocate") && err.contains(dir.to_str().unwrap()) && err.contains("free space"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a refused state file is removed");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -200,5 +200,8 @@ fn a_missing_directory_is_refused_at_load() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(e.contains("--nvme-dir") && e.contains(&dir.display().to_string()) && e.contains("no such directory"), "{e}");
+    assert!(
+        e.contains("--nvme-dir") && e.contains(&dir.display().to_string()) && e.contains("no such directory"),
+        "{e}"
+    );
 }

@@ -219,11 +219,7 @@ impl StateFile {
             if let Err(e) = ring.submit_and_wait(1) {
                 // The ring itself failed: every transfer in flight is lost.
                 let message = format!("{}: io_uring failed: {e}", self.path.display());
-                return self
-                    .pending
-                    .drain()
-                    .map(|(tag, _)| Completion { tag, result: Err(message.clone()) })
-                    .collect();
+                return self.pending.drain().map(|(tag, _)| Completion { tag, result: Err(message.clone()) }).collect();
             }
         }
         let finished: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();

@@ -131,6 +131,16 @@ mod tests {
         let slot = host(0, 64);
         let same_offset_on_device = Buf { place: Place::Device, ..slot };
         let w = windows(&[slot], &[step(&[same_offset_on_device], &[same_offset_on_device], false)]);
-        assert_eq!(w, Windows { opens: vec![vec![]], closes: vec![vec![]], writes: vec![vec![]], next: vec![None], first: None, micro_batch: vec![false] });
+        assert_eq!(
+            w,
+            Windows {
+                opens: vec![vec![]],
+                closes: vec![vec![]],
+                writes: vec![vec![]],
+                next: vec![None],
+                first: None,
+                micro_batch: vec![false]
+            }
+        );
     }
 }

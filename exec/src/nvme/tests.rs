@@ -50,7 +50,10 @@ fn round_trip(dir: &Path, io: Io) -> bool {
     assert_eq!(tier.resident_bytes(), 0, "holds release what they fetched");
     let want: Vec<Vec<u32>> = bufs.iter().map(|b| read(&tier, *b)).collect();
     for (i, b) in bufs.iter().enumerate() {
-        assert_eq!(want[i][7.min(b.len - 1)], (i as u32 + 1).wrapping_mul(2654435761).wrapping_add(7.min(b.len as u32 - 1)));
+        assert_eq!(
+            want[i][7.min(b.len - 1)],
+            (i as u32 + 1).wrapping_mul(2654435761).wrapping_add(7.min(b.len as u32 - 1))
+        );
     }
     // A window: fetch ahead, ready, write, evict (written back), read again.
     tier.fetch(0);
@@ -104,7 +107,10 @@ fn buffered_and_synchronous_fallbacks_keep_the_states_on_tmpfs() {
 fn a_missing_directory_is_named() {
     let dir = std::env::temp_dir().join("zeroplan-nvme-test-no-such-dir");
     let e = Tier::open(&dir, "rank.states", &[host(0, 10)], Io::default()).err().unwrap();
-    assert!(e.contains("--nvme-dir") && e.contains("no such directory") && e.contains(&dir.display().to_string()), "{e}");
+    assert!(
+        e.contains("--nvme-dir") && e.contains("no such directory") && e.contains(&dir.display().to_string()),
+        "{e}"
+    );
 }
 
 #[test]

@@ -92,7 +92,10 @@ impl Tier {
             if let Some(prev) = slots.last().map(|s: &Slot| s.buf)
                 && prev.overlaps(&buf)
             {
-                return Err(format!("the NVMe tier's buffers overlap at host offset {}: the plan is corrupt", buf.offset));
+                return Err(format!(
+                    "the NVMe tier's buffers overlap at host offset {}: the plan is corrupt",
+                    buf.offset
+                ));
             }
             let len = buf.bytes().div_ceil(BLOCK) * BLOCK;
             slots.push(Slot { buf, at, len });
@@ -110,13 +113,8 @@ impl Tier {
             if file.direct() { "O_DIRECT" } else { "buffered" },
             if file.asynchronous() { "io_uring" } else { "synchronous" }
         );
-        let inner = Inner {
-            file,
-            residency: vec![Residency::Released; slots.len()],
-            resident: 0,
-            high_water: 0,
-            error: None,
-        };
+        let inner =
+            Inner { file, residency: vec![Residency::Released; slots.len()], resident: 0, high_water: 0, error: None };
         Ok(Tier { dir: dir.to_path_buf(), slots, inner: Mutex::new(inner), _memory: memory, base })
     }
 
@@ -229,7 +227,9 @@ impl Tier {
                 // SAFETY: the slot's memory lives as long as the tier, whose
                 // drop waits for the write; nothing writes it until a fetch,
                 // which waits for the write first.
-                unsafe { inner.file.submit(Transfer::Write, s as u64, slot.at as u64, self.base.add(slot.at), slot.len) };
+                unsafe {
+                    inner.file.submit(Transfer::Write, s as u64, slot.at as u64, self.base.add(slot.at), slot.len)
+                };
             }
             Residency::Resident { dirty: false } => self.release(&mut inner, s),
             Residency::Reading => {
@@ -262,7 +262,9 @@ impl Tier {
         let mut fetched = Vec::new();
         for s in self.overlapping(b) {
             let mut inner = self.lock();
-            let whole = write && b.offset <= self.slots[s].buf.offset && self.slots[s].buf.offset + self.slots[s].buf.bytes() <= b.offset + b.bytes();
+            let whole = write
+                && b.offset <= self.slots[s].buf.offset
+                && self.slots[s].buf.offset + self.slots[s].buf.bytes() <= b.offset + b.bytes();
             match inner.residency[s] {
                 Residency::Released if whole => {
                     inner.residency[s] = Residency::Resident { dirty: true };
@@ -311,7 +313,9 @@ impl Tier {
                 inner.resident += slot.len;
                 inner.high_water = inner.high_water.max(inner.resident);
                 // SAFETY: as in `evict`; nothing reads the slot until `ready`.
-                unsafe { inner.file.submit(Transfer::Read, s as u64, slot.at as u64, self.base.add(slot.at), slot.len) };
+                unsafe {
+                    inner.file.submit(Transfer::Read, s as u64, slot.at as u64, self.base.add(slot.at), slot.len)
+                };
             }
             // Written back but not yet released: keep it.
             Residency::Writing { .. } => inner.residency[s] = Residency::Writing { release: false },
@@ -343,4 +347,3 @@ impl Tier {
         inner.resident -= slot.len;
     }
 }
-

@@ -53,8 +53,8 @@ use zeroplan_exec::buffers::{self, concrete, constant_update};
 pub use zeroplan_exec::{Buf, Ctx, Device, Instruction, Loaded, Rank, SelectError, Step, Written};
 
 use crate::comm::{Communicator, Groups, InProcess};
-use zeroplan_exec::nvme::Windows;
 pub use zeroplan_exec::nvme::Nvme;
+use zeroplan_exec::nvme::Windows;
 
 /// Why a program could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -180,12 +180,7 @@ impl<D: Device> Runner<D> {
     /// marked sharded ([`Rank::specialise`]: Megatron-LM's model-parallel RNG
     /// tracker), so its streams are rewritten here, before instruction
     /// selection; replicated sites keep theirs.
-    pub fn load_groups_with(
-        program: Program,
-        seed: u64,
-        groups: Groups,
-        given: &State,
-    ) -> Result<Runner<D>, RunError> {
+    pub fn load_groups_with(program: Program, seed: u64, groups: Groups, given: &State) -> Result<Runner<D>, RunError> {
         Runner::load_tiered(program, seed, groups, given, None)
     }
 
@@ -233,7 +228,15 @@ impl<D: Device> Runner<D> {
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
         if let Some(nvme) = nvme {
-            runner.windows = tier::attach(&mut runner.device, nvme, rank, &runner.program.graph, &runner.bufs, &runner.steps, &runner.access)?;
+            runner.windows = tier::attach(
+                &mut runner.device,
+                nvme,
+                rank,
+                &runner.program.graph,
+                &runner.bufs,
+                &runner.steps,
+                &runner.access,
+            )?;
         }
         let init_rank = InitRank { data: Some(rank.index as u64), tensor: Some(rank.tensor as u64) };
         let state = Interpreter::new(Rounding::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
@@ -501,7 +504,10 @@ impl<D: Device> Runner<D> {
                     if let Some((t, w)) = tier {
                         let closing = tier::closing(w, at, last);
                         if !closing.is_empty() {
-                            let slots = Access { reads: Vec::new(), writes: closing.iter().map(|&s| t.slots()[s].buf).collect() };
+                            let slots = Access {
+                                reads: Vec::new(),
+                                writes: closing.iter().map(|&s| t.slots()[s].buf).collect(),
+                            };
                             finish(stream.wait_for(&slots), profile)?;
                             closing.into_iter().for_each(|s| t.evict(s));
                         }

@@ -14,8 +14,8 @@ use zeroplan_exec::nvme::{self, Io, Nvme, Tier, Touches, Windows};
 use zeroplan_exec::{Buf, Device, Rank, Step};
 use zeroplan_ir::{Graph, Value};
 
-use super::stream::Access;
 use super::RunError;
+use super::stream::Access;
 
 /// Moves the host-placed params and states of `g` to a tier in `nvme`'s
 /// directory and gives their windows over `steps`; `None` when the plan
