@@ -25,6 +25,10 @@ use io_uring::{IoUring, opcode, types};
 /// of NVMe drives in use (`O_DIRECT` needs the device's logical block).
 pub const BLOCK: usize = 4096;
 
+/// The most bytes one io_uring entry moves: its length is 32 bits, and a
+/// state (a ZeRO-1 master of a whole large model) may be more.
+const PIECE: usize = 1 << 30;
+
 /// Entries of the submission queue: more transfers in flight than one
 /// rank's schedule ever keeps (a state being read ahead, a few written back).
 const QUEUE_DEPTH: u32 = 64;
@@ -89,7 +93,11 @@ pub struct StateFile {
     file: File,
     direct: bool,
     engine: Engine,
-    pending: HashMap<u64, Pending>,
+    /// io_uring entries in flight, by their own id: the transfer's tag and piece.
+    pending: HashMap<u64, (u64, Pending)>,
+    /// Per tag: pieces still in flight, and the first error among those done.
+    parts: HashMap<u64, (usize, Result<(), String>)>,
+    next_id: u64,
 }
 
 // The raw pointers in `pending` are the caller's memory, which it keeps
@@ -148,7 +156,7 @@ impl StateFile {
                 if io.direct { "refused by its file system" } else { "not asked for" }
             );
         }
-        Ok(StateFile { path, file, direct, engine, pending: HashMap::new() })
+        Ok(StateFile { path, file, direct, engine, pending: HashMap::new(), parts: HashMap::new(), next_id: 0 })
     }
 
     /// The file's path.
@@ -184,18 +192,26 @@ impl StateFile {
             }
             Engine::Uring(ring) => {
                 let fd = types::Fd(self.file.as_raw_fd());
-                let entry = match transfer {
-                    Transfer::Read => opcode::Read::new(fd, ptr, len as u32).offset(at).build(),
-                    Transfer::Write => opcode::Write::new(fd, ptr, len as u32).offset(at).build(),
-                }
-                .user_data(tag);
-                // SAFETY: the caller keeps the memory valid until the completion.
-                while unsafe { ring.submission().push(&entry) }.is_err() {
-                    // The queue is full: make room by submitting what is queued.
-                    let _ = ring.submit();
+                let pieces = len.div_ceil(PIECE).max(1);
+                self.parts.insert(tag, (pieces, Ok(())));
+                for k in 0..pieces {
+                    let (start, n) = (k * PIECE, (len - k * PIECE).min(PIECE));
+                    // SAFETY: inside the caller's range.
+                    let piece = Pending { transfer, at: at + start as u64, ptr: unsafe { ptr.add(start) }, len: n };
+                    let entry = match transfer {
+                        Transfer::Read => opcode::Read::new(fd, piece.ptr, n as u32).offset(piece.at).build(),
+                        Transfer::Write => opcode::Write::new(fd, piece.ptr, n as u32).offset(piece.at).build(),
+                    }
+                    .user_data(self.next_id);
+                    self.pending.insert(self.next_id, (tag, piece));
+                    self.next_id += 1;
+                    // SAFETY: the caller keeps the memory valid until the completion.
+                    while unsafe { ring.submission().push(&entry) }.is_err() {
+                        // The queue is full: make room by submitting what is queued.
+                        let _ = ring.submit();
+                    }
                 }
                 let _ = ring.submit();
-                self.pending.insert(tag, pending);
             }
         }
     }
@@ -204,7 +220,7 @@ impl StateFile {
     pub fn in_flight(&self) -> usize {
         match &self.engine {
             Engine::Blocking(done) => done.len(),
-            Engine::Uring(_) => self.pending.len(),
+            Engine::Uring(_) => self.parts.len(),
         }
     }
 
@@ -219,13 +235,14 @@ impl StateFile {
             if let Err(e) = ring.submit_and_wait(1) {
                 // The ring itself failed: every transfer in flight is lost.
                 let message = format!("{}: io_uring failed: {e}", self.path.display());
-                return self.pending.drain().map(|(tag, _)| Completion { tag, result: Err(message.clone()) }).collect();
+                self.pending.clear();
+                return self.parts.drain().map(|(tag, _)| Completion { tag, result: Err(message.clone()) }).collect();
             }
         }
         let finished: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
         let mut out = Vec::new();
-        for (tag, res) in finished {
-            let Some(p) = self.pending.remove(&tag) else { continue };
+        for (id, res) in finished {
+            let Some((tag, p)) = self.pending.remove(&id) else { continue };
             let result = if res < 0 {
                 Err(describe(&self.path, p.transfer, std::io::Error::from_raw_os_error(-res)))
             } else if (res as usize) < p.len {
@@ -235,7 +252,15 @@ impl StateFile {
             } else {
                 Ok(())
             };
-            out.push(Completion { tag, result });
+            let Some((left, first)) = self.parts.get_mut(&tag) else { continue };
+            *left -= 1;
+            if first.is_ok() {
+                *first = result;
+            }
+            if *left == 0 {
+                let (_, result) = self.parts.remove(&tag).expect("present");
+                out.push(Completion { tag, result });
+            }
         }
         out
     }
