@@ -72,7 +72,7 @@ pub struct Completion {
 /// How transfers run.
 enum Engine {
     /// Queued on an io_uring; completions reaped later.
-    Uring(IoUring),
+    Uring(Box<IoUring>),
     /// Done at submission (io_uring refused); completions queued.
     Blocking(VecDeque<Completion>),
 }
@@ -143,7 +143,7 @@ impl StateFile {
         })?;
         let ring = if io.io_uring { IoUring::new(QUEUE_DEPTH) } else { Err(std::io::Error::other("not asked for")) };
         let engine = match ring {
-            Ok(ring) => Engine::Uring(ring),
+            Ok(ring) => Engine::Uring(Box::new(ring)),
             Err(e) => {
                 tracing::warn!("NVMe tier: io_uring is not used ({e}): reads and writes run synchronously");
                 Engine::Blocking(VecDeque::new())
@@ -231,13 +231,15 @@ impl StateFile {
             let Engine::Blocking(done) = &mut self.engine else { unreachable!() };
             return done.drain(..).collect();
         };
-        if wait && !self.pending.is_empty() && ring.completion().is_empty() {
-            if let Err(e) = ring.submit_and_wait(1) {
-                // The ring itself failed: every transfer in flight is lost.
-                let message = format!("{}: io_uring failed: {e}", self.path.display());
-                self.pending.clear();
-                return self.parts.drain().map(|(tag, _)| Completion { tag, result: Err(message.clone()) }).collect();
-            }
+        if wait
+            && !self.pending.is_empty()
+            && ring.completion().is_empty()
+            && let Err(e) = ring.submit_and_wait(1)
+        {
+            // The ring itself failed: every transfer in flight is lost.
+            let message = format!("{}: io_uring failed: {e}", self.path.display());
+            self.pending.clear();
+            return self.parts.drain().map(|(tag, _)| Completion { tag, result: Err(message.clone()) }).collect();
         }
         let finished: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
         let mut out = Vec::new();
