@@ -403,6 +403,16 @@ pub struct TrainArgs {
     /// `zeroplan launch`, one process per rank; --ranks defaults to WORLD_SIZE / --tp.
     #[command(flatten)]
     pub data_parallel: DataParallelArgs,
+    /// ZeRO-Infinity (`--backend cpu`, with `--offload`): where the offloaded states live:
+    /// `cpu` (host memory, the default) or `nvme` (state files under `--nvme-dir`).
+    #[arg(long, value_enum, value_name = "TIER")]
+    pub offload_to: Option<OffloadTier>,
+    /// The directory (on the NVMe drive) of the states `--offload` puts on the host — fp32
+    /// masters, AdamW moments, offloaded parameter shards — one preallocated file per rank,
+    /// read and written with asynchronous direct I/O around their uses; a cache, removed at the
+    /// end of the run (checkpoints copy the states out). Implies `--offload-to nvme`.
+    #[arg(long, value_name = "DIR")]
+    pub nvme_dir: Option<PathBuf>,
     /// `--backend cpu`: tensor-parallel ranks per model replica (Megatron-LM
     /// layers, the vocabulary split over them); the run is --ranks × T
     /// threads, a replica's T ranks sharing its batch.
@@ -535,6 +545,15 @@ pub struct PassArgs {
     /// used and freed before the next (the `tiling` pass).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub tiles: Option<u64>,
+}
+
+/// Where `train` keeps the states `--offload` puts on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OffloadTier {
+    /// In host memory (ZeRO-Offload).
+    Cpu,
+    /// In files under `--nvme-dir` (ZeRO-Infinity).
+    Nvme,
 }
 
 /// Data parallelism of a training step: `--ranks` runs the `partition` pass

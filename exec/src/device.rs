@@ -16,6 +16,7 @@ use zeroplan_ir::{Bindings, Graph, NodeIndex, Tensor, Value};
 
 use crate::buffers::{Buf, Rank, SelectError};
 use crate::comm::Communicator;
+use crate::nvme::Tier;
 
 /// What an instruction may need besides its buffers.
 pub struct Ctx<'a> {
@@ -117,6 +118,21 @@ pub trait Device: Sized + Sync {
     /// Sets every element of `buf` to `value`: how the runner commits a
     /// constant state update (an accumulator's zeroing).
     fn fill(&self, buf: Buf, value: f64);
+
+    /// Keeps the host buffers of `tier`'s slots there from now on: the
+    /// device reaches their bytes in the slots, and `read`, `write`,
+    /// `copy` and `fill` bring the slots they touch in from the file and
+    /// back. The runner moves the slots along the schedule's windows. A
+    /// device without an NVMe tier says so.
+    fn attach_tier(&mut self, tier: Tier) -> Result<(), String> {
+        drop(tier);
+        Err("this device cannot keep states on NVMe yet (--nvme-dir): use --backend cpu".into())
+    }
+
+    /// The NVMe tier attached, if any.
+    fn tier(&self) -> Option<&Tier> {
+        None
+    }
 }
 
 /// A device's rewrite of a rank's selected steps at load, as a graph pass

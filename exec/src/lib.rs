@@ -17,12 +17,15 @@
 //!   schedule it returns ([`Step`], [`Written`]) and the device passes that
 //!   rewrite it at load ([`StepPass`]);
 //! - [`comm`]: collectives between ranks ([`Communicator`]) and the store
-//!   through which a group's ranks first meet ([`Rendezvous`]).
+//!   through which a group's ranks first meet ([`Rendezvous`]);
+//! - [`nvme`]: the NVMe tier, host-placed states kept in files and brought
+//!   into memory around their uses ([`nvme::Tier`], [`nvme::windows`]).
 
 pub mod buffers;
 pub mod comm;
 pub mod device;
 pub mod instr;
+pub mod nvme;
 pub mod select;
 
 pub use buffers::{Buf, Rank, SelectError};

@@ -1,19 +1,22 @@
-//! One rank's memory: a zeroed, 64-byte-aligned block per place, at the
-//! size the plan gives it, and the typed slices instructions read and write.
+//! One rank's memory: a zeroed, page-aligned block per place, at the size
+//! the plan gives it, and the typed slices instructions read and write.
+//! With an NVMe tier, the host buffers the tier holds live in its slots
+//! instead ([`Memory::ptr`] redirects them).
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
-
+use memmap2::MmapMut;
 use zeroplan_ir::{DType, Place};
 
 use zeroplan_exec::Buf;
+use zeroplan_exec::nvme::Tier;
 
-/// The alignment of an arena: a cache line, and every SIMD width in use.
-const ALIGN: usize = 64;
-
-/// A block of zeroed memory that never moves.
+/// A block of zeroed memory that never moves: an anonymous mapping, so
+/// pages no buffer ever touches (the planned place of states the NVMe tier
+/// holds) take no RAM, and page alignment covers every SIMD width.
 pub struct Arena {
     ptr: *mut u8,
     len: usize,
+    /// The mapping `ptr` points into; `None` for an empty arena.
+    _map: Option<MmapMut>,
 }
 
 // The arena is plain memory; the executor orders every access.
@@ -24,16 +27,10 @@ impl Arena {
     /// `len` zeroed bytes; an empty arena owns no allocation.
     pub fn new(len: usize) -> Result<Arena, String> {
         if len == 0 {
-            return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len });
+            return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len, _map: None });
         }
-        let layout =
-            Layout::from_size_align(len, ALIGN).map_err(|_| format!("an arena of {len} bytes is not addressable"))?;
-        // SAFETY: `layout` has a nonzero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(format!("could not allocate an arena of {len} bytes"));
-        }
-        Ok(Arena { ptr, len })
+        let mut map = MmapMut::map_anon(len).map_err(|e| format!("could not allocate an arena of {len} bytes: {e}"))?;
+        Ok(Arena { ptr: map.as_mut_ptr(), len, _map: Some(map) })
     }
 
     /// Its size in bytes.
@@ -53,15 +50,6 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN)) }
-        }
-    }
-}
-
 /// The device arena and the host arena of one rank.
 pub struct Memory {
     /// The plan's device arena: [`Place::Device`] buffers (on the host
@@ -70,6 +58,8 @@ pub struct Memory {
     /// The plan's host arena: [`Place::Host`] buffers, where offloaded
     /// optimizer state and parameters live.
     pub host: Arena,
+    /// The NVMe tier holding the host-placed params and states, if any.
+    pub nvme: Option<Tier>,
 }
 
 impl Memory {
@@ -81,8 +71,12 @@ impl Memory {
         }
     }
 
-    /// The first byte of `b`. Loading checked that `b` lies in its arena.
+    /// The first byte of `b`: in its NVMe tier slot if the tier holds it,
+    /// else in its arena. Loading checked that `b` lies in its arena.
     pub fn ptr(&self, b: Buf) -> *mut u8 {
+        if let Some(p) = self.nvme.as_ref().and_then(|t| t.ptr(b)) {
+            return p;
+        }
         // SAFETY: `offset + bytes <= len` was checked when `b` was made.
         unsafe { self.arena(b.place).base().add(b.offset) }
     }

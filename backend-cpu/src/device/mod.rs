@@ -13,6 +13,7 @@ pub mod exec;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use zeroplan_exec::nvme::Tier;
 use zeroplan_exec::{Buf, Ctx, Device, KernelCompile, Loaded, Named, Rank, SelectError, select};
 use zeroplan_ir::kernel::Kernel;
 use zeroplan_ir::plan::Program;
@@ -61,6 +62,7 @@ impl Device for Host {
         let memory = Memory {
             device: Arena::new(size(program.arena_bytes)?).map_err(fail)?,
             host: Arena::new(size(program.host_arena_bytes)?).map_err(fail)?,
+            nvme: None,
         };
         Ok((Host { memory }, steps))
     }
@@ -70,18 +72,40 @@ impl Device for Host {
     }
 
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
-        exec::read_tensor(&self.memory, buf, shape)
+        self.held(&[(buf, false)], || exec::read_tensor(&self.memory, buf, shape))
     }
 
     fn write(&self, buf: Buf, t: &Tensor) {
-        exec::write_tensor(&self.memory, buf, t)
+        self.held(&[(buf, true)], || exec::write_tensor(&self.memory, buf, t))
     }
 
     fn copy(&self, from: Buf, to: Buf) {
-        self.memory.copy(from, to)
+        self.held(&[(from, false), (to, true)], || self.memory.copy(from, to))
     }
 
     fn fill(&self, buf: Buf, value: f64) {
-        exec::fill(&self.memory, buf, value)
+        self.held(&[(buf, true)], || exec::fill(&self.memory, buf, value))
+    }
+
+    fn attach_tier(&mut self, tier: Tier) -> Result<(), String> {
+        self.memory.nvme = Some(tier);
+        Ok(())
+    }
+
+    fn tier(&self) -> Option<&Tier> {
+        self.memory.nvme.as_ref()
+    }
+}
+
+impl Host {
+    /// Runs `access` with the NVMe tier slots its buffers overlap resident
+    /// (`(buffer, written)`): reads and writes outside the step's schedule
+    /// (loading, checkpoints, phase-end copies) reach the states in the file.
+    fn held<T>(&self, bufs: &[(Buf, bool)], access: impl FnOnce() -> T) -> T {
+        let Some(tier) = &self.memory.nvme else { return access() };
+        let held: Vec<usize> = bufs.iter().flat_map(|(b, write)| tier.hold(b, *write)).collect();
+        let out = access();
+        tier.unhold(held);
+        out
     }
 }

@@ -123,7 +123,7 @@ fn staged(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), String
         end += b.bytes().div_ceil(STAGE_ALIGN) * STAGE_ALIGN;
         *b = there;
     });
-    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(end)? };
+    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(end)?, nvme: None };
     for (b, there, _) in &moves {
         cuda.memory.download(*b, stage(&scratch, *there)).map_err(driver)?;
     }
@@ -145,7 +145,7 @@ fn stage(scratch: &Memory, b: Buf) -> &mut [u8] {
 
 /// `buf` alone, staged: a scratch memory holding it at offset 0, and its place there.
 fn alone(buf: Buf) -> Result<(Memory, Buf), String> {
-    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(buf.bytes())? };
+    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(buf.bytes())?, nvme: None };
     Ok((scratch, Buf { place: Place::Host, offset: 0, ..buf }))
 }
 

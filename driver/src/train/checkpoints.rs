@@ -68,11 +68,17 @@ impl Saver {
             let writers: Vec<_> = ranks
                 .iter()
                 .enumerate()
-                .map(|(r, host)| s.spawn(move || training::save_rank(&self.dir, step, first + r, &host.state())))
+                .map(|(r, host)| {
+                    s.spawn(move || {
+                        let state = host.state();
+                        // States read off an NVMe tier whose transfer failed are not a checkpoint.
+                        host.check_tier().map_err(|e| format!("error: {e}"))?;
+                        training::save_rank(&self.dir, step, first + r, &state).map_err(error)
+                    })
+                })
                 .collect();
             writers.into_iter().map(|w| w.join().expect("a writer thread panicked")).collect::<Result<Vec<_>, _>>()
-        })
-        .map_err(error)?;
+        })?;
         let files = match process {
             None => mine,
             // Sizes are far below 2⁵³ bytes: exact in an f64.

@@ -26,7 +26,7 @@ use zeroplan_ir::plan::Program;
 use zeroplan_runtime::checkpoint::training::Cursor;
 use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::reference::{StepLog, data_parallel_ranks, tensor_parallel_ranks};
-use zeroplan_runtime::runner::{Device, Runner};
+use zeroplan_runtime::runner::{Device, Nvme, Runner};
 
 use batches::Batches;
 use checkpoints::Saver;
@@ -61,13 +61,16 @@ impl<D: Device<Instr: Send> + Send> Trainer<D> {
     /// order `data·t + tensor`, joined by in-process groups), or, given
     /// `process`, that process's own rank, joined to its peers. Each rank's
     /// state comes from `states` where given (a resumed run: every rank's,
-    /// or the process's own), else is initialised from `seed`.
+    /// or the process's own), else is initialised from `seed`. With `nvme`,
+    /// each rank keeps its host-placed params and states in a file there
+    /// (`Runner::load_tiered`).
     pub fn load(
         program: Program,
         seed: u64,
         mut process: Option<ProcessRank>,
         states: Option<Vec<State>>,
         batches: Batches,
+        nvme: Option<&Nvme>,
     ) -> Result<Trainer<D>, String> {
         let (batch, seq) = (program.batch as usize, program.seq as usize);
         let d = data_parallel_ranks(&program.graph) as usize;
@@ -77,13 +80,13 @@ impl<D: Device<Instr: Send> + Send> Trainer<D> {
         let ranks = match process.as_mut() {
             Some(p) => {
                 let groups = p.groups(d, t)?;
-                vec![Runner::load_groups_with(program, seed, groups, given(0)).map_err(|e| e.to_string())?]
+                vec![Runner::load_tiered(program, seed, groups, given(0), nvme).map_err(|e| e.to_string())?]
             }
             None => InProcess::grid(d, t)
                 .into_iter()
                 .enumerate()
                 .map(|(r, groups)| {
-                    Runner::load_groups_with(program.clone(), seed, groups, given(r)).map_err(|e| e.to_string())
+                    Runner::load_tiered(program.clone(), seed, groups, given(r), nvme).map_err(|e| e.to_string())
                 })
                 .collect::<Result<_, _>>()?,
         };

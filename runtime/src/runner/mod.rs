@@ -26,9 +26,16 @@
 //!
 //! Nothing is allocated per step besides small temporaries of the device's
 //! routines, so the arena's size is the device memory the plan predicted.
+//!
+//! With an NVMe tier ([`Runner::load_tiered`], `train --nvme-dir`) the
+//! host-placed params and states live in a file; each is brought in before
+//! its window of the schedule opens (the next one read ahead while the
+//! current one is in use) and written back and released after it closes
+//! ([`tier`]).
 
 mod profile;
 mod stream;
+mod tier;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -46,6 +53,8 @@ use zeroplan_exec::buffers::{self, concrete, constant_update};
 pub use zeroplan_exec::{Buf, Ctx, Device, Instruction, Loaded, Rank, SelectError, Step, Written};
 
 use crate::comm::{Communicator, Groups, InProcess};
+pub use zeroplan_exec::nvme::Nvme;
+use zeroplan_exec::nvme::Windows;
 
 /// Why a program could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +67,9 @@ pub enum RunError {
     Run { node: String, message: String },
     #[error("initialising the parameters: {0}")]
     Init(#[from] zeroplan_ir::interp::InterpError),
+    /// The NVMe tier failed: a transfer, a vanished directory, a full disk.
+    #[error("{0}")]
+    Tier(String),
     #[error("{count} micro-batches given, the program accumulates {expected}")]
     MicroBatches { count: usize, expected: u64 },
     #[error("state `{name}`: {message}")]
@@ -115,6 +127,8 @@ pub struct Runner<D: Device> {
     /// The outputs a step reads back (`None`: all). A masked-LM's logits are
     /// half a gigabyte at MiniLM's size; a trainer wants only the scalars.
     fetches: Option<BTreeSet<String>>,
+    /// With an NVMe tier: each slot's window over the schedule.
+    windows: Option<Windows>,
 }
 
 /// What a step returns: [`StepOutputs`] as the interpreter gives them, and
@@ -166,11 +180,19 @@ impl<D: Device> Runner<D> {
     /// marked sharded ([`Rank::specialise`]: Megatron-LM's model-parallel RNG
     /// tracker), so its streams are rewritten here, before instruction
     /// selection; replicated sites keep theirs.
-    pub fn load_groups_with(
+    pub fn load_groups_with(program: Program, seed: u64, groups: Groups, given: &State) -> Result<Runner<D>, RunError> {
+        Runner::load_tiered(program, seed, groups, given, None)
+    }
+
+    /// As [`Runner::load_groups_with`], with the host-placed params and
+    /// states (fp32 masters, AdamW's moments, offloaded parameter shards)
+    /// kept on `nvme`'s tier rather than in the host arena, when given.
+    pub fn load_tiered(
         mut program: Program,
         seed: u64,
         groups: Groups,
         given: &State,
+        nvme: Option<&Nvme>,
     ) -> Result<Runner<D>, RunError> {
         let (data, tensor) = (&groups.data, &groups.tensor);
         let rank =
@@ -201,14 +223,59 @@ impl<D: Device> Runner<D> {
             check_finite: false,
             groups,
             program,
+            windows: None,
         };
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
+        if let Some(nvme) = nvme {
+            runner.windows = tier::attach(
+                &mut runner.device,
+                nvme,
+                rank,
+                &runner.program.graph,
+                &runner.bufs,
+                &runner.steps,
+                &runner.access,
+            )?;
+        }
         let init_rank = InitRank { data: Some(rank.index as u64), tensor: Some(rank.tensor as u64) };
         let state = Interpreter::new(Rounding::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
         runner.set_state(&state)?;
         runner.set_state(given)?;
         Ok(runner)
+    }
+
+    /// The NVMe tier's state: an error if a transfer failed or its
+    /// directory vanished. Checked around every step and after every state
+    /// write; a checkpoint save checks it after reading the state, so a
+    /// failed read never becomes a checkpoint.
+    pub fn check_tier(&self) -> Result<(), RunError> {
+        match self.device.tier() {
+            Some(t) => t.settle().and_then(|()| t.check()).map_err(RunError::Tier),
+            None => Ok(()),
+        }
+    }
+
+    /// The NVMe tier's measured high water: the most bytes of its slots in
+    /// memory (or in flight) at once; `None` without a tier.
+    pub fn tier_high_water_bytes(&self) -> Option<u64> {
+        self.device.tier().map(|t| t.high_water_bytes() as u64)
+    }
+
+    /// The NVMe tier's slot bytes in memory (or in flight) now; between
+    /// steps, after [`Runner::check_tier`] (which waits for the writes), 0.
+    pub fn tier_resident_bytes(&self) -> Option<u64> {
+        self.device.tier().map(|t| t.resident_bytes() as u64)
+    }
+
+    /// The bytes the NVMe tier keeps (its file's size); `None` without one.
+    pub fn tier_bytes(&self) -> Option<u64> {
+        self.device.tier().map(|t| t.bytes() as u64)
+    }
+
+    /// The NVMe tier's state file, if any.
+    pub fn tier_file(&self) -> Option<std::path::PathBuf> {
+        self.device.tier().map(|t| t.path())
     }
 
     pub fn program(&self) -> &Program {
@@ -323,7 +390,7 @@ impl<D: Device> Runner<D> {
             }
             self.device.write(self.bufs[&v], t);
         }
-        Ok(())
+        self.check_tier()
     }
 
     fn read(&self, v: Value) -> Tensor {
@@ -338,8 +405,10 @@ impl<D: Device> Runner<D> {
         if k as u64 != self.micro_batches {
             return Err(RunError::MicroBatches { count: k, expected: self.micro_batches });
         }
+        self.check_tier()?;
         let Runner { program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, .. } =
             self;
+        let tier = device.tier().zip(self.windows.as_ref());
         let (step_ends, access, groups) = (&self.step_ends, &self.access, &self.groups);
         let (comm, tensor) = (groups.data.as_ref(), groups.tensor.as_ref());
         let (profile, fetches, check_finite) = (&mut self.profile, &self.fetches, self.check_finite);
@@ -392,9 +461,15 @@ impl<D: Device> Runner<D> {
                 let mut captured = BTreeMap::new();
                 let mut results: BTreeMap<String, Tensor> =
                     micro_batch_outputs(true).map(|(name, v)| (name.clone(), read(*v))).collect();
+                if let Some((t, w)) = tier {
+                    tier::start(t, w);
+                }
                 for (at, step) in steps.iter().enumerate() {
                     if step.optimizer && !last {
                         continue;
+                    }
+                    if let Some((t, w)) = tier {
+                        tier::open(t, w, at).map_err(|message| fail(at, message))?;
                     }
                     for (water, end) in high_water.iter_mut().zip(step_ends[at]) {
                         *water = (*water).max(end);
@@ -426,6 +501,17 @@ impl<D: Device> Runner<D> {
                             }
                         }
                     }
+                    if let Some((t, w)) = tier {
+                        let closing = tier::closing(w, at, last);
+                        if !closing.is_empty() {
+                            let slots = Access {
+                                reads: Vec::new(),
+                                writes: closing.iter().map(|&s| t.slots()[s].buf).collect(),
+                            };
+                            finish(stream.wait_for(&slots), profile)?;
+                            closing.into_iter().for_each(|s| t.evict(s));
+                        }
+                    }
                     let here =
                         |n: NodeIndex| (n == step.node && step.written == Written::Here) || moved_here[at].contains(&n);
                     let wanted: Vec<&Value> = captures.iter().filter(|v| here(v.node)).collect();
@@ -449,6 +535,9 @@ impl<D: Device> Runner<D> {
             finish(stream.drain(), profile)
         })?;
         apply_updates(device, updates, true);
+        if let Some(t) = device.tier() {
+            t.check().map_err(RunError::Tier)?;
+        }
         out.outputs.optimizer = g
             .outputs
             .iter()

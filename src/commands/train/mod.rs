@@ -63,6 +63,11 @@ pub fn run(args: &TrainArgs) -> Result<(), String> {
     if args.profile.is_some() {
         return Err(context("--profile times the host runtime's instructions: add --backend cpu".into()));
     }
+    if args.nvme_dir.is_some() || args.offload_to.is_some() {
+        return Err(context(
+            "--offload-to and --nvme-dir place the host runtime's offloaded states: add --backend cpu".into(),
+        ));
+    }
     let checkpoint_dir = args.save.as_ref().filter(|p| !is_weights_file(p));
     if checkpoint_dir.is_some() || args.resume.is_some() {
         return Err(context(

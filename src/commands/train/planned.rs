@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::cli::{DataParallelArgs, TrainArgs};
+use crate::cli::{DataParallelArgs, OffloadTier, TrainArgs};
 use crate::output::emit;
 use zeroplan_driver::train::batches::{self, Batches};
 use zeroplan_driver::train::checkpoints::{self, Saver};
@@ -17,13 +17,13 @@ use zeroplan_driver::train::plan_file::head_of;
 use zeroplan_driver::train::process::ProcessRank;
 use zeroplan_driver::train::{Stepped, Trainer};
 use zeroplan_ir::Bindings;
-use zeroplan_ir::plan::{DataParallel, Plan, Program};
+use zeroplan_ir::plan::{DataParallel, Offload, Plan, Program};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_runtime::checkpoint;
 use zeroplan_runtime::reference::{data_parallel_ranks, tensor_parallel_ranks};
-use zeroplan_runtime::runner::Device;
+use zeroplan_runtime::runner::{Device, Nvme};
 
 /// Seconds before the first step, as the first `--log-json` line reports
 /// them: a benchmark sets them against a framework's first (compiling) step.
@@ -109,7 +109,8 @@ pub fn run<D: Device<Instr: Send> + Send>(
         Some(r) => (Some(r.states), Some((r.step, r.data))),
         None => (None, None),
     };
-    let mut trainer = Trainer::<D>::load(program, seed, process, states, batches).map_err(context)?;
+    let nvme = nvme_tier(args, data_parallel.map(|d| d.offload))?;
+    let mut trainer = Trainer::<D>::load(program, seed, process, states, batches, nvme.as_ref()).map_err(context)?;
     let setup = Setup { compile_seconds, load_seconds: loading.elapsed().as_secs_f64() };
     if let Some(path) = &args.weights {
         checkpoints::load_weights(path, model, &layout, trainer.ranks_mut(), own_rank.unwrap_or(0))?;
@@ -140,6 +141,35 @@ pub fn run<D: Device<Instr: Send> + Send>(
         checkpoints::save_weights(path, model, &layout, trainer.ranks())?;
     }
     Ok(())
+}
+
+/// The NVMe tier `--offload-to nvme --nvme-dir DIR` asks for, given the
+/// run's offload: refused without states on the host to put there.
+fn nvme_tier(args: &TrainArgs, offload: Option<Offload>) -> Result<Option<Nvme>, String> {
+    let dir = match (args.offload_to, &args.nvme_dir) {
+        (Some(OffloadTier::Nvme), None) => {
+            return Err("error: --offload-to nvme needs --nvme-dir DIR: a directory on the NVMe drive for the \
+                        states"
+                .into());
+        }
+        (Some(OffloadTier::Cpu), Some(dir)) => {
+            return Err(format!(
+                "error: --offload-to cpu keeps the states in host memory, but --nvme-dir {} asks for files: pass one \
+                 of them",
+                dir.display()
+            ));
+        }
+        (_, None) => return Ok(None),
+        (_, Some(dir)) => dir,
+    };
+    if offload.is_none_or(|o| o == Offload::None) {
+        return Err(format!(
+            "error: --nvme-dir {} holds the states --offload puts on the host, and this run offloads none: add \
+             --ranks N --offload optimizer (or optimizer+params)",
+            dir.display()
+        ));
+    }
+    Ok(Some(Nvme { dir: dir.clone() }))
 }
 
 /// The data parallelism of a process's rank: `--ranks` if given, else the
@@ -211,7 +241,10 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs, process: Option
         refuse_under_launch(args)?;
     }
     let loading = Instant::now();
-    let mut trainer = Trainer::<D>::load(plan.program, args.seed, process, None, batches).map_err(context)?;
+    let offload = Some(plan.strategy.offload);
+    let nvme = nvme_tier(args, offload)?;
+    let mut trainer =
+        Trainer::<D>::load(plan.program, args.seed, process, None, batches, nvme.as_ref()).map_err(context)?;
     let setup = Setup { compile_seconds: None, load_seconds: loading.elapsed().as_secs_f64() };
     train_loop(args, &mut trainer, None, setup)
 }
