@@ -194,7 +194,7 @@ fn parameter_fetch(plan: &Plan) -> Option<String> {
     }
     let machine = machine(plan).ok()?;
     let bytes = plan.params as f64 * machine.dtype.size_bytes() as f64 / s.tensor_parallel as f64;
-    let fetch = zeroplan_passes::cost::offload::parameter_fetch(&machine, bytes, s.ranks);
+    let fetch = zeroplan_passes::cost::offload::parameter_fetch(&machine, bytes, s.ranks, s.tensor_parallel);
     Some(format!(
         "  parameter reads from {} per pass over the model: {:.2} s with {} ranks each reading its shard \
          (one rank reading all: {:.2} s)\n",

@@ -113,17 +113,19 @@ pub struct ParameterFetch {
     pub single_reader_seconds: f64,
 }
 
-/// Seconds to read `bytes` of an offloaded parameter (the whole tensor)
-/// from this machine's tier by `ranks` data-parallel ranks, each reading
-/// its `1/ranks` shard, against one rank reading it all. A rank's read
-/// runs at the slower of its PCIe link and its share of its node's drives
-/// (the drives' share only on the NVMe tier: CPU memory outruns a node's
-/// PCIe links together, 16 × 12 GB/s against the DGX-2's two sockets of six
-/// DDR4-2666 channels, 256 GB/s).
-pub fn parameter_fetch(machine: &Machine, bytes: f64, ranks: u64) -> ParameterFetch {
+/// Seconds to read `bytes` of an offloaded parameter (the whole tensor, or
+/// one tensor rank's slice of it) from this machine's tier by `ranks`
+/// data-parallel ranks, each reading its `1/ranks` shard, against one rank
+/// reading it all. A rank's read runs at the slower of its PCIe link and
+/// its share of its node's drives, which every GPU of the node reading at
+/// once (`ranks × tensor_parallel` of them, at most the node's) divide (the
+/// drives only on the NVMe tier: CPU memory outruns a node's PCIe links
+/// together, 16 × 12 GB/s against the DGX-2's two sockets of six DDR4-2666
+/// channels, 256 GB/s).
+pub fn parameter_fetch(machine: &Machine, bytes: f64, ranks: u64, tensor_parallel: u64) -> ParameterFetch {
     let pcie = machine.cluster.gpu.host_gbps * 1e9;
     let nvme = machine.cluster.nvme.filter(|_| machine.offload_to == OffloadTo::Nvme);
-    let per_node = ranks.clamp(1, machine.cluster.gpus_per_node.max(1));
+    let per_node = (ranks * tensor_parallel.max(1)).clamp(1, machine.cluster.gpus_per_node.max(1));
     let rate = |readers_on_node: u64| match nvme {
         Some(n) => pcie.min(n.read_gbps * 1e9 / readers_on_node as f64),
         None => pcie,
@@ -155,7 +157,7 @@ mod tests {
     #[test]
     fn bandwidth_centric_reads_from_cpu_memory_scale_with_the_ranks() {
         let bytes = 2e12; // a 1T-parameter model in fp16
-        let f = parameter_fetch(&dgx2(1, OffloadTo::Cpu), bytes, 16);
+        let f = parameter_fetch(&dgx2(1, OffloadTo::Cpu), bytes, 16, 1);
         assert!((f.single_reader_seconds / f.bandwidth_centric_seconds - 16.0).abs() < 1e-9, "{f:?}");
         assert!((f.single_reader_seconds - bytes / 12e9).abs() < 1e-6, "one V100's PCIe at 12 GB/s");
     }
@@ -167,12 +169,16 @@ mod tests {
     #[test]
     fn bandwidth_centric_reads_from_nvme_scale_with_the_nodes() {
         let bytes = 64e12; // a 32T-parameter model in fp16
-        let one = parameter_fetch(&dgx2(1, OffloadTo::Nvme), bytes, 16);
+        let one = parameter_fetch(&dgx2(1, OffloadTo::Nvme), bytes, 16, 1);
         assert!((one.bandwidth_centric_seconds - bytes / 25e9).abs() / one.bandwidth_centric_seconds < 1e-9);
         assert!((one.single_reader_seconds / one.bandwidth_centric_seconds - 25.0 / 12.0).abs() < 1e-9, "{one:?}");
-        let many = parameter_fetch(&dgx2(32, OffloadTo::Nvme), bytes, 512);
+        let many = parameter_fetch(&dgx2(32, OffloadTo::Nvme), bytes, 512, 1);
         let speedup = many.single_reader_seconds / many.bandwidth_centric_seconds;
         assert!((speedup - 32.0 * 25.0 / 12.0).abs() < 1e-6, "{speedup}");
+        // Tensor ranks read their slices at once too: 2 data-parallel
+        // ranks of 8 tensor ranks fill the node, and share its drives.
+        let sliced = parameter_fetch(&dgx2(1, OffloadTo::Nvme), bytes / 8.0, 2, 8);
+        assert!((sliced.bandwidth_centric_seconds - bytes / 8.0 / 2.0 / (25e9 / 16.0)).abs() < 1e-6, "{sliced:?}");
     }
 
     /// The host optimizer on NVMe: reading and writing a GPU's share of
