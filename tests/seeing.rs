@@ -266,7 +266,8 @@ fn an_nvme_deepspeed_config_round_trips_the_plan() {
     let (plan, config) = (scratch.path("plan.ron"), scratch.path("ds_config.json"));
     let nvme = ["--nvme", "1TiB", "--nvme-gbps", "25,22"];
     let pins = ["--zero", "3", "--offload", "optimizer+params", "--offload-to", "nvme", "--recompute", "none"];
-    let original = compile_tiny(&plan, &[&nvme[..], &pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
+    let original =
+        compile_tiny(&plan, &[&nvme[..], &pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
     assert_eq!(original["strategy"]["offload_to"], "nvme", "{original}");
     assert!(original["memory"]["nvme_bytes"].as_u64().unwrap() > 0, "{original}");
     assert_eq!(original["cluster"]["nvme"]["read_gbps"].as_f64(), Some(25.0));
@@ -279,7 +280,10 @@ fn an_nvme_deepspeed_config_round_trips_the_plan() {
         assert_eq!(z[section]["device"], "nvme", "{ds}");
         assert!(z[section]["nvme_path"].is_string(), "{ds}");
     }
-    assert_eq!((z["offload_optimizer"]["pipeline_read"] == true, z["offload_optimizer"]["pipeline_write"] == true), (true, true));
+    assert_eq!(
+        (z["offload_optimizer"]["pipeline_read"] == true, z["offload_optimizer"]["pipeline_write"] == true),
+        (true, true)
+    );
     assert!(z["offload_param"]["buffer_size"].as_u64().unwrap() >= z["reduce_bucket_size"].as_u64().unwrap());
     assert!(ds["aio"]["block_size"].as_u64().is_some() && ds["aio"]["queue_depth"].as_u64().is_some(), "{ds}");
 
@@ -409,7 +413,9 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
         (e["file"].as_str(), e["line"].as_u64(), e["column"].as_u64()),
         (Some(config.as_str()), Some(4), Some(27))
     );
-    assert!(e["message"].as_str().unwrap().contains("NVMe offload") && e["help"].as_str().unwrap().contains("nvme_path"));
+    assert!(
+        e["message"].as_str().unwrap().contains("NVMe offload") && e["help"].as_str().unwrap().contains("nvme_path")
+    );
 }
 
 /// The chart rendered by resvg (shapes only: resvg is built without text),

@@ -25,7 +25,14 @@ fn gpu(name: &str) -> GpuProfile {
 
 fn cluster(name: &str, gpus: u64, budget: Option<u64>) -> Cluster {
     let gpus_per_node = gpus.min(8);
-    Cluster { nodes: gpus / gpus_per_node, gpus_per_node, gpu: gpu(name), memory_budget: budget, host_memory: None, nvme: None }
+    Cluster {
+        nodes: gpus / gpus_per_node,
+        gpus_per_node,
+        gpu: gpu(name),
+        memory_budget: budget,
+        host_memory: None,
+        nvme: None,
+    }
 }
 
 fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u64) -> Request<'a> {
@@ -272,7 +279,8 @@ fn depth_extrapolation_tracks_whole_planning() {
 
 #[test]
 fn gemm_efficiency_grows_with_the_shape() {
-    let machine = Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
+    let machine =
+        Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
     let eff = |m, n, k| machine.shape_efficiency(GemmShape { batch: 1, m, n, k });
     assert!(eff(64, 64, 64) < eff(512, 512, 512));
     assert!(eff(512, 512, 512) < eff(8192, 8192, 8192));
@@ -376,7 +384,8 @@ fn the_nvme_tier_holds_what_the_host_cannot() {
     let message = e.to_string();
     assert!(message.contains("over --host-memory") && message.contains("--nvme SIZE"), "{message}");
 
-    let drives = Nvme { bytes: 1 << 40, read_gbps: 25.0, write_gbps: 22.7 };
+    // One PCIe 3.0 x4 drive (Samsung PM1725a: 3.3 GB/s read, 3.0 GB/s write).
+    let drives = Nvme { bytes: 1 << 40, read_gbps: 3.3, write_gbps: 3.0 };
     req.cluster.nvme = Some(drives);
     let p = planned(&req);
     assert_eq!(p.strategy.offload_to, OffloadTo::Nvme, "{}", p.strategy);
@@ -387,8 +396,9 @@ fn the_nvme_tier_holds_what_the_host_cannot() {
     assert!(m.nvme_bytes >= 12 * p.params && m.nvme_bytes <= drives.bytes, "{m:?}");
     assert_eq!(p.cluster.nvme, Some(drives), "the plan records the drives");
     assert!(p.strategy.to_string().contains("@nvme"), "{}", p.strategy);
-    // Streaming from the drives costs time: the same choice on the CPU tier
-    // (unbounded host) is faster, and the cost model says so.
+    // Streaming from one drive costs time: its 8 GB of states a step read
+    // and written back take longer than CPU AdamW over them, so the same
+    // choice on the CPU tier (unbounded host) is faster.
     let mut cpu = req.clone();
     cpu.cluster.host_memory = None;
     cpu.pins = Pins {
@@ -399,7 +409,8 @@ fn the_nvme_tier_holds_what_the_host_cannot() {
         ..Pins::default()
     };
     let on_cpu = planned(&cpu);
-    assert!(on_cpu.predicted.step_seconds < p.predicted.step_seconds, "{} vs {}", on_cpu.predicted.step_seconds, p.predicted.step_seconds);
+    let (cpu_step, nvme_step) = (on_cpu.predicted.step_seconds, p.predicted.step_seconds);
+    assert!(cpu_step < nvme_step, "{cpu_step} vs {nvme_step}");
     assert_eq!(on_cpu.memory.nvme_bytes, 0);
 
     // Drives too small: nothing fits, and the error says they are.

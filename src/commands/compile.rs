@@ -75,7 +75,9 @@ pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
 fn nvme(args: &ClusterArgs, gpu: &GpuProfile) -> Result<Option<Nvme>, String> {
     let Some(bytes) = args.nvme else {
         return match args.nvme_gbps {
-            Some(_) => Err("error: --nvme-gbps without --nvme: give the NVMe capacity per node too (--nvme 28TiB)".into()),
+            Some(_) => {
+                Err("error: --nvme-gbps without --nvme: give the NVMe capacity per node too (--nvme 28TiB)".into())
+            }
             None => Ok(None),
         };
     };

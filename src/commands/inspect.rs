@@ -133,7 +133,11 @@ pub fn text(plan: &Plan) -> String {
     if m.host_bytes > 0 && m.nvme_bytes == 0 {
         t += &format!("  {:<14} {:>12}   (offloaded to CPU memory, per GPU)\n", "host", gib(m.host_bytes));
     } else if m.host_bytes > 0 {
-        t += &format!("  {:<14} {:>12}   (pinned buffers the NVMe tier streams through, per GPU)\n", "host", gib(m.host_bytes));
+        t += &format!(
+            "  {:<14} {:>12}   (pinned buffers the NVMe tier streams through, per GPU)\n",
+            "host",
+            gib(m.host_bytes)
+        );
     }
     if m.nvme_bytes > 0 {
         let of = c.nvme.map_or(String::new(), |n| format!(" of {}", gib(n.bytes)));

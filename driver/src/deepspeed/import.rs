@@ -483,7 +483,11 @@ impl Reader {
             )),
             "nvme" => Ok(Some(OffloadTo::Nvme)),
             "none" => Ok(None),
-            other => Err(Problem::new(&device_path, format!("`{other}` is not a device"), "use \"cpu\", \"nvme\" or \"none\"")),
+            other => Err(Problem::new(
+                &device_path,
+                format!("`{other}` is not a device"),
+                "use \"cpu\", \"nvme\" or \"none\"",
+            )),
         }
     }
 

@@ -200,7 +200,8 @@ mod tests {
     #[test]
     fn budgets_never_exceed_the_card() {
         let gpu = bundled()[1].clone();
-        let cluster = Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX), host_memory: None, nvme: None };
+        let cluster =
+            Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX), host_memory: None, nvme: None };
         assert_eq!((cluster.world_size(), cluster.budget_bytes()), (16, 40960 << 20));
     }
 

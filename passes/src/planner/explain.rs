@@ -1,8 +1,11 @@
 //! Why a plan lost, and what would make one fit: the sentences a user
 //! reads before deciding how many GPUs to ask for.
 
+use std::collections::HashMap;
+use zeroplan_ir::plan::OffloadTo;
+
 use super::depth::Probe;
-use super::evaluate::Evaluation;
+use super::evaluate::{Choice, Evaluation};
 use super::search::Outcome;
 use super::{PlanError, Request};
 
@@ -32,9 +35,15 @@ pub struct Shortfall {
 pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, PlanError> {
     let world = req.cluster.world_size();
     let mut shortfalls = Vec::new();
+    // A choice's device memory does not depend on the tier its offloaded
+    // states live on: its twin on the other tier shares the fit along N.
+    let mut along_ranks: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
     for o in outcomes {
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
-        if o.choice.zero_stage > 0 {
+        let twin = Choice { offload_to: OffloadTo::Cpu, ..o.choice }.to_string();
+        if let Some(&known) = along_ranks.get(&twin) {
+            (gpus_to_fit, floor_bytes) = known;
+        } else if o.choice.zero_stage > 0 {
             // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
             let (t, ranks) = (o.choice.tensor_parallel, o.choice.data_ranks(world));
             let micro_batches = super::search::per_rank(req, o.choice).max(1);
@@ -46,6 +55,7 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
             gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
+            along_ranks.insert(twin, (gpus_to_fit, floor_bytes));
         }
         let (mut host_bytes_per_node, mut nvme_bytes_per_node) = (None, None);
         if o.choice.offload != zeroplan_ir::plan::Offload::None {
