@@ -219,6 +219,10 @@ pub struct CompileArgs {
     /// Pin ZeRO-Offload: none, optimizer or optimizer+params.
     #[arg(long, value_parser = parse_offload)]
     pub offload: Option<zeroplan_ir::plan::Offload>,
+    /// Pin where offloaded states live: cpu (pinned CPU memory) or nvme (the node's drives, streamed
+    /// through CPU memory; needs --nvme). Default: cpu, and nvme too where --nvme is given.
+    #[arg(long, value_name = "TIER", value_parser = parse_offload_to)]
+    pub offload_to: Option<zeroplan_ir::plan::OffloadTo>,
     /// Pin the sequences per micro-batch per GPU.
     #[arg(long)]
     pub micro_batch: Option<u64>,
@@ -273,6 +277,14 @@ pub struct ClusterArgs {
     /// unchecked by default.
     #[arg(long, value_parser = parse_bytes)]
     pub host_memory: Option<u64>,
+    /// Local NVMe per node a plan may fill with offloaded states (`28TiB`): ZeRO-Infinity's NVMe tier,
+    /// searched beside CPU memory. Absent: no NVMe tier.
+    #[arg(long, value_parser = parse_bytes)]
+    pub nvme: Option<u64>,
+    /// The node's NVMe bandwidth, all drives together, GB/s: `READ,WRITE` or one figure for both
+    /// (default: the GPU profile's node, e.g. a DGX-2's for v100-32gb).
+    #[arg(long, value_name = "READ[,WRITE]", value_parser = parse_nvme_gbps)]
+    pub nvme_gbps: Option<(f64, f64)>,
 }
 
 #[derive(Args)]
@@ -405,8 +417,8 @@ pub struct TrainArgs {
     pub data_parallel: DataParallelArgs,
     /// ZeRO-Infinity (`--backend cpu`, with `--offload`): where the offloaded states live:
     /// `cpu` (host memory, the default) or `nvme` (state files under `--nvme-dir`).
-    #[arg(long, value_enum, value_name = "TIER")]
-    pub offload_to: Option<OffloadTier>,
+    #[arg(long, value_name = "TIER", value_parser = parse_offload_to)]
+    pub offload_to: Option<zeroplan_ir::plan::OffloadTo>,
     /// The directory (on the NVMe drive) of the states `--offload` puts on the host — fp32
     /// masters, AdamW moments, offloaded parameter shards — one preallocated file per rank,
     /// read and written with asynchronous direct I/O around their uses; a cache, removed at the
@@ -547,15 +559,6 @@ pub struct PassArgs {
     pub tiles: Option<u64>,
 }
 
-/// Where `train` keeps the states `--offload` puts on the host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OffloadTier {
-    /// In host memory (ZeRO-Offload).
-    Cpu,
-    /// In files under `--nvme-dir` (ZeRO-Infinity).
-    Nvme,
-}
-
 /// Data parallelism of a training step: `--ranks` runs the `partition` pass
 /// (ZeRO flat buffers and collectives).
 #[derive(Args)]
@@ -657,6 +660,20 @@ fn parse_recompute(s: &str) -> Result<zeroplan_passes::recompute::Policy, String
 fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {
     zeroplan_ir::plan::Offload::from_name(s)
         .ok_or_else(|| format!("`{s}` is not an offload: use none, optimizer or optimizer+params"))
+}
+
+fn parse_offload_to(s: &str) -> Result<zeroplan_ir::plan::OffloadTo, String> {
+    zeroplan_ir::plan::OffloadTo::from_name(s).ok_or_else(|| format!("`{s}` is not an offload tier: use cpu or nvme"))
+}
+
+/// `25,22.7` (read, write GB/s) or `25` for both.
+fn parse_nvme_gbps(s: &str) -> Result<(f64, f64), String> {
+    let figure = |t: &str| t.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0);
+    let parsed = match s.split_once(',') {
+        Some((r, w)) => figure(r).zip(figure(w)),
+        None => figure(s).map(|x| (x, x)),
+    };
+    parsed.ok_or_else(|| format!("`{s}` is not an NVMe bandwidth: write READ,WRITE in GB/s, e.g. 25,22.7"))
 }
 
 /// `40GiB`, `512MiB`, `40GB`, `1.5TiB` or plain bytes.

@@ -255,6 +255,58 @@ fn deepspeed_config_round_trips_the_plan() {
     }
 }
 
+/// ZeRO-Infinity's NVMe tier through DeepSpeed: `export-deepspeed` writes
+/// `device: "nvme"` with `nvme_path`, buffers and the `aio` block; `compile
+/// --deepspeed` reads it back as the same strategy, offloaded to NVMe; and
+/// a configuration that offloads to NVMe on a cluster without `--nvme` is
+/// refused at the field.
+#[test]
+fn an_nvme_deepspeed_config_round_trips_the_plan() {
+    let scratch = Scratch::new("deepspeed-nvme");
+    let (plan, config) = (scratch.path("plan.ron"), scratch.path("ds_config.json"));
+    let nvme = ["--nvme", "1TiB", "--nvme-gbps", "25,22"];
+    let pins = ["--zero", "3", "--offload", "optimizer+params", "--offload-to", "nvme", "--recompute", "none"];
+    let original =
+        compile_tiny(&plan, &[&nvme[..], &pins[..], &["--global-batch", "8", "--micro-batch", "2"]].concat());
+    assert_eq!(original["strategy"]["offload_to"], "nvme", "{original}");
+    assert!(original["memory"]["nvme_bytes"].as_u64().unwrap() > 0, "{original}");
+    assert_eq!(original["cluster"]["nvme"]["read_gbps"].as_f64(), Some(25.0));
+    let out = zeroplan(&["export-deepspeed", &plan, "-o", &config]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nvme_path"), "the placeholder path is noted");
+    let ds = read_json(&config);
+    let z = &ds["zero_optimization"];
+    for section in ["offload_optimizer", "offload_param"] {
+        assert_eq!(z[section]["device"], "nvme", "{ds}");
+        assert!(z[section]["nvme_path"].is_string(), "{ds}");
+    }
+    assert_eq!(
+        (z["offload_optimizer"]["pipeline_read"] == true, z["offload_optimizer"]["pipeline_write"] == true),
+        (true, true)
+    );
+    assert!(z["offload_param"]["buffer_size"].as_u64().unwrap() >= z["reduce_bucket_size"].as_u64().unwrap());
+    assert!(ds["aio"]["block_size"].as_u64().is_some() && ds["aio"]["queue_depth"].as_u64().is_some(), "{ds}");
+
+    let base = ["compile", "models/tiny/tiny-bert.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "16"];
+    let replanned = scratch.path("replanned.ron");
+    let report: Json = serde_json::from_str(&succeed(
+        &[&base[..], &nvme[..], &["--deepspeed", &config, "--json", "-o", &replanned]].concat(),
+    ))
+    .unwrap();
+    assert_eq!(report["as_given"]["strategy"], original["strategy"]);
+    let again = scratch.path("again.json");
+    succeed(&["export-deepspeed", &replanned, "-o", &again]);
+    assert_eq!(read_json(&again), ds, "export → import → export is a fixed point");
+
+    let err = failure(&[&base[..], &["--deepspeed", &config]].concat());
+    assert!(err.starts_with(config.as_str()) && err.contains("offloads to NVMe") && err.contains("--nvme"), "{err}");
+    // Optimizer and parameters on different tiers are one tier too many.
+    let mixed = ds.to_string().replacen("\"device\":\"nvme\"", "\"device\":\"cpu\"", 1);
+    std::fs::write(&config, mixed).unwrap();
+    let err = failure(&[&base[..], &nvme[..], &["--deepspeed", &config]].concat());
+    assert!(err.contains("one tier for both"), "{err}");
+}
+
 #[test]
 fn a_hand_written_deepspeed_config_is_planned_as_given() {
     let scratch = Scratch::new("handwritten");
@@ -317,8 +369,8 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
     let cases = [
         (
             "{\n  \"zero_optimization\": {\n    \"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"nvme\"}\n  }\n}",
-            ":4:27: error: `zero_optimization.offload_optimizer.device`: NVMe offload is not planned",
-            "help: use \"cpu\"",
+            ":4:27: error: `zero_optimization.offload_optimizer.device`: NVMe offload needs the drives' mount point",
+            "help: add \"nvme_path\"",
         ),
         ("{\"optimizer\": {\"type\": \"Lamb\"}}", ":1:16: error: `optimizer.type`", "use \"AdamW\""),
         (
@@ -351,7 +403,7 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
         " 4 │     \"offload_optimizer\": {\"device\": \"nvme\"}",
         "   ·                           ────┬───",
         "   ·                               ╰── here",
-        "  help: use \"cpu\" (host memory)",
+        "  help: add \"nvme_path\" to zero_optimization.offload_optimizer (e.g. \"/local_nvme\"), as DeepSpeed requires",
     ];
     assert!(snippet.iter().all(|line| err.lines().any(|l| l.trim_end() == *line)), "{err}");
     // Under --json the same problem is one JSON object on standard error.
@@ -361,7 +413,9 @@ fn deepspeed_configs_zeroplan_cannot_plan_name_the_field_and_the_fix() {
         (e["file"].as_str(), e["line"].as_u64(), e["column"].as_u64()),
         (Some(config.as_str()), Some(4), Some(27))
     );
-    assert!(e["message"].as_str().unwrap().contains("NVMe offload") && e["help"].as_str().unwrap().contains("\"cpu\""));
+    assert!(
+        e["message"].as_str().unwrap().contains("NVMe offload") && e["help"].as_str().unwrap().contains("nvme_path")
+    );
 }
 
 /// The chart rendered by resvg (shapes only: resvg is built without text),

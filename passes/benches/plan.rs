@@ -21,7 +21,7 @@ fn request(model: &spec::ModelSpec, gpus: u64, seq: u64, global_batch: u64) -> R
     Request {
         model,
         train: TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() },
-        cluster: Cluster { nodes: gpus / 8, gpus_per_node: 8, gpu, memory_budget: None, host_memory: None },
+        cluster: Cluster { nodes: gpus / 8, gpus_per_node: 8, gpu, memory_budget: None, host_memory: None, nvme: None },
         seq,
         global_batch,
         pins: Pins::default(),

@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 
 fn cluster(gpus: u64, budget: u64) -> Cluster {
     let gpu = GpuProfile::load(&models_dir().join("gpus/a100-40gb.ron")).unwrap();
-    Cluster { nodes: 1, gpus_per_node: gpus, gpu, memory_budget: Some(budget), host_memory: None }
+    Cluster { nodes: 1, gpus_per_node: gpus, gpu, memory_budget: Some(budget), host_memory: None, nvme: None }
 }
 
 fn request(family: &zeroplan_ir::spec::ModelSpec, gpus: u64, budget: u64, pins: Pins) -> Request<'_> {

@@ -6,8 +6,8 @@ mod common;
 
 use common::{load_model as model, models_dir};
 use zeroplan_ir::DType;
-use zeroplan_ir::plan::{Offload, Plan};
-use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::plan::{Offload, OffloadTo, Plan};
+use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_passes::cost::Machine;
 use zeroplan_passes::cost::work::GemmShape;
 use zeroplan_passes::planner::depth::Probe;
@@ -25,7 +25,14 @@ fn gpu(name: &str) -> GpuProfile {
 
 fn cluster(name: &str, gpus: u64, budget: Option<u64>) -> Cluster {
     let gpus_per_node = gpus.min(8);
-    Cluster { nodes: gpus / gpus_per_node, gpus_per_node, gpu: gpu(name), memory_budget: budget, host_memory: None }
+    Cluster {
+        nodes: gpus / gpus_per_node,
+        gpus_per_node,
+        gpu: gpu(name),
+        memory_budget: budget,
+        host_memory: None,
+        nvme: None,
+    }
 }
 
 fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u64) -> Request<'a> {
@@ -106,6 +113,7 @@ fn pins_are_honoured() {
         micro_batch: Some(8),
         sequence_parallel: None,
         tiles: None,
+        offload_to: None,
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -188,6 +196,7 @@ fn nothing_fits_names_what_would() {
         micro_batch: None,
         sequence_parallel: None,
         tiles: Some(1),
+        offload_to: None,
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -223,13 +232,14 @@ fn plan_files_round_trip() {
 fn depth_extrapolation_tracks_whole_planning() {
     let m = model("bert-base.ron");
     let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
-    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
+    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
     for choice in [
         Choice {
             tensor_parallel: 1,
             sequence_parallel: false,
             zero_stage: 0,
             offload: Offload::None,
+            offload_to: OffloadTo::Cpu,
             recompute: Policy::None,
             tiles: 1,
         },
@@ -238,6 +248,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             sequence_parallel: false,
             zero_stage: 1,
             offload: Offload::None,
+            offload_to: OffloadTo::Cpu,
             recompute: Policy::Selective,
             tiles: 1,
         },
@@ -246,6 +257,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             sequence_parallel: false,
             zero_stage: 3,
             offload: Offload::None,
+            offload_to: OffloadTo::Cpu,
             recompute: Policy::Full,
             tiles: 1,
         },
@@ -254,6 +266,7 @@ fn depth_extrapolation_tracks_whole_planning() {
             sequence_parallel: false,
             zero_stage: 2,
             offload: Offload::Optimizer,
+            offload_to: OffloadTo::Cpu,
             recompute: Policy::None,
             tiles: 1,
         },
@@ -274,7 +287,8 @@ fn depth_extrapolation_tracks_whole_planning() {
 
 #[test]
 fn gemm_efficiency_grows_with_the_shape() {
-    let machine = Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16 };
+    let machine =
+        Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
     let eff = |m, n, k| machine.shape_efficiency(GemmShape { batch: 1, m, n, k });
     assert!(eff(64, 64, 64) < eff(512, 512, 512));
     assert!(eff(512, 512, 512) < eff(8192, 8192, 8192));
@@ -293,7 +307,7 @@ fn gemm_efficiency_grows_with_the_shape() {
 fn sharding_costs_time_when_memory_is_ample() {
     let m = model("bert-large.ron");
     let mut req = request(&m, cluster("a100-80gb", 16, None), 512, 256);
-    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16 };
+    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
     req.pins.micro_batch = Some(16);
     let time = |zero_stage| {
         let choice = Choice {
@@ -301,6 +315,7 @@ fn sharding_costs_time_when_memory_is_ample() {
             sequence_parallel: false,
             zero_stage,
             offload: Offload::None,
+            offload_to: OffloadTo::Cpu,
             recompute: Policy::None,
             tiles: 1,
         };
@@ -364,6 +379,62 @@ fn host_memory_bounds_what_is_offloaded() {
     assert!(message.contains("over --host-memory") && message.contains("The GPUs fit, the hosts do not"), "{message}");
 }
 
+/// ZeRO-Infinity's NVMe tier: where the hosts are too small for the
+/// offloaded states (bert-large on one A100 at 3 GiB, 3 GiB of host), a node
+/// with NVMe takes them; CPU memory then holds only the pinned buffers they
+/// stream through, within `--host-memory`. The drives' capacity bounds the
+/// plan as the host's does, and the nothing-fits error names what is over.
+#[test]
+fn the_nvme_tier_holds_what_the_host_cannot() {
+    let m = model("bert-large.ron");
+    let mut req = request(&m, cluster("a100-40gb", 1, Some(3 * GIB)), 128, 8);
+    req.cluster.host_memory = Some(3 * GIB);
+    let Err(e) = plan(&req) else { panic!("fits 3 GiB of host without NVMe") };
+    let message = e.to_string();
+    assert!(message.contains("over --host-memory") && message.contains("--nvme SIZE"), "{message}");
+
+    // One PCIe 3.0 x4 drive (Samsung PM1725a: 3.3 GB/s read, 3.0 GB/s write).
+    let drives = Nvme { bytes: 1 << 40, read_gbps: 3.3, write_gbps: 3.0 };
+    req.cluster.nvme = Some(drives);
+    let p = planned(&req);
+    assert_eq!(p.strategy.offload_to, OffloadTo::Nvme, "{}", p.strategy);
+    assert_ne!(p.strategy.offload, Offload::None);
+    let m = &p.memory;
+    assert!(m.peak_bytes <= 3 * GIB && m.host_bytes <= 3 * GIB, "{m:?}");
+    // The NVMe holds at least the fp32 masters and both moments: 12 bytes a parameter.
+    assert!(m.nvme_bytes >= 12 * p.params && m.nvme_bytes <= drives.bytes, "{m:?}");
+    assert_eq!(p.cluster.nvme, Some(drives), "the plan records the drives");
+    assert!(p.strategy.to_string().contains("@nvme"), "{}", p.strategy);
+    // Streaming from one drive costs time: its 8 GB of states a step read
+    // and written back take longer than CPU AdamW over them, so the same
+    // choice on the CPU tier (unbounded host) is faster.
+    let mut cpu = req.clone();
+    cpu.cluster.host_memory = None;
+    cpu.pins = Pins {
+        zero_stage: Some(p.strategy.zero_stage),
+        offload: Some(p.strategy.offload),
+        offload_to: Some(OffloadTo::Cpu),
+        micro_batch: Some(p.strategy.micro_batch),
+        ..Pins::default()
+    };
+    let on_cpu = planned(&cpu);
+    let (cpu_step, nvme_step) = (on_cpu.predicted.step_seconds, p.predicted.step_seconds);
+    assert!(cpu_step < nvme_step, "{cpu_step} vs {nvme_step}");
+    assert_eq!(on_cpu.memory.nvme_bytes, 0);
+
+    // Drives too small: nothing fits, and the error says they are.
+    req.cluster.nvme = Some(Nvme { bytes: GIB, ..drives });
+    let Err(e @ PlanError::NothingFits { .. }) = plan(&req) else { panic!("fits 1 GiB of NVMe") };
+    let message = e.to_string();
+    assert!(message.contains("over --nvme"), "{message}");
+
+    // The NVMe tier pinned where there is none is refused by name.
+    req.cluster.nvme = None;
+    req.pins.offload_to = Some(OffloadTo::Nvme);
+    let message = plan(&req).unwrap_err().to_string();
+    assert!(message.contains("--offload-to nvme") && message.contains("--nvme SIZE"), "{message}");
+}
+
 /// `--sp` pins sequence parallelism (Korthikanti et al., 2022) on: the plan
 /// says so and keeps fewer activations than `--no-sp` at the same pins;
 /// without tensor ranks, or with a sequence the ranks do not divide, it is
@@ -380,6 +451,7 @@ fn sequence_parallelism_is_pinned_or_refused_by_name() {
         micro_batch: Some(8),
         sequence_parallel: Some(sp),
         tiles: None,
+        offload_to: None,
     };
     req.pins = pinned(true);
     let with = planned(&req);

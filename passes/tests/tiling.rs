@@ -209,7 +209,8 @@ fn wide_feed_forward() -> ModelSpec {
 
 fn request(m: &ModelSpec, budget: u64, pins: Pins) -> Request<'_> {
     let gpu = GpuProfile::load(&models_dir().join("gpus/h100-80gb-sxm.ron")).unwrap();
-    let cluster = Cluster { nodes: 1, gpus_per_node: 8, gpu, memory_budget: Some(budget), host_memory: None };
+    let cluster =
+        Cluster { nodes: 1, gpus_per_node: 8, gpu, memory_budget: Some(budget), host_memory: None, nvme: None };
     let train = TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() };
     Request { model: m, train, cluster, seq: 128, global_batch: 8, pins, extrapolate_depth: true }
 }

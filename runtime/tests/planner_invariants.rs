@@ -121,6 +121,7 @@ fn pins() -> impl Strategy<Value = Pins> {
         offload,
         recompute,
         micro_batch: None,
+        offload_to: None,
         // The search tries sequence parallelism wherever there are several tensor ranks.
         sequence_parallel: None,
         tiles: None,
@@ -178,6 +179,7 @@ fn request<'a>(model: &'a ModelSpec, d: &Draw) -> Request<'a> {
             gpu: a100(),
             memory_budget: Some(d.budget),
             host_memory: None,
+            nvme: None,
         },
         seq: d.seq,
         global_batch: d.per_rank * d.nodes * d.gpus_per_node,
@@ -219,7 +221,7 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
             let some_stage = (0..=3u8).any(|s| pins.zero_stage.is_none_or(|z| z == s) && allowed(s, offload));
             prop_assert!(!some_stage, "{err}: but a stage takes offload {offload:?}");
         }
-        PlanError::NothingFits { budget_bytes, gpus, shortfalls } => {
+        PlanError::NothingFits { budget_bytes, gpus, shortfalls, .. } => {
             prop_assert!(!bad_stage && !bad_micro_batch, "{err}: a bad pin should have been named first");
             prop_assert_eq!(*budget_bytes, req.cluster.budget_bytes());
             prop_assert_eq!(*gpus, req.cluster.world_size());
@@ -231,6 +233,7 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
         PlanError::Batch { .. }
         | PlanError::Precision { .. }
         | PlanError::Compile(_)
+        | PlanError::NoNvme
         | PlanError::TensorParallel { .. } => {
             prop_assert!(false, "not a reason the request deserves: {err}")
         }

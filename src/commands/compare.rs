@@ -11,7 +11,7 @@ use crate::commands::compile::{pins, request};
 use crate::commands::inspect;
 use crate::output::emit;
 use zeroplan_driver::deepspeed::import;
-use zeroplan_ir::plan::Plan;
+use zeroplan_ir::plan::{OffloadTo, Plan};
 use zeroplan_ir::spec::{Cluster, ModelSpec, TrainingSpec};
 use zeroplan_passes::planner::{Pins, plan};
 
@@ -26,6 +26,14 @@ pub fn run(
     let file = config.display().to_string();
     let gpus = cluster.world_size();
     let imported = import::read(&text, &file, train, gpus)?;
+    if imported.pins.offload_to == Some(OffloadTo::Nvme) && cluster.nvme.is_none() {
+        let at = zeroplan_driver::deepspeed::locate(&text, "zero_optimization.offload_optimizer.device")
+            .map_or(String::new(), |(line, column)| format!(":{line}:{column}"));
+        return Err(format!(
+            "{file}{at}: error: the configuration offloads to NVMe, and the cluster has none\n  \
+             help: give each node's NVMe capacity with --nvme SIZE (e.g. --nvme 28TiB for a DGX-2)"
+        ));
+    }
     let mut notes = imported.notes;
     let mut train = imported.train;
     if let Some(precision) = args.training.precision.filter(|p| *p != train.precision) {
@@ -93,6 +101,9 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
     if flags.tiles.is_some() {
         note("--tiles");
     }
+    if flags.offload_to.is_some() {
+        note("--offload-to");
+    }
     Pins {
         tensor_parallel: flags.tensor_parallel.or(config.tensor_parallel),
         zero_stage: flags.zero_stage.or(config.zero_stage),
@@ -101,6 +112,7 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
         micro_batch: flags.micro_batch.or(config.micro_batch),
         sequence_parallel: flags.sequence_parallel.or(config.sequence_parallel),
         tiles: flags.tiles.or(config.tiles),
+        offload_to: flags.offload_to.or(config.offload_to),
     }
 }
 

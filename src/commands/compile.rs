@@ -4,7 +4,7 @@
 use crate::cli::{ClusterArgs, CompileArgs, TrainingArgs};
 use crate::commands::{compare, inspect};
 use crate::output::emit;
-use zeroplan_ir::spec::{self, Cluster, ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::spec::{self, Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_passes::planner::{Pins, Request, plan};
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
@@ -42,7 +42,8 @@ pub fn training(args: &TrainingArgs) -> Result<TrainingSpec, String> {
     Ok(train)
 }
 
-/// The cluster `--gpus`, `--nodes`, `--gpu` and `--memory` describe.
+/// The cluster `--gpus`, `--nodes`, `--gpu`, `--memory`, `--host-memory`
+/// and `--nvme` describe.
 pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
     let gpu = crate::gpus::profile(&args.gpu)?;
     if args.gpus == 0 || args.nodes == 0 || !args.gpus.is_multiple_of(args.nodes) {
@@ -62,13 +63,38 @@ pub fn cluster(args: &ClusterArgs) -> Result<Cluster, String> {
     Ok(Cluster {
         nodes: args.nodes,
         gpus_per_node: args.gpus / args.nodes,
-        gpu,
         memory_budget: args.memory,
         host_memory: args.host_memory,
+        nvme: nvme(args, &gpu)?,
+        gpu,
     })
 }
 
-/// What `--tp`, `--zero`, `--offload`, `--recompute`, `--micro-batch` and `--tiles` pin.
+/// The NVMe tier `--nvme` and `--nvme-gbps` give, its bandwidth from the
+/// `gpu` profile's node where `--nvme-gbps` is left out.
+fn nvme(args: &ClusterArgs, gpu: &GpuProfile) -> Result<Option<Nvme>, String> {
+    let Some(bytes) = args.nvme else {
+        return match args.nvme_gbps {
+            Some(_) => {
+                Err("error: --nvme-gbps without --nvme: give the NVMe capacity per node too (--nvme 28TiB)".into())
+            }
+            None => Ok(None),
+        };
+    };
+    let (read_gbps, write_gbps) = match (args.nvme_gbps, gpu.nvme_read_gbps.zip(gpu.nvme_write_gbps)) {
+        (Some(gbps), _) | (None, Some(gbps)) => gbps,
+        (None, None) => {
+            return Err(format!(
+                "error: --nvme: the {} profile names no node NVMe bandwidth: give the drives' aggregate \
+                 read and write bandwidth per node with --nvme-gbps READ,WRITE (GB/s, e.g. --nvme-gbps 25,22)",
+                gpu.name
+            ));
+        }
+    };
+    Ok(Some(Nvme { bytes, read_gbps, write_gbps }))
+}
+
+/// What `--tp`, `--zero`, `--offload`, `--offload-to`, `--recompute`, `--micro-batch` and `--tiles` pin.
 pub fn pins(args: &CompileArgs) -> Pins {
     Pins {
         tensor_parallel: args.tp,
@@ -81,6 +107,7 @@ pub fn pins(args: &CompileArgs) -> Pins {
         },
         zero_stage: args.zero,
         offload: args.offload,
+        offload_to: args.offload_to,
         recompute: args.recompute,
         micro_batch: args.micro_batch,
         tiles: args.tiles,

@@ -6,7 +6,7 @@ use crate::cli::InspectArgs;
 use crate::output::emit;
 use zeroplan_ir::DType;
 use zeroplan_ir::plan::{
-    Candidate, ClusterDescription, CommSummary, MemorySummary, Plan, Predicted, RunnerUp, Strategy, Workload,
+    Candidate, ClusterDescription, CommSummary, MemorySummary, Offload, Plan, Predicted, RunnerUp, Strategy, Workload,
 };
 use zeroplan_ir::spec::Cluster;
 use zeroplan_passes::cost::Machine;
@@ -130,8 +130,18 @@ pub fn text(plan: &Plan) -> String {
         100.0 * m.peak_bytes as f64 / m.budget_bytes.max(1) as f64,
         gib(m.lower_bound_bytes + m.reserve_bytes)
     );
-    if m.host_bytes > 0 {
-        t += &format!("  {:<14} {:>12}   (offloaded, per GPU)\n", "host", gib(m.host_bytes));
+    if m.host_bytes > 0 && m.nvme_bytes == 0 {
+        t += &format!("  {:<14} {:>12}   (offloaded to CPU memory, per GPU)\n", "host", gib(m.host_bytes));
+    } else if m.host_bytes > 0 {
+        t += &format!(
+            "  {:<14} {:>12}   (pinned buffers the NVMe tier streams through, per GPU)\n",
+            "host",
+            gib(m.host_bytes)
+        );
+    }
+    if m.nvme_bytes > 0 {
+        let of = c.nvme.map_or(String::new(), |n| format!(" of {}", gib(n.bytes)));
+        t += &format!("  {:<14} {:>12}   (offloaded to NVMe, per node{of})\n", "nvme", gib(m.nvme_bytes));
     }
     t += &format!("communication per GPU per step: {}\n", gb(plan.comm.bytes_per_step));
     for (kind, traffic) in &plan.comm.by_collective {
@@ -139,6 +149,9 @@ pub fn text(plan: &Plan) -> String {
     }
     if plan.comm.host_copy_bytes > 0.0 {
         t += &format!("  {:<14} {:>20}\n", "PCIe copies", gb(plan.comm.host_copy_bytes));
+    }
+    if let Some(line) = parameter_fetch(plan) {
+        t += &line;
     }
     let p = &plan.predicted;
     t += &format!(
@@ -167,7 +180,7 @@ pub fn text(plan: &Plan) -> String {
                 "{}ZeRO-{} offload {} recompute {}{}",
                 if tp > 1 { format!("TP-{tp}{sp} ") } else { String::new() },
                 candidate.strategy.zero_stage,
-                candidate.strategy.offload.name(),
+                candidate.strategy.offload_label(),
                 candidate.strategy.recompute,
                 if tiles > 1 { format!(" tiles {tiles}") } else { String::new() }
             )
@@ -175,6 +188,27 @@ pub fn text(plan: &Plan) -> String {
         t += &format!("  {strategy:<72} {:>12}  {speed}\n", gib(candidate.peak_bytes));
     }
     t
+}
+
+/// Bandwidth-centric partitioning in figures, for a plan that offloads its
+/// parameters: the time every data-parallel rank takes to read its shard
+/// of the whole model from the tier, against one rank reading all of it.
+fn parameter_fetch(plan: &Plan) -> Option<String> {
+    let s = &plan.strategy;
+    if s.offload != Offload::OptimizerAndParams {
+        return None;
+    }
+    let machine = machine(plan).ok()?;
+    let bytes = plan.params as f64 * machine.dtype.size_bytes() as f64 / s.tensor_parallel as f64;
+    let fetch = zeroplan_passes::cost::offload::parameter_fetch(&machine, bytes, s.ranks, s.tensor_parallel);
+    Some(format!(
+        "  parameter reads from {} per pass over the model: {:.2} s with {} ranks each reading its shard \
+         (one rank reading all: {:.2} s)\n",
+        s.offload_to.name(),
+        fetch.bandwidth_centric_seconds,
+        s.ranks,
+        fetch.single_reader_seconds
+    ))
 }
 
 /// The machine `plan` was made for: its cluster and compute dtype.
@@ -186,10 +220,11 @@ pub fn machine(plan: &Plan) -> Result<Machine, String> {
         gpu: c.gpu.clone(),
         memory_budget: Some(c.budget_bytes),
         host_memory: c.host_memory_bytes,
+        nvme: c.nvme,
     };
     let dtype = DType::from_name(&plan.workload.precision)
         .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;
-    Ok(Machine { cluster, dtype })
+    Ok(Machine { cluster, dtype, offload_to: plan.strategy.offload_to })
 }
 
 /// The first micro-batch and the optimizer, instruction by instruction,

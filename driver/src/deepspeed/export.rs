@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::{Value as Json, json};
 
 use zeroplan_ir::Op;
-use zeroplan_ir::plan::{Offload, Plan};
+use zeroplan_ir::plan::{Offload, OffloadTo, Plan};
 use zeroplan_ir::spec::{LossScaling, Precision};
 
 use super::ZEROPLAN_KEY;
@@ -25,6 +25,9 @@ struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     fp16: Option<Json>,
     zero_optimization: Json,
+    /// The asynchronous I/O engine that swaps to NVMe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aio: Option<Json>,
     /// DeepSpeed's AutoTP training: Megatron-style layers over `autotp_size` GPUs.
     #[serde(skip_serializing_if = "Option::is_none")]
     tensor_parallel: Option<Json>,
@@ -83,7 +86,8 @@ pub fn config(plan: &Plan) -> Result<(String, Vec<String>), String> {
         scheduler: scheduler(train),
         bf16,
         fp16,
-        zero_optimization: zero(plan),
+        zero_optimization: zero(plan, &mut notes),
+        aio: (s.offload_to == OffloadTo::Nvme && s.offload != Offload::None).then(aio),
         tensor_parallel: (s.tensor_parallel > 1).then(|| json!({ "autotp_size": s.tensor_parallel })),
         activation_checkpointing: (recompute != "none").then(|| {
             json!({ "partition_activations": false, "cpu_checkpointing": false, "contiguous_memory_optimization": false })
@@ -119,6 +123,19 @@ fn fp16(scaling: LossScaling, notes: &mut Vec<String>) -> Json {
     })
 }
 
+/// DeepSpeed's `aio` block at its documented defaults (1 MiB blocks, 8
+/// requests in flight, one thread, completions overlapped): the sequential
+/// streaming the plan's NVMe figures assume.
+fn aio() -> Json {
+    json!({
+        "block_size": 1_048_576,
+        "queue_depth": 8,
+        "thread_count": 1,
+        "single_submit": false,
+        "overlap_events": true,
+    })
+}
+
 /// Linear warm-up from 0, then constant (`WarmupLR`) or linear decay to 0
 /// (`WarmupDecayLR`); `None` for a constant rate.
 fn scheduler(train: &zeroplan_ir::spec::TrainingSpec) -> Option<Json> {
@@ -139,10 +156,15 @@ fn scheduler(train: &zeroplan_ir::spec::TrainingSpec) -> Option<Json> {
     Some(json!({ "type": kind, "params": params }))
 }
 
-/// The ZeRO section: stage, offload, and the plan's buckets (the largest,
-/// in elements: zeroplan reduces, gathers and prefetches one flat bucket
-/// per layer and decay group at a time, and partitions every parameter).
-fn zero(plan: &Plan) -> Json {
+/// Where the exported configuration says the NVMe drives are mounted: a
+/// plan does not know; DeepSpeed's examples use this path.
+const NVME_PATH: &str = "/local_nvme";
+
+/// The ZeRO section: stage, offload and its tier, and the plan's buckets
+/// (the largest, in elements: zeroplan reduces, gathers and prefetches one
+/// flat bucket per layer and decay group at a time, and partitions every
+/// parameter).
+fn zero(plan: &Plan, notes: &mut Vec<String>) -> Json {
     let s = &plan.strategy;
     let mut z = json!({
         "stage": s.zero_stage,
@@ -150,16 +172,36 @@ fn zero(plan: &Plan) -> Json {
         "contiguous_gradients": true,
         "reduce_scatter": s.zero_stage >= 1,
     });
-    let host = json!({ "device": "cpu", "pin_memory": true });
-    if s.offload != Offload::None {
-        z["offload_optimizer"] = host.clone();
-    }
-    if s.offload == Offload::OptimizerAndParams {
-        z["offload_param"] = host;
-    }
     let g = &plan.program.graph;
     let bucket =
         g.petgraph().node_weights().filter_map(|n| if let Op::Flatten { len } = n.op { Some(len) } else { None }).max();
+    let nvme = s.offload_to == OffloadTo::Nvme && s.offload != Offload::None;
+    let mut optimizer = json!({ "device": s.offload_to.name(), "pin_memory": true });
+    let mut params = optimizer.clone();
+    if nvme {
+        notes.push(format!(
+            "`nvme_path` is a placeholder ({NVME_PATH}): set it to the mount point of each node's local NVMe \
+             (zeroplan train --nvme-dir takes the same directory)"
+        ));
+        // The plan streams the optimizer's states overlapped, in as many
+        // buffers as DeepSpeed's pipelined swapper uses by default.
+        optimizer["nvme_path"] = NVME_PATH.into();
+        optimizer["buffer_count"] = 4.into();
+        optimizer["pipeline_read"] = true.into();
+        optimizer["pipeline_write"] = true.into();
+        // DeepSpeed swaps whole parameters through its buffers: each must
+        // hold the largest (here a flat bucket) and at least its default.
+        params["nvme_path"] = NVME_PATH.into();
+        params["buffer_count"] = 5.into();
+        params["buffer_size"] = bucket.unwrap_or(0).max(100_000_000).into();
+        params["max_in_cpu"] = 0.into();
+    }
+    if s.offload != Offload::None {
+        z["offload_optimizer"] = optimizer;
+    }
+    if s.offload == Offload::OptimizerAndParams {
+        z["offload_param"] = params;
+    }
     if let Some(bucket) = bucket {
         z["reduce_bucket_size"] = bucket.into();
         z["allgather_bucket_size"] = bucket.into();

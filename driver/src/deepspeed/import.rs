@@ -1,13 +1,14 @@
-//! A DeepSpeed configuration as what it fixes: ZeRO stage, offload,
-//! recomputation, micro-batch, precision, optimizer. What zeroplan cannot
-//! plan (NVMe offload, pipeline or tensor parallelism, quantized
+//! A DeepSpeed configuration as what it fixes: ZeRO stage, offload and its
+//! tier (CPU or NVMe: ZeRO-Infinity), recomputation, micro-batch,
+//! precision, optimizer. What zeroplan cannot plan (optimizer and
+//! parameters on different tiers, pipeline parallelism, quantized
 //! collectives, static loss scaling…) is an error naming the field; what does
 //! not change a plan's memory or time is accepted, with a note where the
 //! configuration asks for something zeroplan does differently.
 
 use serde_json::{Map, Value as Json};
 
-use zeroplan_ir::plan::Offload;
+use zeroplan_ir::plan::{Offload, OffloadTo};
 use zeroplan_ir::spec::{LossScaling, Precision, TrainingSpec};
 use zeroplan_passes::planner::Pins;
 use zeroplan_passes::recompute::Policy;
@@ -54,8 +55,9 @@ impl Switch {
 struct Reader {
     imported: Imported,
     stage: u8,
-    offload_optimizer: bool,
-    offload_params: bool,
+    /// Where each section offloads to; `None`: not offloaded.
+    offload_optimizer: Option<OffloadTo>,
+    offload_params: Option<OffloadTo>,
     fp16: Switch,
     bf16: Switch,
     scaling: LossScaling,
@@ -74,8 +76,8 @@ pub fn read(text: &str, file: &str, train: TrainingSpec, gpus: u64) -> Result<Im
     let mut r = Reader {
         imported: Imported { pins: Pins::default(), train, global_batch: None, accumulation: None, notes: Vec::new() },
         stage: 0,
-        offload_optimizer: false,
-        offload_params: false,
+        offload_optimizer: None,
+        offload_params: None,
         fp16: Switch::Absent,
         bf16: Switch::Absent,
         scaling: LossScaling::default(),
@@ -360,10 +362,11 @@ impl Reader {
                         .map(|s| s as u8)
                         .ok_or_else(|| Problem::new(&path, format!("{v} is not a ZeRO stage"), "use 0, 1, 2 or 3"))?;
                 }
-                "offload_optimizer" => self.offload_optimizer = offload_device(v, &path)?,
-                "offload_param" => self.offload_params = offload_device(v, &path)?,
-                "cpu_offload" => self.offload_optimizer |= flag(v, &path)? == Some(true),
-                "cpu_offload_params" => self.offload_params |= flag(v, &path)? == Some(true),
+                "offload_optimizer" => self.offload_optimizer = self.offload_device(v, &path)?,
+                "offload_param" => self.offload_params = self.offload_device(v, &path)?,
+                "cpu_offload" if flag(v, &path)? == Some(true) => self.offload_optimizer = Some(OffloadTo::Cpu),
+                "cpu_offload_params" if flag(v, &path)? == Some(true) => self.offload_params = Some(OffloadTo::Cpu),
+                "cpu_offload" | "cpu_offload_params" => {}
                 "overlap_comm" if flag(v, &path)? == Some(false) => self.note(format!(
                     "`{path}` is false: the plan overlaps collectives with compute, and its predicted time assumes it"
                 )),
@@ -394,10 +397,10 @@ impl Reader {
     }
 
     /// DeepSpeed's rules for offload, and zeroplan's: parameters go to the
-    /// host only with the optimizer.
+    /// host only with the optimizer, and both to the same tier.
     fn offload(&mut self) -> Read<()> {
         let path = "zero_optimization.offload_optimizer";
-        if self.offload_optimizer && self.stage == 0 {
+        if self.offload_optimizer.is_some() && self.stage == 0 {
             return Err(Problem::new(
                 path,
                 "DeepSpeed offloads the optimizer at ZeRO stages 1–3",
@@ -405,24 +408,87 @@ impl Reader {
             ));
         }
         let path = "zero_optimization.offload_param";
-        if self.offload_params && self.stage != 3 {
+        if self.offload_params.is_some() && self.stage != 3 {
             return Err(Problem::new(path, "parameters are offloaded at ZeRO stage 3 only", "set stage to 3"));
         }
-        if self.offload_params && !self.offload_optimizer {
-            return Err(Problem::new(
-                path,
-                "zeroplan offloads parameters together with the optimizer",
-                "add \"offload_optimizer\": {\"device\": \"cpu\"}",
-            ));
+        match (self.offload_optimizer, self.offload_params) {
+            (None, Some(tier)) => {
+                return Err(Problem::new(
+                    path,
+                    "zeroplan offloads parameters together with the optimizer",
+                    format!("add \"offload_optimizer\": {{\"device\": \"{}\"}}", tier.name()),
+                ));
+            }
+            (Some(optimizer), Some(params)) if optimizer != params => {
+                return Err(Problem::new(
+                    &join(path, "device"),
+                    format!(
+                        "the optimizer is offloaded to {} and the parameters to {}: zeroplan plans one tier for both",
+                        optimizer.name(),
+                        params.name()
+                    ),
+                    format!("use \"{}\" in both sections", optimizer.name()),
+                ));
+            }
+            _ => {}
         }
         let pins = &mut self.imported.pins;
         pins.zero_stage = Some(self.stage);
         pins.offload = Some(match (self.offload_optimizer, self.offload_params) {
-            (true, true) => Offload::OptimizerAndParams,
-            (true, false) => Offload::Optimizer,
+            (Some(_), Some(_)) => Offload::OptimizerAndParams,
+            (Some(_), None) => Offload::Optimizer,
             _ => Offload::None,
         });
+        pins.offload_to = self.offload_optimizer;
         Ok(())
+    }
+
+    /// Where an offload section moves state: `device` `cpu` or `nvme`, or
+    /// nowhere (`none`). Its buffer settings change neither memory nor
+    /// time as zeroplan plans them; turning the optimizer's pipelining off
+    /// does, and is noted.
+    fn offload_device(&mut self, v: &Json, path: &str) -> Read<Option<OffloadTo>> {
+        let section: &Map<String, Json> = object(v, path)?;
+        let device_path = join(path, "device");
+        let device = section.get("device").map(|d| string(d, &device_path)).transpose()?.unwrap_or("cpu");
+        for (key, v) in section {
+            let at = join(path, key);
+            match key.as_str() {
+                "device" => {}
+                "ratio" => {
+                    if number(v, &at)?.is_some_and(|ratio| ratio != 1.0) {
+                        return Err(Problem::new(&at, "a partial offload is not planned", "remove it, or set it to 1"));
+                    }
+                }
+                "pipeline_read" | "pipeline_write" | "pipeline" if flag(v, &at)? == Some(false) && device == "nvme" => {
+                    self.note(format!(
+                        "`{at}` is false: the plan's predicted time overlaps the optimizer's NVMe reads and writes \
+                         with its CPU work"
+                    ))
+                }
+                "nvme_path" => {
+                    string(v, &at)?;
+                }
+                "pin_memory" | "buffer_count" | "buffer_size" | "max_in_cpu" | "fast_init" | "pipeline_read"
+                | "pipeline_write" | "pipeline" => {}
+                _ => self.unknown(&at),
+            }
+        }
+        match device {
+            "cpu" => Ok(Some(OffloadTo::Cpu)),
+            "nvme" if !section.contains_key("nvme_path") => Err(Problem::new(
+                &device_path,
+                "NVMe offload needs the drives' mount point",
+                format!("add \"nvme_path\" to {path} (e.g. \"/local_nvme\"), as DeepSpeed requires"),
+            )),
+            "nvme" => Ok(Some(OffloadTo::Nvme)),
+            "none" => Ok(None),
+            other => Err(Problem::new(
+                &device_path,
+                format!("`{other}` is not a device"),
+                "use \"cpu\", \"nvme\" or \"none\"",
+            )),
+        }
     }
 
     fn checkpointing(&mut self, v: &Json) -> Read<()> {
@@ -442,29 +508,6 @@ impl Reader {
             }
         }
         Ok(())
-    }
-}
-
-/// Whether an offload section moves state to the host: `device` `cpu`
-/// yes, `none` no, NVMe is an error.
-fn offload_device(v: &Json, path: &str) -> Read<bool> {
-    let section: &Map<String, Json> = object(v, path)?;
-    let device_path = join(path, "device");
-    let device = section.get("device").map(|d| string(d, &device_path)).transpose()?.unwrap_or("cpu");
-    if let Some(ratio) = section.get("ratio").map(|r| number(r, &join(path, "ratio"))).transpose()?.flatten()
-        && ratio != 1.0
-    {
-        return Err(Problem::new(
-            &join(path, "ratio"),
-            "a partial offload is not planned",
-            "remove it, or set it to 1",
-        ));
-    }
-    match device {
-        "cpu" => Ok(true),
-        "none" => Ok(false),
-        "nvme" => Err(Problem::new(&device_path, "NVMe offload is not planned", "use \"cpu\" (host memory)")),
-        other => Err(Problem::new(&device_path, format!("`{other}` is not a device"), "use \"cpu\" or \"none\"")),
     }
 }
 

@@ -10,6 +10,7 @@
 //! | global batch, micro-batch, micro-batches | `train_batch_size`, `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` |
 //! | ZeRO stage | `zero_optimization.stage` |
 //! | offload `optimizer` / `optimizer+params` | `offload_optimizer` / and `offload_param`, `device: "cpu"` |
+//! | offload to the NVMe tier (ZeRO-Infinity) | the same with `device: "nvme"`, `nvme_path`, buffers, and the `aio` block |
 //! | flat buckets, one per layer and decay group | `reduce_bucket_size`, `allgather_bucket_size`, `stage3_prefetch_bucket_size` (elements) |
 //! | recompute `full` | `activation_checkpointing` (every layer checkpointed) |
 //! | precision bf16 / f16 with dynamic loss scaling | `bf16.enabled` / `fp16` (`loss_scale: 0`) |

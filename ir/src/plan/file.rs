@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::strategy::Offload;
+use super::strategy::{Offload, OffloadTo};
 use super::summary::{CommSummary, MemorySummary, Predicted};
 use crate::graph::{Graph, Place};
 
@@ -53,6 +53,9 @@ pub struct ClusterDescription {
     /// Host bytes per node the plan was allowed (`--host-memory`); absent: unchecked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_bytes: Option<u64>,
+    /// Each node's NVMe (`--nvme`); absent: no NVMe tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<crate::spec::Nvme>,
 }
 
 /// What is trained per step.
@@ -82,6 +85,10 @@ pub struct Strategy {
     pub sequence_parallel: bool,
     pub zero_stage: u8,
     pub offload: Offload,
+    /// Where what `offload` moves lives: CPU memory or the node's NVMe
+    /// (plans written before the NVMe tier offload to the CPU).
+    #[serde(default)]
+    pub offload_to: OffloadTo,
     /// The recomputation policy's name (`none`, `selective`, `full`, …).
     pub recompute: String,
     /// Sequences per micro-batch per rank.
@@ -108,6 +115,21 @@ impl Strategy {
     pub fn world(&self) -> u64 {
         self.ranks * self.tensor_parallel
     }
+
+    /// What is offloaded and, for the NVMe tier, where: `optimizer`,
+    /// `optimizer+params@nvme`.
+    pub fn offload_label(&self) -> String {
+        offload_label(self.offload, self.offload_to)
+    }
+}
+
+/// `offload` with its tier where that is not the CPU: `none`,
+/// `optimizer`, `optimizer+params@nvme`.
+pub fn offload_label(offload: Offload, to: OffloadTo) -> String {
+    match (offload, to) {
+        (Offload::None, _) | (_, OffloadTo::Cpu) => offload.name().to_string(),
+        (_, OffloadTo::Nvme) => format!("{}@nvme", offload.name()),
+    }
 }
 
 impl std::fmt::Display for Strategy {
@@ -120,7 +142,7 @@ impl std::fmt::Display for Strategy {
             f,
             "ZeRO-{} offload {} recompute {} micro-batch {}×{}",
             self.zero_stage,
-            self.offload.name(),
+            self.offload_label(),
             self.recompute,
             self.micro_batch,
             self.micro_batches

@@ -7,6 +7,7 @@ mod summary;
 
 pub use file::{
     Buffer, Candidate, ClusterDescription, PLAN_FORMAT, Plan, PlanFileError, Program, RunnerUp, Strategy, Workload,
+    offload_label,
 };
-pub use strategy::{DataParallel, Offload};
+pub use strategy::{DataParallel, Offload, OffloadTo};
 pub use summary::{CollectiveTraffic, CommSummary, MemorySummary, Predicted, Reserve};

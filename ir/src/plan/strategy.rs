@@ -31,6 +31,33 @@ impl Offload {
     }
 }
 
+/// Where offloaded model states live: the tier of ZeRO-Infinity's
+/// "infinity offload engine" (Rajbhandari et al., 2021) that holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffloadTo {
+    /// Pinned CPU memory (ZeRO-Offload; DeepSpeed's `device: "cpu"`).
+    #[default]
+    Cpu,
+    /// The node's local NVMe drives, streamed through pinned CPU buffers
+    /// (DeepSpeed's `device: "nvme"`): what is offloaded lives on the
+    /// drives, and CPU memory holds only the chunks in flight.
+    Nvme,
+}
+
+impl OffloadTo {
+    pub fn name(self) -> &'static str {
+        match self {
+            OffloadTo::Cpu => "cpu",
+            OffloadTo::Nvme => "nvme",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<OffloadTo> {
+        [OffloadTo::Cpu, OffloadTo::Nvme].into_iter().find(|o| o.name() == name)
+    }
+}
+
 /// Data parallelism with ZeRO (Rajbhandari et al., 2020): which model states
 /// each of `ranks` replicas holds whole and which only its `1/ranks` shard of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -31,8 +31,13 @@ pub struct MemorySummary {
     pub optimizer_bytes: u64,
     /// Live at the peak: activations, inputs and every other step tensor.
     pub activations_bytes: u64,
-    /// Host memory per rank (ZeRO-Offload).
+    /// Host memory per rank (ZeRO-Offload; with the NVMe tier, the
+    /// pinned buffers the offloaded states stream through).
     pub host_bytes: u64,
+    /// What the node's GPUs together keep on its NVMe (ZeRO-Infinity's
+    /// NVMe tier), bytes per node; 0 when nothing is offloaded there.
+    #[serde(default)]
+    pub nvme_bytes: u64,
 }
 
 /// Device memory a process holds outside the arena.

@@ -42,6 +42,14 @@ pub struct GpuProfile {
     pub host_gbps: f64,
     /// Latency of one collective step, µs.
     pub collective_latency_us: f64,
+    /// Sequential read bandwidth of the local NVMe drives of the node this
+    /// GPU ships in (all drives together), GB/s; absent where the profile
+    /// names no node (then `--nvme-gbps` gives it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_read_gbps: Option<f64>,
+    /// Their sequential write bandwidth, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_write_gbps: Option<f64>,
 }
 
 impl GpuProfile {
@@ -98,8 +106,27 @@ impl GpuProfile {
         check(positive(self.internode_gbps), "internode_gbps", "must be positive");
         check(positive(self.host_gbps), "host_gbps", "must be positive");
         check(non_negative(self.collective_latency_us), "collective_latency_us", "must not be negative");
+        check(self.nvme_read_gbps.is_none_or(positive), "nvme_read_gbps", "must be positive");
+        check(self.nvme_write_gbps.is_none_or(positive), "nvme_write_gbps", "must be positive");
+        check(
+            self.nvme_read_gbps.is_some() == self.nvme_write_gbps.is_some(),
+            "nvme_write_gbps",
+            "must be given together with `nvme_read_gbps`",
+        );
         if problems.is_empty() { Ok(()) } else { Err(problems) }
     }
+}
+
+/// A node's local NVMe drives, ZeRO-Infinity's slowest and largest tier.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nvme {
+    /// Capacity a plan may fill per node.
+    pub bytes: u64,
+    /// Sequential read bandwidth of all the node's drives together, GB/s.
+    pub read_gbps: f64,
+    /// Sequential write bandwidth of all the node's drives together, GB/s.
+    pub write_gbps: f64,
 }
 
 /// The machines a plan runs on.
@@ -113,6 +140,8 @@ pub struct Cluster {
     /// Host bytes a plan may use per node for what ZeRO-Offload moves
     /// there (every GPU's share together); unchecked when `None`.
     pub host_memory: Option<u64>,
+    /// Each node's NVMe; `None`: no NVMe tier.
+    pub nvme: Option<Nvme>,
 }
 
 impl Cluster {
@@ -129,6 +158,12 @@ impl Cluster {
     /// fit the host memory budget.
     pub fn host_fits(&self, host_bytes_per_gpu: u64) -> bool {
         self.host_memory.is_none_or(|h| host_bytes_per_gpu.saturating_mul(self.gpus_per_node) <= h)
+    }
+
+    /// Whether `nvme_bytes_per_node` fit a node's drives (without an
+    /// NVMe tier only nothing does).
+    pub fn nvme_fits(&self, nvme_bytes_per_node: u64) -> bool {
+        nvme_bytes_per_node == 0 || self.nvme.is_some_and(|n| nvme_bytes_per_node <= n.bytes)
     }
 }
 
@@ -165,7 +200,8 @@ mod tests {
     #[test]
     fn budgets_never_exceed_the_card() {
         let gpu = bundled()[1].clone();
-        let cluster = Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX), host_memory: None };
+        let cluster =
+            Cluster { nodes: 2, gpus_per_node: 8, gpu, memory_budget: Some(u64::MAX), host_memory: None, nvme: None };
         assert_eq!((cluster.world_size(), cluster.budget_bytes()), (16, 40960 << 20));
     }
 

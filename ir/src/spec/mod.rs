@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub use error::{Diagnostic, FieldProblem, SpecError};
-pub use gpu::{Cluster, GpuProfile, PeakTflops};
+pub use gpu::{Cluster, GpuProfile, Nvme, PeakTflops};
 pub use task::{Column, Labels, Metric, TaskSpec};
 pub use training::{LossScaling, Precision, TrainingSpec};
 pub use validate::validate;

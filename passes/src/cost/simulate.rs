@@ -52,6 +52,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         hardware_flops: 0.0,
     };
     let tensor_parallel = graph.tensor_parallel();
+    let states = super::offload::state_traffic(graph, bindings);
     for &n in order {
         let node = graph.node(n);
         let w = work(graph, n, bindings)?;
@@ -60,7 +61,10 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         let (start, finish) = match stream {
             None => (inputs_ready, inputs_ready),
             Some(stream) => {
-                let seconds = machine.seconds(&node.op, &w, tensor_parallel);
+                let mut seconds = machine.seconds(&node.op, &w, tensor_parallel);
+                if let Some(&moved) = states.get(&n) {
+                    seconds = machine.tiered_seconds(seconds, moved);
+                }
                 let start = inputs_ready.max(free.get(&stream).copied().unwrap_or(0.0));
                 free.insert(stream, start + seconds);
                 p.busy.entry(stream).or_default()[usize::from(node.phase == Phase::Optimizer)] += seconds;

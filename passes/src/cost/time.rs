@@ -16,11 +16,15 @@
 //!   pace), and `α` the profile's per-step latency.
 //! - Copies: bytes over PCIe at the profile's host bandwidth.
 //! - Host work (ZeRO-Offload's AdamW): bytes at [`HOST_BYTES_PER_SECOND`].
+//! - With offloaded states on the NVMe tier, instructions that read or
+//!   write them are timed by [`super::offload`]: the drives' share of each
+//!   GPU against PCIe and the CPU, overlapped.
 //!
 //! Every device instruction also pays [`LAUNCH_SECONDS`]. The constants are
 //! assumptions of the model, named here so they can be calibrated against a
 //! GPU; docs/cost.md lists them with their sources.
 
+use zeroplan_ir::plan::OffloadTo;
 use zeroplan_ir::spec::Cluster;
 use zeroplan_ir::{DType, Op};
 
@@ -45,15 +49,23 @@ pub const LAUNCH_SECONDS: f64 = 4e-6;
 /// read and written per fp32 parameter.
 pub const HOST_BYTES_PER_SECOND: f64 = 25e9;
 
-/// A GPU of a cluster, computing in one dtype.
+/// A GPU of a cluster, computing in one dtype, with its offloaded states
+/// on one tier.
 #[derive(Clone, Debug)]
 pub struct Machine {
     pub cluster: Cluster,
     /// The dtype GEMMs compute in (the training precision).
     pub dtype: DType,
+    /// Where host-placed model states live: CPU memory or the node's NVMe.
+    pub offload_to: OffloadTo,
 }
 
 impl Machine {
+    /// The same GPU with its offloaded states on `tier`.
+    pub fn offloading_to(&self, tier: OffloadTo) -> Machine {
+        Machine { offload_to: tier, ..self.clone() }
+    }
+
     /// Peak tensor throughput for this dtype, FLOP/s (the f32 peak where
     /// the GPU has no tensor cores for it).
     pub fn peak_flops(&self) -> f64 {

@@ -139,6 +139,7 @@ fn extend_memory(s: (&MemoryPlan, &MemorySummary), l: (&MemoryPlan, &MemorySumma
         optimizer_bytes: live(Category::OptimizerState),
         activations_bytes: live(Category::Activations) + live(Category::Inputs),
         host_bytes: line_bytes(s.host_bytes, l.host_bytes, extra),
+        nvme_bytes: line_bytes(s.nvme_bytes, l.nvme_bytes, extra),
     }
 }
 

@@ -2,7 +2,9 @@
 //! memory from the memory pass, communication and time from the cost model.
 
 use std::collections::BTreeMap;
-use zeroplan_ir::plan::{CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, Predicted, Strategy};
+use zeroplan_ir::plan::{
+    CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy, offload_label,
+};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
@@ -14,7 +16,8 @@ use crate::pipeline::{Target, compile};
 use crate::recompute::Policy;
 
 /// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
-/// `--recompute` and `--tiles` pin, and what the runner-up differs from the winner in.
+/// `--offload-to`, `--recompute` and `--tiles` pin, and what the runner-up
+/// differs from the winner in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Choice {
     /// Tensor-parallel ranks per data-parallel replica.
@@ -23,6 +26,8 @@ pub struct Choice {
     pub sequence_parallel: bool,
     pub zero_stage: u8,
     pub offload: Offload,
+    /// The tier what `offload` moves lives on (CPU without offload).
+    pub offload_to: OffloadTo,
     pub recompute: Policy,
     /// Tiles of the largest gathered operator (the `tiling` pass); 1: none.
     pub tiles: u64,
@@ -42,6 +47,7 @@ impl Choice {
             sequence_parallel: self.sequence_parallel,
             zero_stage: self.zero_stage,
             offload: self.offload,
+            offload_to: self.offload_to,
             recompute: self.recompute.name(),
             micro_batch,
             micro_batches,
@@ -56,7 +62,8 @@ impl std::fmt::Display for Choice {
             let sp = if self.sequence_parallel { "+SP" } else { "" };
             write!(f, "TP-{}{sp} ", self.tensor_parallel)?;
         }
-        write!(f, "ZeRO-{} offload {} recompute {}", self.zero_stage, self.offload.name(), self.recompute.name())?;
+        let offload = offload_label(self.offload, self.offload_to);
+        write!(f, "ZeRO-{} offload {offload} recompute {}", self.zero_stage, self.recompute.name())?;
         if self.tiles > 1 {
             write!(f, " tiles {}", self.tiles)?;
         }
@@ -77,6 +84,8 @@ pub struct Evaluation {
 pub struct Step {
     pub graph: Graph,
     pub order: Vec<NodeIndex>,
+    /// Where its host-placed model states live.
+    pub offload_to: OffloadTo,
 }
 
 impl Step {
@@ -106,7 +115,7 @@ impl Step {
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
             .graph;
         let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
-        Ok(Step { graph, order })
+        Ok(Step { graph, order, offload_to: choice.offload_to })
     }
 
     /// The stored activation bytes of the whole model's step without
@@ -142,6 +151,7 @@ impl Step {
             .map_err(|e| PlanError::Compile(e.to_string()))?;
         let reserve = memory::reserve::reserve(&self.graph);
         let live = |c: Category| plan.at_peak.get(&c).copied().unwrap_or(0);
+        let (host_bytes, nvme_bytes) = super::tier::split(&self.graph, &plan, self.offload_to, micro_batch, req);
         let summary = MemorySummary {
             peak_bytes: plan.arena.size + reserve.total(),
             budget_bytes: req.cluster.budget_bytes(),
@@ -153,7 +163,8 @@ impl Step {
             grads_bytes: live(Category::Gradients),
             optimizer_bytes: live(Category::OptimizerState),
             activations_bytes: live(Category::Activations) + live(Category::Inputs),
-            host_bytes: plan.host.size,
+            host_bytes,
+            nvme_bytes,
         };
         Ok((plan, summary))
     }
@@ -169,6 +180,7 @@ impl Step {
     ) -> Result<(CommSummary, Predicted), PlanError> {
         let bindings = bindings(micro_batch, req.seq);
         let tokens = req.global_batch * req.seq;
+        let machine = &machine.offloading_to(self.offload_to);
         let predicted = cost::simulate(&self.graph, &self.order, &bindings, machine, micro_batches, tokens)
             .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
         let traffic = cost::comm::traffic(&self.graph, micro_batches, &bindings);

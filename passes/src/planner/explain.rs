@@ -1,8 +1,11 @@
 //! Why a plan lost, and what would make one fit: the sentences a user
 //! reads before deciding how many GPUs to ask for.
 
+use std::collections::HashMap;
+use zeroplan_ir::plan::OffloadTo;
+
 use super::depth::Probe;
-use super::evaluate::Evaluation;
+use super::evaluate::{Choice, Evaluation};
 use super::search::Outcome;
 use super::{PlanError, Request};
 
@@ -24,15 +27,23 @@ pub struct Shortfall {
     /// What its GPUs offload to one node's host, where that exceeds
     /// `--host-memory`.
     pub host_bytes_per_node: Option<u64>,
+    /// What its GPUs keep on one node's NVMe, where that exceeds `--nvme`.
+    pub nvme_bytes_per_node: Option<u64>,
 }
 
 /// The error for a search where nothing fits.
 pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, PlanError> {
     let world = req.cluster.world_size();
     let mut shortfalls = Vec::new();
+    // A choice's device memory does not depend on the tier its offloaded
+    // states live on: its twin on the other tier shares the fit along N.
+    let mut along_ranks: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
     for o in outcomes {
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
-        if o.choice.zero_stage > 0 {
+        let twin = Choice { offload_to: OffloadTo::Cpu, ..o.choice }.to_string();
+        if let Some(&known) = along_ranks.get(&twin) {
+            (gpus_to_fit, floor_bytes) = known;
+        } else if o.choice.zero_stage > 0 {
             // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
             let (t, ranks) = (o.choice.tensor_parallel, o.choice.data_ranks(world));
             let micro_batches = super::search::per_rank(req, o.choice).max(1);
@@ -44,13 +55,17 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
             gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
+            along_ranks.insert(twin, (gpus_to_fit, floor_bytes));
         }
-        let mut host_bytes_per_node = None;
-        if req.cluster.host_memory.is_some() && o.choice.offload != zeroplan_ir::plan::Offload::None {
+        let (mut host_bytes_per_node, mut nvme_bytes_per_node) = (None, None);
+        if o.choice.offload != zeroplan_ir::plan::Offload::None {
             let (ranks, micro_batches) = (o.choice.data_ranks(world), super::search::per_rank(req, o.choice).max(1));
-            let host = Probe::compile(req, o.choice, ranks, 1, micro_batches)?.memory(req, 1)?.host_bytes;
-            if !req.cluster.host_fits(host) {
-                host_bytes_per_node = Some(host * req.cluster.gpus_per_node);
+            let memory = Probe::compile(req, o.choice, ranks, 1, micro_batches)?.memory(req, 1)?;
+            if !req.cluster.host_fits(memory.host_bytes) {
+                host_bytes_per_node = Some(memory.host_bytes * req.cluster.gpus_per_node);
+            }
+            if !req.cluster.nvme_fits(memory.nvme_bytes) {
+                nvme_bytes_per_node = Some(memory.nvme_bytes);
             }
         }
         shortfalls.push(Shortfall {
@@ -59,9 +74,11 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             gpus_to_fit,
             floor_bytes,
             host_bytes_per_node,
+            nvme_bytes_per_node,
         });
     }
-    Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: world, shortfalls })
+    let nvme = req.cluster.nvme.is_some();
+    Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: world, nvme, shortfalls })
 }
 
 /// The GPU count at which `peak(N) = A + B/N`, fitted through `p1` at `n`
@@ -80,8 +97,9 @@ pub fn gpus_for_budget(p1: f64, p2: f64, n: u64, budget: f64, gpus_per_node: u64
     Some(if gpus > gpus_per_node { gpus.div_ceil(gpus_per_node) * gpus_per_node } else { gpus })
 }
 
-/// The error's text: one line per choice, least memory first.
-pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall]) -> String {
+/// The error's text: one line per choice, least memory first; `nvme`:
+/// whether the nodes have an NVMe tier.
+pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, nvme: &bool, shortfalls: &[Shortfall]) -> String {
     let gib = |b: u64| b as f64 / GIB;
     let mut text = format!(
         "no strategy fits in {:.1} GiB per GPU on {gpus} GPU{}. Each choice's least memory per GPU (micro-batch 1):",
@@ -100,14 +118,29 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, shortfalls: &[Shortfall
         if let Some(host) = s.host_bytes_per_node {
             more += &format!(", but offloads {:.1} GiB per node, over --host-memory", gib(host));
         }
+        if let Some(nvme) = s.nvme_bytes_per_node {
+            more += &format!(", but keeps {:.1} GiB per node on NVMe, over --nvme", gib(nvme));
+        }
         text += &format!("\n  {:<50} {:>10.1} GiB   {more}", s.choice, gib(s.min_peak_bytes));
     }
-    let host_limited: Vec<&&Shortfall> =
-        sorted.iter().filter(|s| s.host_bytes_per_node.is_some() && s.min_peak_bytes <= *budget_bytes).collect();
+    let offload_limited = |s: &&&Shortfall| {
+        (s.host_bytes_per_node.is_some() || s.nvme_bytes_per_node.is_some()) && s.min_peak_bytes <= *budget_bytes
+    };
+    let host_limited: Vec<&&Shortfall> = sorted.iter().filter(offload_limited).collect();
     if let Some(least) = host_limited.iter().filter_map(|s| s.host_bytes_per_node).min() {
         text += &format!(
             "\nThe GPUs fit, the hosts do not: {:.1} GiB of host memory per node fits the leanest offloading choice \
              (--host-memory; more GPUs shard what is offloaded).",
+            gib(least)
+        );
+        if !nvme {
+            text += " Or give the nodes an NVMe tier (--nvme SIZE, e.g. --nvme 28TiB on a DGX-2): ZeRO-Infinity \
+                     keeps the offloaded states on the drives and streams them through CPU memory.";
+        }
+    } else if let Some(least) = host_limited.iter().filter_map(|s| s.nvme_bytes_per_node).min() {
+        text += &format!(
+            "\nThe GPUs fit, the drives do not: {:.1} GiB of NVMe per node fits the leanest choice that offloads \
+             there (--nvme; more nodes shard what is offloaded).",
             gib(least)
         );
     } else if let Some(least) = sorted.iter().find(|s| s.host_bytes_per_node.is_none()) {

@@ -18,10 +18,11 @@ pub mod evaluate;
 pub mod explain;
 pub mod program;
 pub mod search;
+pub mod tier;
 pub mod tiles;
 
 use zeroplan_ir::DType;
-use zeroplan_ir::plan::{Candidate, ClusterDescription, Offload, PLAN_FORMAT, Plan, RunnerUp, Workload};
+use zeroplan_ir::plan::{Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload};
 use zeroplan_ir::spec::{Cluster, ModelSpec, Precision, TrainingSpec};
 
 use crate::cost::Machine;
@@ -34,6 +35,9 @@ use search::Outcome;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Pins {
     pub tensor_parallel: Option<u64>,
+    /// The offload tier (`--offload-to`); `None`: CPU memory, and NVMe
+    /// too where the cluster has it.
+    pub offload_to: Option<OffloadTo>,
     /// Sequence parallelism on or off (`None`: the search tries both where
     /// there are several tensor ranks).
     pub sequence_parallel: Option<bool>,
@@ -87,10 +91,15 @@ pub enum PlanError {
     SequenceParallel(String),
     #[error("--tp {tensor_parallel}: {why}")]
     TensorParallel { tensor_parallel: u64, why: String },
+    #[error(
+        "--offload-to nvme: the cluster has no NVMe tier: give each node's drives with --nvme SIZE \
+         (e.g. --nvme 28TiB for a DGX-2)"
+    )]
+    NoNvme,
     #[error("the pins leave nothing to search: {0}")]
     Pins(String),
-    #[error("{}", explain::nothing_fits_text(.budget_bytes, .gpus, .shortfalls))]
-    NothingFits { budget_bytes: u64, gpus: u64, shortfalls: Vec<Shortfall> },
+    #[error("{}", explain::nothing_fits_text(.budget_bytes, .gpus, .nvme, .shortfalls))]
+    NothingFits { budget_bytes: u64, gpus: u64, nvme: bool, shortfalls: Vec<Shortfall> },
 }
 
 /// The dtype GEMMs compute in under `precision`.
@@ -174,6 +183,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             gpus_per_node: req.cluster.gpus_per_node,
             budget_bytes: req.cluster.budget_bytes(),
             host_memory_bytes: req.cluster.host_memory,
+            nvme: req.cluster.nvme,
         },
         workload: Workload {
             seq: req.seq,
@@ -228,6 +238,16 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
     if req.pins.tiles == Some(0) {
         return Err(PlanError::Pins("--tiles 0: an operator is at least one tile (1: untiled)".into()));
     }
+    if req.pins.offload_to == Some(OffloadTo::Nvme) && req.cluster.nvme.is_none() {
+        return Err(PlanError::NoNvme);
+    }
+    if req.pins.offload_to == Some(OffloadTo::Nvme) && req.pins.offload == Some(Offload::None) {
+        return Err(PlanError::Pins(
+            "--offload-to nvme places what is offloaded, and --offload none offloads nothing: \
+             pin --offload optimizer or optimizer+params, or leave it to the search"
+                .into(),
+        ));
+    }
     if let Some(z) = req.pins.zero_stage.filter(|z| *z > 3) {
         return Err(PlanError::Stage(z));
     }
@@ -246,7 +266,7 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
             instead,
         });
     }
-    Ok(Machine { cluster: req.cluster.clone(), dtype })
+    Ok(Machine { cluster: req.cluster.clone(), dtype, offload_to: OffloadTo::Cpu })
 }
 
 /// A choice compiled and planned whole: its evaluation, the compiled step

@@ -11,7 +11,7 @@
 //! (wave quantisation, per-micro-batch collectives).
 
 use std::collections::HashMap;
-use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, Predicted};
+use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted};
 
 use super::depth::Probe;
 use super::evaluate::{Choice, Evaluation, Step};
@@ -68,7 +68,18 @@ pub fn choices(req: &Request) -> Vec<Choice> {
     out
 }
 
-/// The ZeRO × offload × recomputation choices at one tensor-parallel degree.
+/// The tiers offloaded states may live on: CPU memory, and the node's
+/// NVMe where the cluster has it; the pinned one alone.
+fn tiers(req: &Request) -> Vec<OffloadTo> {
+    match req.pins.offload_to {
+        Some(tier) => vec![tier],
+        None if req.cluster.nvme.is_some() => vec![OffloadTo::Cpu, OffloadTo::Nvme],
+        None => vec![OffloadTo::Cpu],
+    }
+}
+
+/// The ZeRO × offload × tier × recomputation choices at one
+/// tensor-parallel degree.
 fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
     let mut out = Vec::new();
     for zero_stage in 0..=3u8 {
@@ -80,9 +91,16 @@ fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
                 Offload::Optimizer => zero_stage >= 1,
                 Offload::OptimizerAndParams => zero_stage == 3,
             };
+            // Nothing offloaded has no tier: it is listed once, as CPU,
+            // unless the NVMe tier is pinned.
+            let tiers = match offload {
+                Offload::None if req.pins.offload_to == Some(OffloadTo::Nvme) => Vec::new(),
+                Offload::None => vec![OffloadTo::Cpu],
+                _ => tiers(req),
+            };
             // The search tries the fixed policies; an `optimal` one only when pinned.
             let policies = req.pins.recompute.map_or(vec![Policy::None, Policy::Selective, Policy::Full], |r| vec![r]);
-            for recompute in policies {
+            for (offload_to, recompute) in tiers.iter().flat_map(|&t| policies.iter().map(move |&r| (t, r))) {
                 let pins = &req.pins;
                 if allowed
                     && pins.zero_stage.is_none_or(|z| z == zero_stage)
@@ -90,7 +108,15 @@ fn data_parallel_choices(req: &Request, tensor_parallel: u64) -> Vec<Choice> {
                 {
                     for sequence_parallel in sequence_parallel_choices(req, tensor_parallel) {
                         let tiles = req.pins.tiles.unwrap_or(1);
-                        out.push(Choice { tensor_parallel, sequence_parallel, zero_stage, offload, recompute, tiles });
+                        out.push(Choice {
+                            tensor_parallel,
+                            sequence_parallel,
+                            zero_stage,
+                            offload,
+                            offload_to,
+                            recompute,
+                            tiles,
+                        });
                     }
                 }
             }
@@ -195,7 +221,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
                 break;
             }
             if memory.peak_bytes <= budget {
-                break; // It is the host that does not fit: recomputing more cannot help.
+                break; // It is the host or NVMe that does not fit: recomputing more cannot help.
             }
             // Tighten by the overshoot and a little more.
             let over = memory.peak_bytes - budget;
@@ -206,9 +232,11 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
 }
 
 /// Whether a plan's memory fits: its peak on each GPU, and what it
-/// offloads on each node's host.
+/// offloads on each node's host and NVMe.
 pub fn fits(req: &Request, memory: &MemorySummary) -> bool {
-    memory.peak_bytes <= req.cluster.budget_bytes() && req.cluster.host_fits(memory.host_bytes)
+    memory.peak_bytes <= req.cluster.budget_bytes()
+        && req.cluster.host_fits(memory.host_bytes)
+        && req.cluster.nvme_fits(memory.nvme_bytes)
 }
 
 fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Outcome, PlanError> {

@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::cli::{DataParallelArgs, OffloadTier, TrainArgs};
+use crate::cli::{DataParallelArgs, TrainArgs};
 use crate::output::emit;
 use zeroplan_driver::train::batches::{self, Batches};
 use zeroplan_driver::train::checkpoints::{self, Saver};
@@ -17,7 +17,7 @@ use zeroplan_driver::train::plan_file::head_of;
 use zeroplan_driver::train::process::ProcessRank;
 use zeroplan_driver::train::{Stepped, Trainer};
 use zeroplan_ir::Bindings;
-use zeroplan_ir::plan::{DataParallel, Offload, Plan, Program};
+use zeroplan_ir::plan::{DataParallel, Offload, OffloadTo, Plan, Program};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
@@ -147,12 +147,12 @@ pub fn run<D: Device<Instr: Send> + Send>(
 /// run's offload: refused without states on the host to put there.
 fn nvme_tier(args: &TrainArgs, offload: Option<Offload>) -> Result<Option<Nvme>, String> {
     let dir = match (args.offload_to, &args.nvme_dir) {
-        (Some(OffloadTier::Nvme), None) => {
+        (Some(OffloadTo::Nvme), None) => {
             return Err("error: --offload-to nvme needs --nvme-dir DIR: a directory on the NVMe drive for the \
                         states"
                 .into());
         }
-        (Some(OffloadTier::Cpu), Some(dir)) => {
+        (Some(OffloadTo::Cpu), Some(dir)) => {
             return Err(format!(
                 "error: --offload-to cpu keeps the states in host memory, but --nvme-dir {} asks for files: pass one \
                  of them",
@@ -241,6 +241,13 @@ pub fn run_plan<D: Device<Instr: Send> + Send>(args: &TrainArgs, process: Option
         refuse_under_launch(args)?;
     }
     let loading = Instant::now();
+    if plan.strategy.offload_to == OffloadTo::Nvme && args.nvme_dir.is_none() {
+        return Err(context(format!(
+            "the plan keeps its offloaded states on NVMe (offload {}): give --nvme-dir DIR, a directory on the \
+             node's NVMe drive",
+            plan.strategy.offload_label()
+        )));
+    }
     let offload = Some(plan.strategy.offload);
     let nvme = nvme_tier(args, offload)?;
     let mut trainer =
