@@ -4,11 +4,15 @@
 //! Under ZeRO-3 what stays on a GPU however many share the shards is one
 //! gathered layer (and the next, prefetched) with one micro-batch's
 //! activations. Where that exceeds the budget, the search tiles the large
-//! operators: 2, 4, 8, … tiles of the largest, each count searched as a
-//! choice of its own, stopping at the first count that fits (fewer tiles
-//! are fewer, wider GEMMs and fewer collectives) or once two counts in a
-//! row do not lower the least peak (activations or shards, not gathered
-//! weights, are what stays).
+//! operators — where tiling can help at all: a choice whose least peak
+//! stays over the budget with every gathered layer's weights taken off is
+//! not probed. It first tries the most tiles: if even those do not fit,
+//! gathered weights are not what stays (activations or shards are) and one
+//! probe settles the choice — the common case of a model too large for the
+//! cluster, where the nothing-fits answer must stay fast. Otherwise it
+//! tries 2, 4, 8, … tiles of the largest, each count searched as a choice
+//! of its own, and keeps the first that fits (fewer tiles are fewer, wider
+//! GEMMs and fewer collectives).
 //! A tiled choice then competes with every other on predicted throughput,
 //! tensor parallelism included, and the runner-up line says why it lost.
 
@@ -24,34 +28,58 @@ use crate::cost::Machine;
 /// GEMMs grow thin while what stays is activations.
 pub const TILE_COUNTS: [u64; 6] = [2, 4, 8, 16, 32, 64];
 
+/// An upper bound on the bytes per GPU tiling can take off a choice's
+/// peak: what it splits is one layer's gathered weights, the prefetched
+/// next layer's and one layer's gradient bucket — at most three layers of
+/// `4h² + 3h·ffn` parameters (GLU's three feed-forward matrices counted) in
+/// the working precision (4 bytes for f32, else 2), over the
+/// tensor-parallel ranks. A choice whose least peak less
+/// this exceeds the budget cannot fit at any tile count, and is not probed:
+/// a tiled probe of a huge model compiles 64 times the matmuls, and the
+/// nothing-fits answer for such a model must stay fast.
+fn most_saved(req: &Request, tensor_parallel: u64) -> u64 {
+    let (h, ffn) = (req.model.hidden, req.model.intermediate);
+    let layer = 4 * h * h + 3 * h * ffn;
+    let bytes = if req.train.precision == zeroplan_ir::spec::Precision::F32 { 4 } else { 2 };
+    3 * layer * bytes / tensor_parallel.max(1)
+}
+
 /// Tiled outcomes for the ZeRO-3 choices of `outcomes` that fit nowhere
-/// untiled; for each, the first tile count that fits, else the one with
-/// the least peak.
+/// untiled: for each, the first tile count that fits, else the most tiles
+/// where that lowers the least peak (for the nothing-fits answer).
 pub fn tiled_outcomes(
     req: &Request,
     machine: &Machine,
     outcomes: &[Outcome],
     search_choice: impl Fn(&Request, &Machine, Choice) -> Result<Outcome, PlanError>,
 ) -> Result<Vec<Outcome>, PlanError> {
+    let most = *TILE_COUNTS.last().expect("tile counts");
+    let budget = req.cluster.budget_bytes();
     let mut out = Vec::new();
     for o in outcomes.iter().filter(|o| o.best.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1) {
-        let (mut least, mut misses): (Option<Outcome>, u32) = (None, 0);
-        for tiles in TILE_COUNTS {
-            let _span = tracing::debug_span!("plan.tiles", tiles).entered();
-            let tiled = search_choice(req, machine, Choice { tiles, ..o.choice })?;
-            let before = least.as_ref().map_or(o.min_peak_bytes, |l| l.min_peak_bytes);
-            let (fits, lower) = (tiled.best.is_some(), tiled.min_peak_bytes < before);
-            misses = if lower { 0 } else { misses + 1 };
-            if fits || lower {
-                least = Some(tiled);
+        if o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) > budget {
+            continue;
+        }
+        let tiled = {
+            let _span = tracing::debug_span!("plan.tiles", tiles = most).entered();
+            search_choice(req, machine, Choice { tiles: most, ..o.choice })?
+        };
+        if tiled.best.is_none() {
+            if tiled.min_peak_bytes < o.min_peak_bytes {
+                out.push(tiled);
             }
-            // The peak is not monotone in the tile count (the operators
-            // under the max tile change bucket): give up after two misses.
-            if fits || misses == 2 {
+            continue;
+        }
+        let mut first = tiled;
+        for &tiles in TILE_COUNTS.iter().filter(|&&t| t < most) {
+            let _span = tracing::debug_span!("plan.tiles", tiles).entered();
+            let fewer = search_choice(req, machine, Choice { tiles, ..o.choice })?;
+            if fewer.best.is_some() {
+                first = fewer;
                 break;
             }
         }
-        out.extend(least);
+        out.push(first);
     }
     Ok(out)
 }
