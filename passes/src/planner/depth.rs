@@ -30,7 +30,7 @@ pub const LONG: u64 = 4;
 /// A choice compiled for the search.
 pub enum Probe {
     /// The whole model.
-    Whole(Step),
+    Whole(Box<Step>),
     /// Two short stacks and the layers the line extends over.
     Stacks { short: Box<Step>, long: Box<Step>, extra_layers: u64 },
 }
@@ -53,7 +53,14 @@ impl Probe {
         // An optimal policy's budget is for the whole stack: its layers' choices do not repeat.
         let per_layer_policy = !matches!(choice.recompute, Policy::Optimal { .. });
         if !(req.extrapolate_depth && repeats(req.model) && per_layer_policy) {
-            return Ok(Probe::Whole(Step::compile(req, req.model, choice, ranks, hint_batch, micro_batches)?));
+            return Ok(Probe::Whole(Box::new(Step::compile(
+                req,
+                req.model,
+                choice,
+                ranks,
+                hint_batch,
+                micro_batches,
+            )?)));
         }
         let at = |layers: u64| {
             let model = ModelSpec { layers, ..req.model.clone() };
