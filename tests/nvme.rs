@@ -55,6 +55,93 @@ fn nvme_runs_log_the_bits_of_host_memory_runs() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A plan with its large operators tiled (`compile --tiles 2`: each tile
+/// its own ZeRO-3 bucket) runs on the NVMe tier as in host memory, bit for
+/// bit; and tiled or not, the losses agree (f32: the tiles only regroup
+/// the sums of the gradients' norm, 1e-6 relative).
+#[test]
+fn tiled_plans_run_on_nvme_as_in_host_memory() {
+    let dir = scratch("tiles");
+    let nvme = dir.join("nvme");
+    std::fs::create_dir_all(&nvme).unwrap();
+    let mut runs = Vec::new();
+    for tiles in ["1", "2"] {
+        let plan = dir.join(format!("tiles{tiles}.ron"));
+        let plan = plan.to_str().unwrap();
+        let compile = [
+            "compile",
+            "models/tiny/tiny-bert.ron",
+            "--gpu",
+            "h100-80gb-sxm",
+            "--gpus",
+            "2",
+            "--seq",
+            "16",
+            "--global-batch",
+            "8",
+            "--zero",
+            "3",
+            "--offload",
+            "optimizer+params",
+            "--precision",
+            "f32",
+            "--tiles",
+            tiles,
+            "-o",
+            plan,
+        ];
+        let out = zeroplan(&compile);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let train = ["train", plan, "--backend", "cpu", "--steps", "3", "--log-json"];
+        let memory = logged(&train);
+        let on_nvme = logged(&[&train[..], &["--nvme-dir", nvme.to_str().unwrap()]].concat());
+        assert_eq!(on_nvme, memory, "--tiles {tiles}: the NVMe run's losses and norms");
+        runs.push(memory);
+    }
+    for ((untiled, tiled), step) in runs[0].iter().zip(&runs[1]).zip(1..) {
+        for (what, a, b) in [("loss", untiled.0, tiled.0), ("grad_norm", untiled.1, tiled.1)] {
+            let (a, b) = (f64::from_bits(a), f64::from_bits(b));
+            assert!((a - b).abs() <= 1e-6 * a.abs(), "step {step}: {what} {a} untiled, {b} tiled");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A plan the planner put on NVMe (`compile --nvme … --offload-to nvme`)
+/// asks `train` for the directory rather than keeping the states in memory.
+#[test]
+fn a_plan_on_nvme_asks_for_the_directory() {
+    let dir = scratch("plan");
+    let plan = dir.join("nvme.ron");
+    let compile = [
+        "compile",
+        "models/tiny/tiny-bert.ron",
+        "--gpu",
+        "v100-32gb",
+        "--gpus",
+        "2",
+        "--seq",
+        "16",
+        "--global-batch",
+        "8",
+        "--zero",
+        "3",
+        "--offload",
+        "optimizer",
+        "--nvme",
+        "1TiB",
+        "--offload-to",
+        "nvme",
+        "-o",
+        plan.to_str().unwrap(),
+    ];
+    let out = zeroplan(&compile);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = failure(&["train", plan.to_str().unwrap(), "--backend", "cpu", "--steps", "1"]);
+    assert!(err.contains("--nvme-dir") && err.contains("optimizer@nvme"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Two ranks, ZeRO-3 with optimizer+parameter offload on NVMe, saving
 /// every step: killed (SIGKILL) mid-step, and killed between a save's
 /// shards and its manifest, each resumes (with new state files) and writes
