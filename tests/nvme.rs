@@ -118,6 +118,8 @@ fn a_plan_on_nvme_asks_for_the_directory() {
         "models/tiny/tiny-bert.ron",
         "--gpu",
         "v100-32gb",
+        "--precision",
+        "f16",
         "--gpus",
         "2",
         "--seq",
