@@ -1,8 +1,9 @@
 //! The offload tiers' costs: CPU memory and NVMe (ZeRO-Infinity,
 //! Rajbhandari et al., SC'21).
 //!
-//! Offloaded model states (fp32 masters, AdamW moments, and under
-//! `optimizer+params` the 16-bit parameter shards) are host-placed sources
+//! Offloaded model states (fp32 masters, AdamW moments, under
+//! `optimizer+params` the 16-bit parameter shards, and the gradient shards
+//! the backward copies down for the host optimizer) are host-placed values
 //! of the step's graph. On the CPU tier they are read where they lie; on
 //! the NVMe tier every instruction that reads one streams it from the
 //! node's drives through pinned CPU buffers, and every update of one is
@@ -28,7 +29,7 @@
 
 use std::collections::HashMap;
 use zeroplan_ir::plan::OffloadTo;
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Place};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Value};
 
 use super::time::Machine;
 
@@ -40,14 +41,25 @@ pub struct StateTraffic {
 }
 
 /// Whether `n` is an offloaded model state: a parameter or optimizer state
-/// that lives on the host across steps.
+/// that lives on the host across steps, or a gradient shard the backward
+/// copied to the host for the host optimizer (it lives until the optimizer
+/// phase, and on the NVMe tier it waits on the drives as DeepSpeed's
+/// optimizer swapper keeps it).
 pub fn is_offloaded_state(graph: &Graph, n: NodeIndex) -> bool {
     let node = graph.node(n);
     node.place == Place::Host && matches!(node.op, Op::Param { .. } | Op::State { .. })
+        || is_offloaded_gradient(graph, n)
+}
+
+/// Whether `n` copies a gradient shard to the host during the backward.
+fn is_offloaded_gradient(graph: &Graph, n: NodeIndex) -> bool {
+    let node = graph.node(n);
+    node.place == Place::Host && node.phase == Phase::Backward && node.op == Op::Copy
 }
 
 /// Per instruction, the offloaded states it reads (operands that are
-/// such states) and writes back (values that update one).
+/// such states) and writes back (values that update one, and the
+/// gradient shards copied down).
 pub fn state_traffic(graph: &Graph, bindings: &Bindings) -> HashMap<NodeIndex, StateTraffic> {
     let mut out: HashMap<NodeIndex, StateTraffic> = HashMap::new();
     let size = |v| graph.value_type(v).size_bytes(bindings).unwrap_or(0) as f64;
@@ -56,6 +68,9 @@ pub fn state_traffic(graph: &Graph, bindings: &Bindings) -> HashMap<NodeIndex, S
             if is_offloaded_state(graph, v.node) {
                 out.entry(n).or_default().read += size(v);
             }
+        }
+        if is_offloaded_gradient(graph, n) {
+            out.entry(n).or_default().written += size(Value { node: n, output: 0 });
         }
     }
     for &(target, value) in &graph.updates {

@@ -23,7 +23,12 @@
 //! With ZeRO-Offload the fp32 masters and moments live on the host: the
 //! gradient shard is copied over PCIe, AdamW runs on the host, and the new
 //! 16-bit shard is copied back (or stays there, when parameters are
-//! offloaded too, and crosses PCIe before each all-gather).
+//! offloaded too, and crosses PCIe before each all-gather). A shard reduced
+//! during the backward leaves the GPU as soon as it is reduced, its squared
+//! norm taken on the GPU first (DeepSpeed does both in its gradient
+//! partitioning hook): no GPU holds gradients past the bucket being
+//! reduced, which is what lets ZeRO-Infinity's trillion-parameter models
+//! fit. With several micro-batches the shards accumulate on the host.
 //!
 //! Gradient accumulation: stages 0–1 add each micro-batch's bucket into an
 //! f32 accumulator and communicate once per step, as DDP's `no_sync` does;
@@ -95,6 +100,9 @@ struct Made {
     applied: Option<Value>,
     /// The backward's flat gradient or its accumulator, until then.
     pending: Option<Value>,
+    /// The shard's squared norm, when taken on the GPU before the shard
+    /// was copied to the host.
+    squared: Option<Value>,
 }
 
 struct Builder<'a> {
@@ -232,6 +240,14 @@ impl<'a> Builder<'a> {
         if self.dp.offload == Offload::None { Place::Device } else { Place::Host }
     }
 
+    /// Whether each bucket's gradient leaves the GPU during the backward:
+    /// with the optimizer offloaded, wherever the backward finishes its
+    /// reduction (one rank, stage 0 without accumulation, stages 2–3).
+    fn gradients_leave_early(&self) -> bool {
+        let reduced_late = self.dp.zero_stage == 1 || (self.dp.zero_stage == 0 && self.micro_batches > 1);
+        self.optimizer_place() == Place::Host && (self.dp.ranks == 1 || !reduced_late)
+    }
+
     fn weights_place(&self) -> Place {
         if self.dp.offload == Offload::OptimizerAndParams { Place::Host } else { Place::Device }
     }
@@ -348,25 +364,43 @@ impl<'a> Builder<'a> {
             0 | 1 => flat,
             _ => self.out.add(format!("{name}.reduce_scatter"), Op::ReduceScatter { ranks }, &[flat])?,
         };
+        let mut reduced = reduced;
+        let mut place = Place::Device;
+        if self.gradients_leave_early() {
+            if self.micro_batches == 1 {
+                let sq = self.out.add(format!("{name}.sq"), Op::SquaredSum, &[reduced])?;
+                self.made[b].squared = Some(sq);
+            }
+            place = Place::Host;
+            reduced = self.add_at(place, format!("{name}.d2h"), Op::Copy, &[reduced])?;
+        }
         if self.micro_batches == 1 {
             self.made[b].pending = Some(reduced);
             return Ok(());
         }
-        // Several micro-batches: sum into an f32 accumulator, reset after the step.
-        let ty = Self::flat(self.out.value_type(reduced).shape.numel().as_constant().unwrap_or(0), DType::F32);
-        let acc = self.out.source(format!("{name}.acc"), Op::State { init: Init::Zeros }, ty.clone())?;
-        let f32 = match self.out.value_type(reduced).dtype {
-            DType::F32 => reduced,
-            _ => self.out.add(format!("{name}.f32"), Op::Cast { to: DType::F32 }, &[reduced])?,
-        };
-        let sum = self.out.add(format!("{name}.acc.next"), Op::Add, &[acc, f32])?;
-        self.out.set_update(acc.node, sum)?;
-        let phase = std::mem::replace(&mut self.out.phase, Phase::Optimizer);
-        let zero = self.out.source(format!("{name}.acc.zero"), Op::Fill { value: 0.0 }, ty)?;
-        self.out.set_update(acc.node, zero)?;
-        self.out.phase = phase;
+        // Several micro-batches: sum into an f32 accumulator where the
+        // shard now lies, reset after the step.
+        let acc = self.out.at_place(place, |out| Self::accumulate(out, &name, reduced))?;
         self.made[b].pending = Some(acc);
         Ok(())
+    }
+
+    /// Adds `reduced` into a new f32 accumulator `{name}.acc`, zeroed in
+    /// the optimizer phase; returns the accumulator.
+    fn accumulate(out: &mut Graph, name: &str, reduced: Value) -> Result<Value, GraphError> {
+        let ty = Self::flat(out.value_type(reduced).shape.numel().as_constant().unwrap_or(0), DType::F32);
+        let acc = out.source(format!("{name}.acc"), Op::State { init: Init::Zeros }, ty.clone())?;
+        let f32 = match out.value_type(reduced).dtype {
+            DType::F32 => reduced,
+            _ => out.add(format!("{name}.f32"), Op::Cast { to: DType::F32 }, &[reduced])?,
+        };
+        let sum = out.add(format!("{name}.acc.next"), Op::Add, &[acc, f32])?;
+        out.set_update(acc.node, sum)?;
+        let phase = std::mem::replace(&mut out.phase, Phase::Optimizer);
+        let zero = out.source(format!("{name}.acc.zero"), Op::Fill { value: 0.0 }, ty)?;
+        out.set_update(acc.node, zero)?;
+        out.phase = phase;
+        Ok(acc)
     }
 
     /// At the start of the optimizer phase: the reductions left for it
@@ -393,7 +427,14 @@ impl<'a> Builder<'a> {
                 (true, _) => self.out.add(format!("{name}.reduce_scatter"), Op::ReduceScatter { ranks }, &[pending])?,
             };
             self.made[b].applied = Some(applied);
-            let sq = self.out.add(format!("{name}.sq"), Op::SquaredSum, &[applied])?;
+            let sq = match self.made[b].squared {
+                Some(sq) => sq,
+                None if self.out.node(applied.node).place == Place::Host => {
+                    let sq = self.add_at(Place::Host, format!("{name}.sq"), Op::SquaredSum, &[applied])?;
+                    self.out.add(format!("{name}.sq.h2d"), Op::Copy, &[sq])?
+                }
+                None => self.out.add(format!("{name}.sq"), Op::SquaredSum, &[applied])?,
+            };
             let init = flat_init(&self.buckets[b], 1);
             let sq = norm_share(&mut self.out, &format!("{name}.sq"), sq, init, self.tensor_ranks)?;
             total = Some(match total {
@@ -442,7 +483,9 @@ impl<'a> Builder<'a> {
         let mut grad = self.made[b].applied.expect("gradients_for_optimizer ran");
         let mut scalars: Vec<Value> = self.step.scalars.iter().map(|v| self.map[v]).collect();
         if place == Place::Host {
-            grad = self.add_at(Place::Host, format!("{name}.grad.d2h"), Op::Copy, &[grad])?;
+            if self.out.node(grad.node).place == Place::Device {
+                grad = self.add_at(Place::Host, format!("{name}.grad.d2h"), Op::Copy, &[grad])?;
+            }
             scalars = self.host_scalars(&scalars)?;
         }
         let (beta1, beta2, eps) = self.step.betas_eps;

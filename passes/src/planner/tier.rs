@@ -4,13 +4,14 @@
 //!
 //! The memory pass plans one host arena holding every host-placed tensor:
 //! the offloaded states (fp32 masters, AdamW moments, offloaded parameter
-//! shards), which live across steps, and the step's transient host tensors
-//! (gradient shards copied down, AdamW's scalars). On the CPU tier the
-//! arena is what each GPU's process pins. On the NVMe tier the states live
-//! on the node's drives and CPU memory holds the rest of the arena plus the
-//! pinned buffers the states stream through: [`OPTIMIZER_BUFFERS`] of the
-//! largest optimizer chunk and [`PARAMETER_BUFFERS`] of the largest
-//! parameter shard.
+//! shards), which live across steps, the gradient shards copied down
+//! during the backward, which live until the optimizer, and the step's
+//! other host tensors (AdamW's scalars). On the CPU tier the
+//! arena is what each GPU's process pins. On the NVMe tier the states and
+//! gradient shards live on the node's drives and CPU memory holds the rest
+//! of the arena plus the pinned buffers they stream through:
+//! [`OPTIMIZER_BUFFERS`] of the largest optimizer chunk and
+//! [`PARAMETER_BUFFERS`] of the largest parameter or gradient shard.
 
 use zeroplan_ir::Graph;
 use zeroplan_ir::plan::OffloadTo;
@@ -43,7 +44,7 @@ pub fn split(graph: &Graph, plan: &MemoryPlan, tier: OffloadTo, micro_batch: u64
     for (n, moved) in state_traffic(graph, &bindings) {
         match work(graph, n, &bindings).map(|w| w.engine) {
             Some(Engine::Host) => optimizer_chunk = optimizer_chunk.max(moved.read.max(moved.written)),
-            Some(Engine::Copy) => parameter_chunk = parameter_chunk.max(moved.read),
+            Some(Engine::Copy) => parameter_chunk = parameter_chunk.max(moved.read.max(moved.written)),
             _ => {}
         }
     }
