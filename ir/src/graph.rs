@@ -211,6 +211,19 @@ impl Graph {
         self.by_name.get(name).copied()
     }
 
+    /// Gives node `n` the unused name `name`: for a pass that learns what a
+    /// node is only after adding it (the last of a running sum).
+    pub fn rename(&mut self, n: NodeIndex, name: String) -> Result<(), GraphError> {
+        if self.by_name.contains_key(&name) {
+            let op = self.graph[n].op.name();
+            return Err(GraphError { node: name, op, message: "a node of that name exists".into() });
+        }
+        let old = std::mem::replace(&mut self.graph[n].name, name.clone());
+        self.by_name.remove(&old);
+        self.by_name.insert(name, n);
+        Ok(())
+    }
+
     pub fn node_count(&self) -> usize {
         self.graph.node_count()
     }

@@ -7,6 +7,9 @@
 //! ([`vjp`]) sends gradients on to those of its operands that depend on a
 //! parameter. A weight used in several places (ALBERT's shared layers, the
 //! MLM decoder tied to the word embeddings) gets the sum of every use.
+//! The sum runs as the parts arrive, so one partial sum is live rather than
+//! every part: a value read by many (an activation read by each tile of a
+//! tiled matmul) would otherwise hold a full-size gradient per reader.
 //!
 //! Names: the gradient that consumer `C` sends to its operand `i` is
 //! `C.back{i}` (helper nodes `C.back{i}.…`); a sum of several is
@@ -35,8 +38,8 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
     let order = graph.topo_order().expect("a verified graph is acyclic");
     let depends = depends_on_params(graph, &order);
     let previous_phase = std::mem::replace(&mut graph.phase, Phase::Backward);
-    let mut pending: HashMap<Value, Vec<Value>> = HashMap::new();
-    pending.insert(loss, vec![seed]);
+    let mut pending: HashMap<Value, Sum> = HashMap::new();
+    pending.insert(loss, Sum { total: seed, parts: 1 });
     let mut param_grads = BTreeMap::new();
     for &n in order.iter().rev() {
         let outputs = graph.node(n).outputs.len() as u32;
@@ -44,7 +47,7 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
         for output in 0..outputs {
             let v = Value { node: n, output };
             dys.push(match pending.remove(&v) {
-                Some(parts) => Some(sum(graph, v, parts)?),
+                Some(sum) => Some(sum.finish(graph, v)?),
                 None => None,
             });
         }
@@ -60,7 +63,12 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
         let grads = vjp::vjp(graph, n, &dys, &wanted)?;
         for ((operand, grad), want) in operands.into_iter().zip(grads).zip(wanted) {
             if let (Some(grad), true) = (grad, want) {
-                pending.entry(operand).or_default().push(grad);
+                match pending.get_mut(&operand) {
+                    Some(sum) => sum.add(graph, operand, grad)?,
+                    None => {
+                        pending.insert(operand, Sum { total: grad, parts: 1 });
+                    }
+                }
             }
         }
     }
@@ -80,15 +88,26 @@ fn depends_on_params(graph: &Graph, order: &[NodeIndex]) -> HashSet<NodeIndex> {
     depends
 }
 
-/// The sum of the gradients sent to `v`, named `grad.V` when there are several.
-fn sum(graph: &mut Graph, v: Value, parts: Vec<Value>) -> Result<Value, GraphError> {
-    let name = format!("grad.{}", graph.value_ref(v));
-    let count = parts.len();
-    let mut parts = parts.into_iter();
-    let mut total = parts.next().expect("at least one gradient");
-    for (i, part) in parts.enumerate() {
-        let partial = if i + 2 == count { name.clone() } else { format!("{name}.{}", i + 1) };
-        total = graph.add(partial, Op::Add, &[total, part])?;
+/// The running sum of the gradients sent to one value, in the order they
+/// were sent: partial sums `grad.V.1`, `grad.V.2`, …; the last is renamed
+/// `grad.V` when the value's own node is reached.
+struct Sum {
+    total: Value,
+    parts: usize,
+}
+
+impl Sum {
+    fn add(&mut self, graph: &mut Graph, v: Value, part: Value) -> Result<(), GraphError> {
+        let name = format!("grad.{}.{}", graph.value_ref(v), self.parts);
+        self.total = graph.add(name, Op::Add, &[self.total, part])?;
+        self.parts += 1;
+        Ok(())
     }
-    Ok(total)
+
+    fn finish(self, graph: &mut Graph, v: Value) -> Result<Value, GraphError> {
+        if self.parts > 1 {
+            graph.rename(self.total.node, format!("grad.{}", graph.value_ref(v)))?;
+        }
+        Ok(self.total)
+    }
 }

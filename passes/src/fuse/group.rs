@@ -7,6 +7,25 @@ use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
 use zeroplan_ir::kernel::lower::{fusible, sum_to_axes};
 
+/// Parts of a gradient sum one kernel may read. Fusing a sum reads all its
+/// parts at once, so each stays live until the last is computed; a value
+/// read by many (an activation read by every tile of a tiled matmul) would
+/// hold a full-size gradient per reader. Past this many the sum runs in
+/// kernels of this many parts, each adding to the partial sum before it, so
+/// at most this many are live. Four covers the sums of an untiled layer
+/// (an activation read by the query, key and value projections and the
+/// residual).
+const MAX_SUM_PARTS: usize = 4;
+
+/// Whether `n` adds two gradients of the kernel's shape in the backward:
+/// one step of a sum autodiff builds.
+fn sums_gradients(g: &Graph, n: NodeIndex, kshape: &zeroplan_ir::Shape) -> bool {
+    let node = g.node(n);
+    node.phase == zeroplan_ir::Phase::Backward
+        && node.op == Op::Add
+        && g.operands(n).iter().all(|v| g.value_type(*v).shape == *kshape)
+}
+
 /// Each node's consumers.
 pub(super) type Users = HashMap<NodeIndex, Vec<NodeIndex>>;
 
@@ -47,6 +66,7 @@ pub(super) fn grow(
             && fusible(g, n, &kshape)
     };
     let mut set: HashSet<NodeIndex> = HashSet::from([anchor]);
+    let mut sums = usize::from(sums_gradients(g, anchor, &kshape));
     loop {
         let mut grew = false;
         let members: Vec<NodeIndex> = set.iter().copied().collect();
@@ -56,9 +76,14 @@ pub(super) fn grow(
                 if !eligible(p, &set) {
                     continue;
                 }
+                let sum = sums_gradients(g, p, &kshape);
+                if sum && sums + 1 >= MAX_SUM_PARTS {
+                    continue;
+                }
                 let all_inside = users[&p].iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
                 if all_inside {
                     set.insert(p);
+                    sums += usize::from(sum);
                     grew = true;
                 }
             }
