@@ -94,12 +94,13 @@ class Check:
             old = self.env.get("LD_LIBRARY_PATH")
             self.env["LD_LIBRARY_PATH"] = ":".join(paths + ([old] if old else []))
 
-    def sh(self, cmd, timeout, recorded=None, env=None):
+    def sh(self, cmd, timeout, recorded=None, env=None, cwd=ROOT):
         """Runs `cmd`, logs it and its output; the completed process.
 
         In a dry run nothing runs: `recorded` (a file in bench/gpu/testdata, or
         None for an empty success) stands for its output."""
         line = " ".join(cmd)
+        timeout = min(timeout, self.args.max_step_seconds or timeout)
         self.log.write(f"\n$ {line}\n")
         self.log.flush()
         if self.dry:
@@ -112,7 +113,7 @@ class Check:
             return subprocess.CompletedProcess(cmd, code, text, "injected failure\n" if code else "")
         started = time.monotonic()
         try:
-            done = subprocess.run(cmd, cwd=ROOT, env={**self.env, **(env or {})}, capture_output=True,
+            done = subprocess.run(cmd, cwd=cwd, env={**self.env, **(env or {})}, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             self.log.write(_text(e.stdout) + _text(e.stderr))
@@ -160,17 +161,38 @@ def _python_probe(code):
     return done.stdout.strip() if done.returncode == 0 else f"absent ({_last_line(done.stderr)})"
 
 
+# The GPU test binaries: (cargo's package arguments, the test's name, the
+# folder cargo runs it in). `--prebuilt DIR` holds the same names, built
+# elsewhere: the lent machines have no Rust toolchain and no registry.
+TESTS = {
+    "gpu": (["-p", "zeroplan-backend-cuda"], "backend-cuda"),
+    "cuda": (["-p", "zeroplan-runtime"], "runtime"),
+    "nccl": (["-p", "zeroplan-runtime"], "runtime"),
+    "launch": ([], "."),
+}
+
+
 def build(c):
     started = time.monotonic()
+    if c.args.prebuilt:
+        missing = [n for n in [*TESTS, "zeroplan"] if not os.access(os.path.join(c.args.prebuilt, n), os.X_OK)]
+        if missing:
+            raise StepFailed(f"--prebuilt {c.args.prebuilt}: no executable {', '.join(missing)}")
+        return {"build_s": 0.0, "prebuilt": c.args.prebuilt}
     c.must(["cargo", "build", "--release", "--bin", "zeroplan"], 900)
     c.must(["cargo", "test", "--release", "--no-run", "-p", "zeroplan-backend-cuda", "--test", "gpu",
             "-p", "zeroplan-runtime", "--test", "cuda", "--test", "nccl"], 900)
     return {"build_s": round(time.monotonic() - started, 1)}
 
 
-def _cargo_ignored(c, package_args, recorded, env=None):
-    done = c.sh(["cargo", "test", "--release", *package_args, "--", "--ignored", "--test-threads", "1"],
-                900, recorded, env)
+def _cargo_ignored(c, test, recorded, env=None):
+    package, folder = TESTS[test]
+    if c.args.prebuilt:
+        done = c.sh([os.path.abspath(os.path.join(c.args.prebuilt, test)), "--ignored", "--test-threads", "1"],
+                    900, recorded, env, cwd=os.path.join(ROOT, folder))
+    else:
+        done = c.sh(["cargo", "test", "--release", *package, "--test", test, "--", "--ignored", "--test-threads", "1"],
+                    900, recorded, env)
     passed, failed = _test_counts(done.stdout)
     figures = {"passed": passed, "failed": failed}
     if done.returncode != 0 or failed:
@@ -196,19 +218,19 @@ def _failed_names(stdout):
 
 
 def backend_cuda_tests(c):
-    return _cargo_ignored(c, ["-p", "zeroplan-backend-cuda", "--test", "gpu"], "cargo_test_ok.txt")
+    return _cargo_ignored(c, "gpu", "cargo_test_ok.txt")
 
 
 def runtime_cuda_tests(c):
-    return _cargo_ignored(c, ["-p", "zeroplan-runtime", "--test", "cuda"], "cargo_test_ok.txt")
+    return _cargo_ignored(c, "cuda", "cargo_test_ok.txt")
 
 
 def nccl_world_of_one(c):
-    return _cargo_ignored(c, ["-p", "zeroplan-runtime", "--test", "nccl"], "cargo_test_ok.txt")
+    return _cargo_ignored(c, "nccl", "cargo_test_ok.txt")
 
 
 def launched_ranks(c):
-    return _cargo_ignored(c, ["--test", "launch"], "cargo_test_ok.txt", env={"ZEROPLAN_TEST_GPUS": "1"})
+    return _cargo_ignored(c, "launch", "cargo_test_ok.txt", env={"ZEROPLAN_TEST_GPUS": "1"})
 
 
 def ranks_on_one_gpu(c):
@@ -379,6 +401,9 @@ def parse(argv):
     p.add_argument("--dry-run", action="store_true", help="print the commands; run the logic on recorded outputs")
     p.add_argument("--steps", help="comma-separated step names to run (merged into OUT's report)")
     p.add_argument("--zeroplan", help="a release binary (default: cargo's target/release/zeroplan)")
+    p.add_argument("--prebuilt", help="the test binaries gpu, cuda, nccl, launch and zeroplan, built elsewhere "
+                   "(cargo test --release --no-run); the build step only checks them")
+    p.add_argument("--max-step-seconds", type=int, help="caps every command's time limit (a lease is short)")
     p.add_argument("--nvrtc-dir", help="NVRTC 13 and the CUDA headers (lib/, include/)")
     p.add_argument("--gpu-profile", default="h100-80gb-sxm", help="the plans' GPU profile (models/gpus/)")
     p.add_argument("--fail", default="", help="dry run only: the named steps' commands fail (tests the report)")
@@ -403,7 +428,7 @@ def main(argv=None):
         if unknown:
             print(f"error: --steps: no step {', '.join(unknown)}; the steps are {', '.join(names)}", file=sys.stderr)
             return 2
-        chosen = [s for s in STEPS if s.name in wanted]
+        chosen = [s for w in wanted for s in STEPS if s.name == w]  # in the order given
     os.makedirs(args.out, exist_ok=True)
     c = Check(args)
     report = load_report(os.path.join(args.out, "report.json"))
