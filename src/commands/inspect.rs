@@ -6,7 +6,8 @@ use crate::cli::InspectArgs;
 use crate::output::emit;
 use zeroplan_ir::DType;
 use zeroplan_ir::plan::{
-    Candidate, ClusterDescription, CommSummary, MemorySummary, Offload, Plan, Predicted, RunnerUp, Strategy, Workload,
+    Candidate, ClusterDescription, CommSummary, MemorySummary, Offload, Plan, Predicted, RunnerUp, StatesExceed,
+    Strategy, Workload,
 };
 use zeroplan_ir::spec::Cluster;
 use zeroplan_passes::cost::Machine;
@@ -168,8 +169,15 @@ pub fn text(plan: &Plan) -> String {
     }
     t += "candidates (best micro-batch of each; peak per GPU)\n";
     for candidate in &plan.candidates {
-        let speed =
-            candidate.tokens_per_second.map_or("does not fit".to_string(), |x| format!("{} tokens/s", tokens(x)));
+        let speed = match candidate.tokens_per_second {
+            Some(x) => format!("{} tokens/s", tokens(x)),
+            None => match candidate.states_exceed {
+                Some(StatesExceed::Gpu) => "does not fit: its model states alone".to_string(),
+                Some(StatesExceed::Host) => "does not fit: its offloaded states alone exceed --host-memory".to_string(),
+                Some(StatesExceed::Nvme) => "does not fit: its offloaded states alone exceed --nvme".to_string(),
+                None => "does not fit".to_string(),
+            },
+        };
         let strategy = if candidate.fits {
             candidate.strategy.to_string()
         } else {
@@ -185,7 +193,8 @@ pub fn text(plan: &Plan) -> String {
                 if tiles > 1 { format!(" tiles {tiles}") } else { String::new() }
             )
         };
-        t += &format!("  {strategy:<72} {:>12}  {speed}\n", gib(candidate.peak_bytes));
+        let at_least = if candidate.states_exceed.is_some() { "≥ " } else { "" };
+        t += &format!("  {strategy:<72} {:>12}  {speed}\n", format!("{at_least}{}", gib(candidate.peak_bytes)));
     }
     t
 }

@@ -174,6 +174,23 @@ pub struct Candidate {
     pub fits: bool,
     /// For strategies that fit.
     pub tokens_per_second: Option<f64>,
+    /// Not compiled: its model states alone exceed this capacity, and both
+    /// peaks are what the states need on the GPU (a lower bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub states_exceed: Option<StatesExceed>,
+}
+
+/// The capacity a strategy's model states alone exceed
+/// (`passes/src/planner/floor.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatesExceed {
+    /// The per-GPU budget.
+    Gpu,
+    /// `--host-memory`, with the offloaded states on the host.
+    Host,
+    /// The node's NVMe (`--nvme`), with the offloaded states on it.
+    Nvme,
 }
 
 /// The executable part: the scheduled graph and its buffers.

@@ -6,8 +6,8 @@ mod strategy;
 mod summary;
 
 pub use file::{
-    Buffer, Candidate, ClusterDescription, PLAN_FORMAT, Plan, PlanFileError, Program, RunnerUp, Strategy, Workload,
-    offload_label,
+    Buffer, Candidate, ClusterDescription, PLAN_FORMAT, Plan, PlanFileError, Program, RunnerUp, StatesExceed, Strategy,
+    Workload, offload_label,
 };
 pub use strategy::{DataParallel, Offload, OffloadTo};
 pub use summary::{CollectiveTraffic, CommSummary, MemorySummary, Predicted, Reserve};

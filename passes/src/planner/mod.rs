@@ -16,6 +16,7 @@ pub mod capacity;
 pub mod depth;
 pub mod evaluate;
 pub mod explain;
+pub mod floor;
 pub mod program;
 pub mod search;
 pub mod tier;
@@ -170,6 +171,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             min_peak_bytes: o.min_peak_bytes,
             fits: o.best.is_some(),
             tokens_per_second: o.best.as_ref().map(|b| b.predicted.tokens_per_second),
+            states_exceed: o.bounded,
         })
         .collect();
     let graph = step.1.graph;

@@ -11,10 +11,11 @@
 //! (wave quantisation, per-micro-batch collectives).
 
 use std::collections::HashMap;
-use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted};
+use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted, StatesExceed};
 
 use super::depth::Probe;
 use super::evaluate::{Choice, Evaluation, Step};
+use super::floor::Floors;
 use super::{PlanError, Request};
 use crate::cost::Machine;
 use crate::recompute::Policy;
@@ -23,10 +24,14 @@ use zeroplan_ir::build::check_tensor_parallel;
 /// What the search found for one choice.
 pub struct Outcome {
     pub choice: Choice,
-    /// The least memory the choice needs per GPU (its smallest micro-batch).
+    /// The least memory the choice needs per GPU (its smallest micro-batch);
+    /// where `bounded`, a lower bound on it.
     pub min_peak_bytes: u64,
     /// Its fastest micro-batch that fits, if one does.
     pub best: Option<Evaluation>,
+    /// Not compiled: its model states alone ([`super::floor`]) exceed this
+    /// capacity, and `min_peak_bytes` is what they need on the GPU.
+    pub bounded: Option<StatesExceed>,
 }
 
 /// The tensor-parallel degrees the search tries: the pinned one, or each
@@ -149,16 +154,34 @@ pub fn per_rank(req: &Request, choice: Choice) -> u64 {
 }
 
 /// Runs the search over `choices`; outcomes best first (fitting ones by
-/// throughput, then the others by least memory).
+/// throughput, then the others by least memory). A choice whose model
+/// states alone exceed the budget is not compiled, unless nothing fits:
+/// then every choice is, so the nothing-fits answer gives each one's least
+/// memory exactly.
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
+    let mut floors = Floors::default();
     let mut outcomes = Vec::with_capacity(choices.len());
     for &choice in choices {
+        if let (floor, Some(exceeds)) = floors.of(req, choice)? {
+            outcomes.push(Outcome { choice, min_peak_bytes: floor.gpu, best: None, bounded: Some(exceeds) });
+            continue;
+        }
         let _span = tracing::debug_span!("plan.choice", ?choice).entered();
         outcomes.push(search_choice(req, machine, choice)?);
     }
     if req.pins.tiles.is_none() {
         let tiled = super::tiles::tiled_outcomes(req, machine, &outcomes, search_choice)?;
         outcomes.extend(tiled);
+    }
+    if outcomes.iter().all(|o| o.best.is_none()) {
+        let mut exact = Vec::new();
+        for o in outcomes.iter_mut().filter(|o| o.bounded.is_some()) {
+            *o = search_choice(req, machine, o.choice)?;
+            exact.push(Outcome { choice: o.choice, min_peak_bytes: o.min_peak_bytes, best: None, bounded: None });
+        }
+        if req.pins.tiles.is_none() {
+            outcomes.extend(super::tiles::tiled_outcomes(req, machine, &exact, search_choice)?);
+        }
     }
     if req.pins.recompute.is_none() {
         let optimal = optimal_outcomes(req, machine, &outcomes)?;
@@ -217,7 +240,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
-                out.push(Outcome { choice, min_peak_bytes, best });
+                out.push(Outcome { choice, min_peak_bytes, best, bounded: None });
                 break;
             }
             if memory.peak_bytes <= budget {
@@ -274,7 +297,7 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
         }
         let best = best_of(req, machine, &probe, choice, &fitting, per_rank, &memory)?;
         if whole.is_empty() {
-            return Ok(Outcome { choice, min_peak_bytes, best });
+            return Ok(Outcome { choice, min_peak_bytes, best, bounded: None });
         }
         let rest = search_whole(req, machine, choice, per_rank)?;
         min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
@@ -282,7 +305,7 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
             .into_iter()
             .flatten()
             .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
-        return Ok(Outcome { choice, min_peak_bytes, best });
+        return Ok(Outcome { choice, min_peak_bytes, best, bounded: None });
     }
     if whole.is_empty() {
         return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
@@ -299,7 +322,7 @@ fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64)
     let cache = HashMap::from([(per_rank, memory)]);
     let sizes: &[u64] = if fits { &[per_rank] } else { &[] };
     let best = best_of(req, machine, &probe, choice, sizes, per_rank, &cache)?;
-    Ok(Outcome { choice, min_peak_bytes, best })
+    Ok(Outcome { choice, min_peak_bytes, best, bounded: None })
 }
 
 /// The fastest of the micro-batches `sizes` (all known to fit); `memory`

@@ -56,7 +56,10 @@ pub fn tiled_outcomes(
     let most = *TILE_COUNTS.last().expect("tile counts");
     let budget = req.cluster.budget_bytes();
     let mut out = Vec::new();
-    for o in outcomes.iter().filter(|o| o.best.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1) {
+    for o in outcomes
+        .iter()
+        .filter(|o| o.best.is_none() && o.bounded.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1)
+    {
         if o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) > budget {
             continue;
         }
