@@ -461,8 +461,8 @@ pub struct TrainArgs {
     /// Compute precision: f32, bf16, or f16 (with dynamic loss scaling).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<zeroplan_ir::spec::Precision>,
-    /// `--backend cpu`: write every instruction's measured run (each rank's compute and comm threads) as
-    /// Chrome trace-event JSON, the format of `inspect --trace`.
+    /// `--backend cpu|cuda`: write every instruction's measured run (each rank's compute and comm threads) as
+    /// Chrome trace-event JSON, the format of `inspect --trace`, and print the slowest instruction kinds.
     #[arg(long, value_name = "OUT.json")]
     pub profile: Option<PathBuf>,
 }

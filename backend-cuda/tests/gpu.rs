@@ -300,7 +300,11 @@ fn check_lt(
 ) {
     use cudarc::driver::{CudaSlice, DevicePtr};
     use zeroplan_ir::interp::{gelu_tanh, gelu_tanh_grad};
-    let (m, n, k, ta, tb) = (48, 64, 40, matches!(epilogue, Epilogue::BiasGradA), true);
+    // The bias-gradient epilogues in the layouts the `bias_grad` pass takes
+    // them: dY as op(A) = Aᵀ, or as B untransposed (cuBLASLt refused BGRADB
+    // on a transposed B, H100, CUDA 13.0).
+    let (m, n, k) = (48, 64, 40);
+    let (ta, tb) = (matches!(epilogue, Epilogue::BiasGradA), !matches!(epilogue, Epilogue::BiasGradB));
     let mut rng = common::Rng::new(5);
     let mut draw = |count: usize| -> Vec<f64> {
         (0..count).map(|_| common::attention::round_to(dtype, rng.uniform(-1.0, 1.0))).collect()
@@ -356,7 +360,8 @@ fn check_lt(
             checks.push(("d", host(&dd), product));
         }
         Epilogue::BiasGradB => {
-            let sums = (0..n).map(|j| (0..k).map(|kk| b[j * k + kk]).sum()).collect();
+            // op(B) = B is k×n: bias[j] = Σ_k B[k][j].
+            let sums = (0..n).map(|j| (0..k).map(|kk| b[kk * n + j]).sum()).collect();
             checks.push(("bias", host(&dbias), sums));
             checks.push(("d", host(&dd), product));
         }

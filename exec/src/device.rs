@@ -108,6 +108,14 @@ pub trait Device: Sized + Sync {
     /// could not (a missing feed, a failed collective or launch).
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
 
+    /// Waits until every instruction run so far has finished. A device that
+    /// queues work (a GPU stream) returns from [`Device::run`] before the
+    /// work is done; a profile times each instruction to here. A device
+    /// that runs synchronously has nothing to wait for.
+    fn synchronize(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// `buf` as a tensor of `shape` (f64 or i64 values, as the interpreter's).
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor;
     /// Writes `t` into `buf`, rounded to the buffer's dtype.

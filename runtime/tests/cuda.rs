@@ -121,10 +121,31 @@ fn agree_with(model: &ModelSpec, precision: Precision, dp: Option<DataParallel>,
             assert!(max_abs_diff(a, b) <= bound, "{precision:?}: {name} (a zero gradient) moved apart");
             continue;
         }
-        let err = common::relative(a, b);
+        let flips = if precision == Precision::F32 { 0 } else { a.len().div_ceil(16) };
+        let err = relative_but_for_flips(a, b, flips, 2.0 * 3.0 * train.lr * 1.0001)
+            .unwrap_or_else(|why| panic!("{precision:?}: after 3 steps, {name}: {why}"));
         assert!(err <= tol, "{precision:?}: after 3 steps, {name}: relative error {err:e} > {tol:e}");
     }
     gpu.profile().expect("profiling is on").by_kind().into_iter().map(|(kind, _)| kind).collect()
+}
+
+/// The relative error of `a` against `b` over all but the `flips` elements
+/// that differ most, each of which must differ by at most `bound`.
+///
+/// In 16-bit storage, an element whose gradient is within rounding noise of
+/// zero (a zero-initialised LayerNorm β summed over few tokens) can step the
+/// other way on one device: AdamW normalises the noise into a step of ±lr,
+/// so two correct runs differ there by up to 2·steps·lr. A few such
+/// elements are rounding; a wrong gradient moves most of the tensor.
+fn relative_but_for_flips(a: &[f64], b: &[f64], flips: usize, bound: f64) -> Result<f64, String> {
+    let mut order: Vec<usize> = (0..a.len()).collect();
+    order.sort_by(|&i, &j| (a[j] - b[j]).abs().total_cmp(&(a[i] - b[i]).abs()));
+    let (flipped, kept) = order.split_at(flips.min(a.len()));
+    if let Some(&i) = flipped.iter().find(|&&i| (a[i] - b[i]).abs() > bound) {
+        return Err(format!("element {i} differs by {:e}, more than AdamW's {bound:e}", (a[i] - b[i]).abs()));
+    }
+    let pick = |x: &[f64]| kept.iter().map(|&i| x[i]).collect::<Vec<_>>();
+    Ok(common::relative(&pick(a), &pick(b)))
 }
 
 /// Tiny-bert widened to head dims the fused-attention template covers (32

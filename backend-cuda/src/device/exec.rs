@@ -40,7 +40,7 @@ fn driver(e: cudarc::driver::DriverError) -> String {
 
 /// Binds the rank's context to this thread (the runner's communication
 /// thread calls in too) and waits for the compute and copy streams.
-fn settle(cuda: &Cuda) -> Result<(), String> {
+pub fn settle(cuda: &Cuda) -> Result<(), String> {
     cuda.gpu.context().bind_to_thread().map_err(driver)?;
     cuda.compute.synchronize().map_err(driver)?;
     cuda.copies.synchronize().map_err(driver)

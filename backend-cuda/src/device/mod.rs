@@ -191,6 +191,10 @@ impl Device for Cuda {
         exec::run(self, instr, cx)
     }
 
+    fn synchronize(&self) -> Result<(), String> {
+        exec::settle(self)
+    }
+
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
         exec::read(self, buf, shape).unwrap_or_else(|e| panic!("reading a buffer back from the GPU: {e}"))
     }

@@ -487,6 +487,8 @@ impl<D: Device> Runner<D> {
                             let start = profile.is_some().then(std::time::Instant::now);
                             device.run(instr, &cx).map_err(|message| fail(at, message))?;
                             if let (Some(p), Some(start)) = (profile.as_mut(), start) {
+                                // A queued instruction's time is its run, not its launch.
+                                device.synchronize().map_err(|message| fail(at, message))?;
                                 p.record(instr, step.node, Track::Compute, start, start.elapsed());
                             }
                         }

@@ -2,7 +2,12 @@
 //! each instruction's run on its track.
 //!
 //! Off by default (two clock reads per instruction are cheap, but a step
-//! should not pay for what nobody reads). [`super::Runner::set_profiling`]
+//! should not pay for what nobody reads). On a device that queues its work
+//! (a CUDA stream) the runner waits for each compute instruction to finish
+//! before reading the clock, so a span is the instruction's launch and run
+//! and nothing overlaps it: a profiled step is slower than an unprofiled
+//! one, and shows where the time goes. Collectives on the communication
+//! track are timed to their return (on NCCL: their launch). [`super::Runner::set_profiling`]
 //! turns it on; [`Profile::by_kind`] then gives the time of every
 //! instruction kind (`matmul`, `transpose`, each generated kernel's family…)
 //! over the steps run since, which is what a speed hunt starts from, and

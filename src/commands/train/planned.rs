@@ -346,6 +346,25 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         let ranks = trainer.ranks();
         let profiles: Vec<_> = ranks.iter().filter_map(|rank| rank.profile()).collect();
         emit(&crate::trace::measured(ranks[0].program(), &profiles)?.to_json(), Some(path))?;
+        if let Some(first) = profiles.first() {
+            eprint!("{}", slowest_kinds(first, PROFILE_ROWS));
+        }
     }
     Ok(())
+}
+
+/// How many instruction kinds `train --profile` prints.
+const PROFILE_ROWS: usize = 20;
+
+/// Rank 0's slowest instruction kinds over the profiled steps: where a speed
+/// hunt starts (the trace file has every instruction).
+fn slowest_kinds(profile: &zeroplan_runtime::runner::Profile, rows: usize) -> String {
+    let total = profile.total_seconds().max(f64::MIN_POSITIVE);
+    let mut out = format!("profile (rank 0): {:.3} s in instructions; the slowest kinds:\n", total);
+    out += &format!("{:>10} {:>6} {:>7} {:>9}  kind\n", "seconds", "%", "calls", "TFLOP/s");
+    for (kind, e) in profile.by_kind().into_iter().take(rows) {
+        let rate = if e.flops > 0.0 { format!("{:.1}", e.flops / e.seconds.max(1e-12) / 1e12) } else { "-".into() };
+        out += &format!("{:>10.4} {:>6.1} {:>7} {:>9}  {kind}\n", e.seconds, 100.0 * e.seconds / total, e.calls, rate);
+    }
+    out
 }
