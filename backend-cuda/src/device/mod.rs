@@ -40,6 +40,7 @@ mod exec;
 mod kernels;
 mod memory;
 pub mod passes;
+mod routines;
 pub mod schedule;
 #[cfg(test)]
 mod testing;
@@ -181,6 +182,7 @@ impl Device for Cuda {
             tables: None,
         };
         passes::load(&program.graph, &mut steps, &mut cx)?;
+        routines::log_staged(&steps);
         let tables = cx.tables.take().ok_or_else(|| fail("the multi-tensor AdamW pass did not run".into()))?;
         let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
         let copies = copies::CopyStream::new(copy);
