@@ -19,6 +19,7 @@
 //! merged and their copies widened to 16-byte units where alignment allows
 //! ([`layout`]).
 
+pub mod device;
 pub mod layout;
 pub mod plan;
 

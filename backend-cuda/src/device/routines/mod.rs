@@ -17,19 +17,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg, result};
+use cudarc::driver::{CudaFunction, CudaModule, result};
 use cudarc::nvrtc::Ptx;
 
 use super::memory::GpuMemory;
 use super::{Cuda, CudaKernel};
 use crate::routines::plan::{self, Arg, Op};
-use crate::routines::{Routine, THREADS};
+use crate::routines::{Routine, device};
 use crate::{CudaDevice, CudaKernelCompiler};
 use zeroplan_exec::{Access, Buf, Instr, Rewrites, Step};
 
 /// One thing a routine queues on the compute stream.
 enum DeviceOp {
-    /// A kernel of [`THREADS`] threads per block.
+    /// A kernel of `routines::THREADS` threads per block.
     Launch { function: CudaFunction, grid: u32, args: Vec<Arg> },
     /// A device-to-device copy (DMA).
     Memcpy { from: u64, to: u64, bytes: usize },
@@ -159,25 +159,11 @@ pub fn run(cuda: &Cuda, r: &DeviceRoutine) -> Result<(), String> {
     for op in &r.ops {
         match op {
             DeviceOp::Launch { function, grid, args } => {
-                let scratch: Vec<u64> =
-                    args.iter().map(|a| if let Arg::Scratch(at) = a { cuda.partials.ptr() + at } else { 0 }).collect();
-                let mut launch = cuda.compute.launch_builder(function);
-                for (a, at) in args.iter().zip(&scratch) {
-                    match a {
-                        Arg::Ptr(v) | Arg::U64(v) => launch.arg(v),
-                        Arg::I64(v) => launch.arg(v),
-                        Arg::F64(v) => launch.arg(v),
-                        Arg::Scratch(_) => launch.arg(at),
-                        Arg::Strided(d) => launch.arg(d),
-                        Arg::Tiled(d) => launch.arg(d),
-                    };
-                }
-                let config = LaunchConfig { grid_dim: (*grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
                 // SAFETY: `plan` built the arguments in the kernel's order and
                 // types, over buffers `supported` checked lie on the device at
                 // their sizes; the arenas outlive the stream's work, and the
                 // partials hold the bytes the plan asked for.
-                unsafe { launch.launch(config) }.map_err(driver)?;
+                unsafe { device::launch(&cuda.compute, function, *grid, args, cuda.partials.ptr()) }.map_err(driver)?;
             }
             DeviceOp::Memcpy { from, to, bytes } => {
                 // SAFETY: both ranges lie in the device arena and do not overlap
