@@ -39,7 +39,8 @@ fn dims(values: &[i64]) -> String {
 /// (symbols renamed per case, `mutation` applied), and `run{i}(dir)`, which
 /// reads the arena, queues the plan's launches and writes the arena back.
 fn harness(i: usize, case: &Case, device: &DeviceProperties) -> String {
-    let planned = plan(&case.instr, &|b: &Buf| b.offset as u64, device).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    let planned =
+        plan(&case.instr, &|b: &Buf| b.offset as u64, device).unwrap_or_else(|e| panic!("{}: {e}", case.name));
     let mut routines: Vec<Routine> = Vec::new();
     for op in &planned.ops {
         if let Op::Launch(l) = op

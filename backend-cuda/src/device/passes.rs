@@ -52,8 +52,7 @@ pub struct Load<'a, 'd> {
 type CudaPass = dyn for<'a, 'd> StepPass<Instr<CudaKernel>, Load<'a, 'd>>;
 
 /// The passes, in the order they run.
-const PASSES: [&CudaPass; 5] =
-    [&FusedAttention, &BiasEpilogues, &BiasGradients, &MultiTensorAdamW, &RoutineKernels];
+const PASSES: [&CudaPass; 5] = [&FusedAttention, &BiasEpilogues, &BiasGradients, &MultiTensorAdamW, &RoutineKernels];
 
 /// Runs every pass over `steps`, logging what each took and left.
 pub fn load(graph: &Graph, steps: &mut [CudaStep], cx: &mut Load) -> Result<(), SelectError> {

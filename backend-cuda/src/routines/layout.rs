@@ -70,8 +70,11 @@ unsafe impl DeviceRepr for Tiled {}
 /// source and the destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Axis {
+    /// Its length.
     pub size: usize,
+    /// Its stride in the source.
     pub src: usize,
+    /// Its stride in the destination.
     pub dst: usize,
 }
 
@@ -80,6 +83,7 @@ pub struct Axis {
 pub struct Copy {
     /// Bytes per unit.
     pub unit: u32,
+    /// The index space, in units.
     pub dims: Strided,
 }
 
@@ -96,8 +100,11 @@ pub enum Transpose {
 /// destination (bytes from each buffer's start), and its axes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Piece {
+    /// Its first byte in the source buffer.
     pub src: usize,
+    /// Its first byte in the destination buffer.
     pub dst: usize,
+    /// Its axes, strides in elements.
     pub axes: Vec<Axis>,
 }
 
@@ -142,7 +149,8 @@ pub fn copy(axes: &[Axis], elem: u32, src: u64, dst: u64) -> Result<Option<Copy>
         return Err(too_many(axes.len()));
     }
     let e = elem as usize;
-    let (outer, last) = axes.split_at_mut(axes.len() - 1);
+    let inner = axes.len() - 1;
+    let (outer, last) = axes.split_at_mut(inner);
     let last = &mut last[0];
     let mut unit = e;
     if last.src == 1 && last.dst == 1 {
@@ -195,7 +203,8 @@ pub fn transpose(shape: &[usize], perm: &[usize], elem: u32, src: u64, dst: u64)
         return Ok(copy(&merged, elem, src, dst)?.map(Transpose::Copy));
     };
     let col = merged.iter().position(|a| a.src == 1).expect("the input's innermost axis has stride 1");
-    let batch: Vec<Axis> = merged[..merged.len() - 1].iter().enumerate().filter(|&(d, _)| d != col).map(|(_, a)| *a).collect();
+    let batch: Vec<Axis> =
+        merged[..merged.len() - 1].iter().enumerate().filter(|&(d, _)| d != col).map(|(_, a)| *a).collect();
     if batch.len() > MAX_DIMS {
         return Err(too_many(batch.len() + 2));
     }
@@ -241,7 +250,8 @@ pub fn split(shape: &[usize], axis: usize, sizes: &[usize], elem: u32) -> Vec<Pi
     sizes
         .iter()
         .map(|&k| {
-            let axes = vec![Axis { size: outer, src: n * inner, dst: k * inner }, Axis { size: k * inner, src: 1, dst: 1 }];
+            let axes =
+                vec![Axis { size: outer, src: n * inner, dst: k * inner }, Axis { size: k * inner, src: 1, dst: 1 }];
             let piece = Piece { src: at * inner * elem as usize, dst: 0, axes };
             at += k;
             piece
@@ -257,8 +267,10 @@ pub fn concat(shapes: &[Vec<usize>], axis: usize, elem: u32) -> Vec<Piece> {
         .iter()
         .map(|s| {
             let (outer, k, inner) = around(s, axis);
-            let axes =
-                vec![Axis { size: outer, src: k * inner, dst: total * inner }, Axis { size: k * inner, src: 1, dst: 1 }];
+            let axes = vec![
+                Axis { size: outer, src: k * inner, dst: total * inner },
+                Axis { size: k * inner, src: 1, dst: 1 },
+            ];
             let piece = Piece { src: 0, dst: at * inner * elem as usize, axes };
             at += k;
             piece

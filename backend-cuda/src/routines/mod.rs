@@ -176,8 +176,12 @@ impl Routine {
         Ok(match *self {
             Routine::Layout { unit } | Routine::Fill { unit } => vec![("zp_unit_t", unit_type(unit)?)],
             Routine::Arange { out } => vec![("zp_out_t", c_type(out))],
-            Routine::Scale { x, out } => vec![("zp_in_t", float("the input", x)?), ("zp_out_t", float("the output", out)?)],
-            Routine::Embedding { unit, ids } => vec![("zp_unit_t", unit_type(unit)?), ("zp_id_t", int("the ids", ids)?)],
+            Routine::Scale { x, out } => {
+                vec![("zp_in_t", float("the input", x)?), ("zp_out_t", float("the output", out)?)]
+            }
+            Routine::Embedding { unit, ids } => {
+                vec![("zp_unit_t", unit_type(unit)?), ("zp_id_t", int("the ids", ids)?)]
+            }
             Routine::EmbeddingGrad { dy, ids, out } => vec![
                 ("zp_dy_t", float("the gradient", dy)?),
                 ("zp_id_t", int("the ids", ids)?),
@@ -220,13 +224,9 @@ impl Routine {
                 format!("zp_embedding_grad_{}_{}_{}", name(dy), name(ids), name(out))
             }
             Routine::CrossEntropy { logits, labels } => format!("zp_cross_entropy_{}_{}", name(logits), name(labels)),
-            Routine::CrossEntropyGrad { logits, labels, dloss, out } => format!(
-                "zp_cross_entropy_grad_{}_{}_{}_{}",
-                name(logits),
-                name(labels),
-                name(dloss),
-                name(out)
-            ),
+            Routine::CrossEntropyGrad { logits, labels, dloss, out } => {
+                format!("zp_cross_entropy_grad_{}_{}_{}_{}", name(logits), name(labels), name(dloss), name(out))
+            }
         }
     }
 
@@ -259,10 +259,8 @@ impl Routine {
         let (template, kernels) = self.template();
         let symbol = self.symbol();
         s.push_str(&template.replace("$NAME", &symbol));
-        let entries = kernels
-            .iter()
-            .map(|k| if k.is_empty() { symbol.clone() } else { format!("{symbol}_{k}") })
-            .collect();
+        let entries =
+            kernels.iter().map(|k| if k.is_empty() { symbol.clone() } else { format!("{symbol}_{k}") }).collect();
         Ok(RenderedRoutine { routine: *self, source: s, entries })
     }
 }

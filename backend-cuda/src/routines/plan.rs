@@ -19,12 +19,16 @@ pub enum Arg {
     Ptr(u64),
     /// An unsigned 64-bit value (a fill's pattern).
     U64(u64),
+    /// A length, index or label (`long long`).
     I64(i64),
+    /// A constant (`double`).
     F64(f64),
     /// An address this many bytes into the device's cross-row partials
     /// (allocated once every kernel's need is known).
     Scratch(u64),
+    /// A copy's index space, by value.
     Strided(Strided),
+    /// A tiled transpose's shape, by value.
     Tiled(Tiled),
 }
 
@@ -35,22 +39,34 @@ pub struct Launch {
     pub routine: Routine,
     /// Which of its kernels ([`Routine::kernels`]).
     pub kernel: usize,
+    /// Blocks (which loop over the work).
     pub grid: u32,
+    /// The kernel's arguments, in order.
     pub args: Vec<Arg>,
 }
 
 /// What a routine queues on the compute stream, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
+    /// A kernel launch.
     Launch(Launch),
-    /// A copy of `bytes` between addresses that do not overlap (DMA).
-    Memcpy { from: u64, to: u64, bytes: usize },
+    /// A copy between ranges that do not overlap (DMA).
+    Memcpy {
+        /// The source address.
+        from: u64,
+        /// The destination address.
+        to: u64,
+        /// Bytes copied.
+        bytes: usize,
+    },
 }
 
 /// A routine instruction's launches and the partials bytes they use.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
+    /// What to queue, in order.
     pub ops: Vec<Op>,
+    /// The partials bytes the launches use.
     pub scratch_bytes: usize,
 }
 
@@ -169,7 +185,12 @@ impl Planner<'_> {
         let (from, to) = (src + piece.src as u64, dst + piece.dst as u64);
         if let Some(c) = layout::copy(&piece.axes, elem, from, to)? {
             let grid = grid_for(c.dims.count as u64, self.device);
-            self.launch(Routine::Layout { unit: c.unit }, 0, grid, vec![Arg::Ptr(from), Arg::Ptr(to), Arg::Strided(c.dims)]);
+            self.launch(
+                Routine::Layout { unit: c.unit },
+                0,
+                grid,
+                vec![Arg::Ptr(from), Arg::Ptr(to), Arg::Strided(c.dims)],
+            );
         }
         Ok(())
     }
@@ -266,7 +287,8 @@ impl Planner<'_> {
                 self.launch(r, 1, grid(rows, self.device), args);
             }
             Instr::Scale { x, factor, out } => {
-                let args = vec![Arg::Ptr(self.ptr(x)), Arg::I64(x.len as i64), Arg::F64(*factor), Arg::Ptr(self.ptr(out))];
+                let args =
+                    vec![Arg::Ptr(self.ptr(x)), Arg::I64(x.len as i64), Arg::F64(*factor), Arg::Ptr(self.ptr(out))];
                 let r = Routine::Scale { x: x.dtype, out: out.dtype };
                 self.launch(r, 0, grid_for(x.len as u64, self.device), args);
             }

@@ -6,7 +6,10 @@ use zeroplan_ir::DType;
 fn every_specialisation_names_its_kernels() {
     let r = Routine::CrossEntropyGrad { logits: DType::BF16, labels: DType::I64, dloss: DType::F32, out: DType::BF16 };
     let rendered = r.render().unwrap();
-    assert_eq!(rendered.entries, ["zp_cross_entropy_grad_bf16_i64_f32_bf16_count", "zp_cross_entropy_grad_bf16_i64_f32_bf16_rows"]);
+    assert_eq!(
+        rendered.entries,
+        ["zp_cross_entropy_grad_bf16_i64_f32_bf16_count", "zp_cross_entropy_grad_bf16_i64_f32_bf16_rows"]
+    );
     assert!(rendered.source.contains("#include <cuda_bf16.h>") && !rendered.source.contains("cuda_fp16"));
     for e in &rendered.entries {
         assert!(rendered.source.contains(&format!("{e}(")), "{e}");

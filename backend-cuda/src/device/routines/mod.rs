@@ -85,7 +85,9 @@ impl Lower<'_, '_> {
         let mut ops = Vec::with_capacity(planned.ops.len());
         for op in planned.ops {
             ops.push(match op {
-                Op::Launch(l) => DeviceOp::Launch { function: self.function(l.routine, l.kernel)?, grid: l.grid, args: l.args },
+                Op::Launch(l) => {
+                    DeviceOp::Launch { function: self.function(l.routine, l.kernel)?, grid: l.grid, args: l.args }
+                }
                 Op::Memcpy { from, to, bytes } => DeviceOp::Memcpy { from, to, bytes },
             });
         }
@@ -107,9 +109,11 @@ pub fn select(steps: &mut [Step<Instr<CudaKernel>>], cx: &mut Lower) -> Rewrites
             }
         };
         let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
-        instr.clone().for_each_buf(|b: &mut Buf, access| {
-            if access == Access::Write { outputs.push(*b) } else { inputs.push(*b) }
-        });
+        instr.clone().for_each_buf(
+            |b: &mut Buf, access| {
+                if access == Access::Write { outputs.push(*b) } else { inputs.push(*b) }
+            },
+        );
         let kernel = CudaKernel::Routine(Arc::new(DeviceRoutine { name: instr.name(), ops }));
         step.instr = Some(Instr::Kernel { kernel, inputs, outputs });
         done.taken += 1;

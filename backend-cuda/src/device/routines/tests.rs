@@ -5,8 +5,8 @@ use zeroplan_ir::spec::{Precision, TrainingSpec};
 use zeroplan_ir::{DType, Place};
 
 use super::staged_summary;
-use crate::routines::plan::{host_fill, is_routine, supported};
 use crate::device::testing::{model, selected};
+use crate::routines::plan::{host_fill, is_routine, supported};
 use zeroplan_exec::{Buf, Instr};
 
 fn train(precision: Precision) -> TrainingSpec {
