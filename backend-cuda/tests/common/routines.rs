@@ -204,7 +204,7 @@ pub fn fill_cases(r: &mut Random, out: &mut Vec<Case>) {
 
 /// Ids in `[0, rows)` with repeats, some −1.
 pub fn ids(r: &mut Random, n: usize, rows: usize) -> Vec<f64> {
-    (0..n).map(|_| if r.next() % 7 == 0 { -1.0 } else { (r.next() % rows as u64) as f64 }).collect()
+    (0..n).map(|_| if r.next().is_multiple_of(7) { -1.0 } else { (r.next() % rows as u64) as f64 }).collect()
 }
 
 pub fn embedding_cases(r: &mut Random, out: &mut Vec<Case>) {
@@ -239,7 +239,9 @@ pub fn embedding_cases(r: &mut Random, out: &mut Vec<Case>) {
 
 /// Labels of `rows` rows in `[0, classes)`, about a third `ignore`.
 pub fn labels(r: &mut Random, rows: usize, classes: usize, ignore: i64) -> Vec<f64> {
-    (0..rows).map(|_| if r.next() % 3 == 0 { ignore as f64 } else { (r.next() % classes as u64) as f64 }).collect()
+    (0..rows)
+        .map(|_| if r.next().is_multiple_of(3) { ignore as f64 } else { (r.next() % classes as u64) as f64 })
+        .collect()
 }
 
 pub fn loss_cases(r: &mut Random, out: &mut Vec<Case>) {
