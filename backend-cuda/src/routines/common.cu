@@ -7,7 +7,7 @@ constexpr int ZP_MAX_DIMS = 8;
 
 // A strided copy's index space (row-major over `size`) and, per axis, the
 // stride in units of the source and of the destination; as
-// `zeroplan_backend_cuda::routines::Strided` lays it out.
+// `zeroplan_backend_cuda::routines::layout::Strided` lays it out.
 struct ZpStrided {
   long long size[ZP_MAX_DIMS];
   long long src[ZP_MAX_DIMS];
@@ -19,7 +19,7 @@ struct ZpStrided {
 
 // A transpose whose input's last axis moves: tiles of (rows of axis B, the
 // output's last axis) × (columns of axis A, the input's last axis), over the
-// batch of the other axes; as `routines::Tiled` lays it out.
+// batch of the other axes; as `routines::layout::Tiled` lays it out.
 struct ZpTiled {
   long long rows;
   long long cols;
