@@ -2,9 +2,9 @@
 //! compiled by NVRTC for the device's architecture, cached in memory by
 //! (kernel text, dims) and on disk by (source, options, NVRTC version).
 //! Mirrors the CPU backend's `KernelCompiler::compile(&kernel, &dims)`.
-//! The fused attention passes ([`CudaKernelCompiler::compile_attention`])
-//! and the multi-tensor AdamW ([`CudaKernelCompiler::compile_adamw`])
-//! share the caches.
+//! The fused attention passes ([`CudaKernelCompiler::compile_attention`]),
+//! the multi-tensor AdamW ([`CudaKernelCompiler::compile_adamw`]) and the
+//! routine kernels ([`CudaKernelCompiler::compile_routine`]) share the caches.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use crate::attention::{AttentionError, AttentionKernel, Pass, RenderedAttention}
 use crate::cache::PtxCache;
 use crate::codegen::{self, CodegenError, DeviceProperties, GeneratedKernel};
 use crate::nvrtc::{Nvrtc, NvrtcError};
+use crate::routines::{RenderedRoutine, Routine, RoutineError};
 
 /// Why a kernel could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,9 @@ pub enum CompileError {
     /// The multi-tensor AdamW cannot be rendered for these dtypes.
     #[error(transparent)]
     AdamW(#[from] AdamWError),
+    /// The routine kernel cannot be rendered for these dtypes.
+    #[error(transparent)]
+    Routine(#[from] RoutineError),
     /// The PTX could not be written to the disk cache.
     #[error("cannot write the PTX cache in {dir}: {source}")]
     Cache {
@@ -75,6 +79,17 @@ pub struct CompiledAdamW {
     pub cached: bool,
 }
 
+/// A routine kernel's CUDA C and its PTX.
+#[derive(Clone, Debug)]
+pub struct CompiledRoutine {
+    /// The rendered CUDA C and its kernels' symbols.
+    pub rendered: RenderedRoutine,
+    /// NVRTC's PTX for the device's architecture, which the driver loads.
+    pub ptx: String,
+    /// Whether the PTX came from the disk cache rather than NVRTC.
+    pub cached: bool,
+}
+
 /// Compiles kernels for one device, once each.
 pub struct CudaKernelCompiler {
     device: DeviceProperties,
@@ -84,6 +99,7 @@ pub struct CudaKernelCompiler {
     memory: HashMap<(String, Vec<usize>), Arc<CompiledPtx>>,
     attention: HashMap<(AttentionKernel, Pass), Arc<CompiledAttention>>,
     adamw: HashMap<AdamWKernel, Arc<CompiledAdamW>>,
+    routines: HashMap<Routine, Arc<CompiledRoutine>>,
 }
 
 impl CudaKernelCompiler {
@@ -96,6 +112,7 @@ impl CudaKernelCompiler {
             memory: HashMap::new(),
             attention: HashMap::new(),
             adamw: HashMap::new(),
+            routines: HashMap::new(),
         }
     }
 
@@ -145,6 +162,18 @@ impl CudaKernelCompiler {
         Ok(compiled)
     }
 
+    /// The PTX of one routine specialisation (one module: its kernels).
+    pub fn compile_routine(&mut self, routine: &Routine) -> Result<Arc<CompiledRoutine>, CompileError> {
+        if let Some(done) = self.routines.get(routine) {
+            return Ok(Arc::clone(done));
+        }
+        let rendered = routine.render()?;
+        let (ptx, cached) = self.ptx(&rendered.entries[0], &rendered.source)?;
+        let compiled = Arc::new(CompiledRoutine { rendered, ptx, cached });
+        self.routines.insert(*routine, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
     /// `source`'s PTX for this device, from the disk cache or NVRTC (then
     /// cached); whether it was a cache hit.
     fn ptx(&self, name: &str, source: &str) -> Result<(String, bool), CompileError> {
@@ -162,9 +191,10 @@ impl CudaKernelCompiler {
         Ok((ptx, false))
     }
 
-    /// How many distinct (kernel, dims) and attention passes are compiled.
+    /// How many distinct (kernel, dims), attention passes, AdamW and routine
+    /// specialisations are compiled.
     pub fn len(&self) -> usize {
-        self.memory.len() + self.attention.len() + self.adamw.len()
+        self.memory.len() + self.attention.len() + self.adamw.len() + self.routines.len()
     }
 
     /// Whether nothing is compiled yet.

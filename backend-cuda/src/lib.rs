@@ -17,6 +17,8 @@
 //!   ([`AttentionKernel`]) for the IR's `FlashAttention` op ([`FlashAttention`]).
 //! - [`adamw`]: multi-tensor AdamW, one launch over a table of tensors
 //!   ([`AdamWKernel`]).
+//! - [`routines`]: the host runtime's routines (losses, embeddings, layout
+//!   ops, fills) as CUDA C templates ([`routines::Routine`]).
 //!
 //! - [`device`]: [`Cuda`], the `zeroplan_exec::Device` the runtime drives: a
 //!   rank's program on one GPU, with the load-time step passes that put
@@ -38,12 +40,13 @@ pub mod gemm;
 pub mod nccl;
 pub mod nvrtc;
 pub mod ptxas;
+pub mod routines;
 
 pub use adamw::{AdamWError, AdamWKernel};
 pub use attention::{AttentionError, AttentionKernel, FlashAttention};
 pub use cache::PtxCache;
 pub use codegen::{CodegenError, DeviceProperties, GeneratedKernel, LaunchConfig, generate};
-pub use compiler::{CompileError, CompiledAdamW, CompiledAttention, CompiledPtx, CudaKernelCompiler};
+pub use compiler::{CompileError, CompiledAdamW, CompiledAttention, CompiledPtx, CompiledRoutine, CudaKernelCompiler};
 pub use device::{Cuda, CudaKernel};
 pub use driver::{CudaDevice, DeviceError, Gpu, LoadedKernel, Probe, probe};
 pub use gemm::{Blas, BlasLt, Epilogue, Gemm, GemmError, LtGemm};

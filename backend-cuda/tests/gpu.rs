@@ -5,7 +5,8 @@
 //! largest magnitude), dropout masks bit for bit; the fused attention
 //! kernels and multi-tensor AdamW against the `f64` references of
 //! `tests/common/attention.rs` and `tests/common/adamw.rs`; cuBLASLt's
-//! epilogues against an f64 product with the IR's tanh GELU.
+//! epilogues against an f64 product with the IR's tanh GELU; the routine
+//! kernels against the host routines (`tests/common/routines.rs`).
 //!
 //! Ignored by default (no GPU in CI):
 //! `cargo test -p zeroplan-backend-cuda --test gpu -- --ignored --nocapture`
@@ -397,4 +398,25 @@ fn cublaslt_epilogues_match_the_reference_on_the_gpu() {
             check_lt(&blas, &stream, dtype, epilogue, tolerance);
         }
     }
+}
+
+/// The routine kernels on the GPU (`routines::device::run_host`: the plan
+/// the CUDA device queues, over a copy of the arena) against the host
+/// routine, on the host emulation's cases: copies, gathers, fills and the
+/// embedding's scatter-add byte for byte, the losses within their tolerances.
+#[test]
+#[ignore = "needs a GPU"]
+fn routine_kernels_match_the_host_routines_on_the_gpu() {
+    use common::routines::{cases, compare, reference};
+    let (device, mut compiler) = gpu();
+    let mut failures = Vec::new();
+    let all = cases();
+    for case in &all {
+        let got = zeroplan_backend_cuda::routines::device::run_host(&device, &mut compiler, &case.instr, &case.arena)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let wrong = compare(case, &got, &reference(case));
+        println!("{}: {}", case.name, wrong.as_deref().unwrap_or("matches"));
+        failures.extend(wrong.map(|why| format!("{}: {why}", case.name)));
+    }
+    assert!(failures.is_empty(), "{} of {} cases:\n{}", failures.len(), all.len(), failures.join("\n"));
 }

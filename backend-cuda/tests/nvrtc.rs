@@ -241,3 +241,48 @@ fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
     println!("NVRTC compiled {compiled} multi-tensor AdamW sources for {arch}");
     resources.finish();
 }
+
+/// Every routine specialisation the CUDA device can ask for: units, id and
+/// label types, float storage types.
+fn routine_specialisations() -> Vec<zeroplan_backend_cuda::routines::Routine> {
+    use zeroplan_backend_cuda::routines::Routine;
+    use zeroplan_ir::DType;
+    let floats = [DType::F32, DType::BF16, DType::F16];
+    let ints = [DType::I32, DType::I64];
+    let mut all = Vec::new();
+    for unit in [1, 2, 4, 8, 16] {
+        all.push(Routine::Layout { unit });
+        all.push(Routine::Fill { unit });
+        all.extend(ints.map(|ids| Routine::Embedding { unit, ids }));
+    }
+    all.extend(DType::ALL.map(|out| Routine::Arange { out }));
+    for x in floats {
+        for out in floats {
+            all.push(Routine::Scale { x, out });
+            all.extend(ints.map(|ids| Routine::EmbeddingGrad { dy: x, ids, out }));
+        }
+        for labels in ints {
+            all.push(Routine::CrossEntropy { logits: x, labels });
+            all.extend(floats.map(|out| Routine::CrossEntropyGrad { logits: x, labels, dloss: DType::F32, out }));
+        }
+    }
+    all
+}
+
+#[test]
+fn every_routine_specialisation_compiles_for_hopper() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let arch = DeviceProperties::H100_SXM.arch();
+    let mut resources = ResourceCheck::new(SmLimits::SM_90);
+    let all = routine_specialisations();
+    for routine in &all {
+        let r = routine.render().unwrap();
+        let ptx = nvrtc.compile_ptx(&r.entries[0], &r.source, &arch).unwrap_or_else(|e| panic!("{routine:?}: {e}"));
+        for entry in &r.entries {
+            assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
+        }
+        resources.add(&format!("{routine:?}"), &ptx, &|_| zeroplan_backend_cuda::routines::THREADS, MEMORY_BOUND_FLOOR);
+    }
+    println!("NVRTC compiled {} routine sources for {arch}", all.len());
+    resources.finish();
+}

@@ -162,3 +162,28 @@ fn multi_tensor_adamw() {
     let from = r.source.find("// ── This specialisation ──").expect("the constants");
     insta::assert_snapshot!(format!("{first}\n// … the helpers of src/codegen/prelude.rs …\n\n{}", &r.source[from..]));
 }
+
+/// A routine source from its specialisation on (the CUDA prelude's helpers
+/// left out): its typedefs, the shared helpers of `common.cu`, its template.
+fn routine_snapshot(routine: zeroplan_backend_cuda::routines::Routine) -> String {
+    let source = routine.render().unwrap().source;
+    let from = source.find("// ── This specialisation ──").expect("a specialisation");
+    format!("// {}\n{}", routine.symbol(), &source[from..])
+}
+
+#[test]
+fn cross_entropy_grad_routine() {
+    use zeroplan_ir::DType;
+    let routine = zeroplan_backend_cuda::routines::Routine::CrossEntropyGrad {
+        logits: DType::BF16,
+        labels: DType::I64,
+        dloss: DType::F32,
+        out: DType::BF16,
+    };
+    insta::assert_snapshot!(routine_snapshot(routine));
+}
+
+#[test]
+fn layout_routine() {
+    insta::assert_snapshot!(routine_snapshot(zeroplan_backend_cuda::routines::Routine::Layout { unit: 16 }));
+}

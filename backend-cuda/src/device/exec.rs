@@ -3,8 +3,9 @@
 //! **Ordering.** Two streams, and the CPU:
 //!
 //! - *Compute stream*: kernels, GEMMs (cuBLAS, cuBLASLt), the multi-tensor
-//!   AdamW, fused attention and device↔device copies are queued on it and
-//!   not waited for: the stream keeps schedule order.
+//!   AdamW, fused attention, the routines' kernels (losses, embeddings,
+//!   layout ops, fills) and device↔device copies are queued on it and not
+//!   waited for: the stream keeps schedule order.
 //! - *Copy stream* (`copies.rs`): host↔device DMA (the pinned arena of
 //!   ZeRO-Offload). A copy waits for all work queued on the compute stream
 //!   before it (an event): so whatever produced its source, and whatever
@@ -13,7 +14,8 @@
 //!   source, first makes the compute stream wait for that copy's event
 //!   (the instruction's buffers against each pending copy's byte ranges).
 //!   Compute that does not touch them runs beside the copy.
-//! - *CPU*: host routines and collectives on a staging copy, Cranelift
+//! - *CPU*: host routines no kernel takes (and offloaded ones) and
+//!   collectives on a staging copy, Cranelift
 //!   kernels on the pinned arena, reads and writes for the runner first
 //!   wait for both streams, so they see every earlier instruction's result
 //!   and no queued kernel or copy still reads what they overwrite.
@@ -94,6 +96,7 @@ pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), Strin
             super::epilogue::run(cuda, g, inputs, outputs)
         }
         Instr::Kernel { kernel: CudaKernel::AdamW(a), .. } => super::adamw::run(cuda, a),
+        Instr::Kernel { kernel: CudaKernel::Routine(r), .. } => super::routines::run(cuda, r),
         Instr::MatMul { shape, a, b, out } => {
             let g = gemm(shape, a.dtype);
             // SAFETY: loading checked the operands lie on the device, of one

@@ -27,6 +27,8 @@ pub enum CudaKernel {
     Gemm(Arc<super::epilogue::DeviceGemm>),
     /// One launch stepping many parameters ([`super::adamw`]).
     AdamW(Arc<super::adamw::DeviceAdamW>),
+    /// A host routine's kernels on the compute stream ([`super::routines`]).
+    Routine(Arc<super::routines::DeviceRoutine>),
 }
 
 impl Named for CudaKernel {
@@ -37,6 +39,7 @@ impl Named for CudaKernel {
             CudaKernel::Attention(a) => a.name(),
             CudaKernel::Gemm(g) => &g.name,
             CudaKernel::AdamW(a) => a.name(),
+            CudaKernel::Routine(r) => r.name(),
         }
     }
 

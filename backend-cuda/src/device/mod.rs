@@ -16,15 +16,18 @@
 //!   ([`epilogue`]); a weight gradient and its bias gradient (the column
 //!   sum of the same dY) as one product with the `BGRADA` / `BGRADB`
 //!   epilogue ([`bias_grad`]);
-//! - runs of AdamW updates as one multi-tensor launch ([`adamw`]).
+//! - runs of AdamW updates as one multi-tensor launch ([`adamw`]);
+//! - the host routines a training step runs — losses, embeddings and their
+//!   gradients, layout ops, fills — as the backend's routine kernels
+//!   (`routines`), where their buffers lie on the device.
 //!
 //! Matmuls the passes leave run through cuBLAS. Host↔device copies run on a copy stream ordered by events ([`copies`]);
-//! device copies on the compute stream. Every other instruction —
-//! embeddings, losses, layout ops, the optimizer's scalars, and
-//! collectives through a host `Communicator` — is the host backend's
-//! routine (`zeroplan_backend_cpu::device::exec`) run on a staging copy of its buffers ([`exec`]): slow (a round
-//! trip over PCIe each), but the same code and the same answers, which is
-//! what a first GPU run needs to be checked against. Under an NCCL
+//! device copies on the compute stream. Every other instruction — routines
+//! over offloaded buffers or without a kernel (casts, the optimizer's
+//! scalars, …; loading warns with their count) and collectives through a
+//! host `Communicator` — is the host backend's routine
+//! (`zeroplan_backend_cpu::device::exec`) run on a staging copy of its buffers ([`exec`]): slow (a round
+//! trip over PCIe each), but the same code and the same answers. Under an NCCL
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
@@ -40,6 +43,7 @@ mod exec;
 mod kernels;
 mod memory;
 pub mod passes;
+mod routines;
 pub mod schedule;
 #[cfg(test)]
 mod testing;
@@ -181,6 +185,7 @@ impl Device for Cuda {
             tables: None,
         };
         passes::load(&program.graph, &mut steps, &mut cx)?;
+        routines::log_staged(&steps);
         let tables = cx.tables.take().ok_or_else(|| fail("the multi-tensor AdamW pass did not run".into()))?;
         let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
         let copies = copies::CopyStream::new(copy);

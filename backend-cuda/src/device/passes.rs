@@ -8,7 +8,10 @@
 //! 3. [`BiasGradients`]: a weight gradient and its bias gradient as one
 //!    cuBLASLt product with a `BGRAD` epilogue ([`super::bias_grad`]);
 //! 4. [`MultiTensorAdamW`]: runs of AdamW updates as one launch
-//!    ([`super::adamw`]).
+//!    ([`super::adamw`]);
+//! 5. [`RoutineKernels`]: the host routines the GPU has kernels for
+//!    (losses, embeddings, layout ops, fills) as those kernels
+//!    ([`super::routines`]), so they leave the staged host path.
 //!
 //! The epilogue passes run before AdamW grouping so that the updates they
 //! leave in place are the ones grouped; each is an optimisation, so what a
@@ -21,7 +24,7 @@ use zeroplan_ir::{Bindings, Graph, Value};
 
 use super::kernels::Kernels;
 use super::memory::{DeviceArena, GpuMemory};
-use super::{CudaKernel, adamw, attention, bias_grad, epilogue};
+use super::{CudaKernel, adamw, attention, bias_grad, epilogue, routines};
 use crate::BlasLt;
 
 /// A step of a CUDA rank's schedule.
@@ -49,7 +52,7 @@ pub struct Load<'a, 'd> {
 type CudaPass = dyn for<'a, 'd> StepPass<Instr<CudaKernel>, Load<'a, 'd>>;
 
 /// The passes, in the order they run.
-const PASSES: [&CudaPass; 4] = [&FusedAttention, &BiasEpilogues, &BiasGradients, &MultiTensorAdamW];
+const PASSES: [&CudaPass; 5] = [&FusedAttention, &BiasEpilogues, &BiasGradients, &MultiTensorAdamW, &RoutineKernels];
 
 /// Runs every pass over `steps`, logging what each took and left.
 pub fn load(graph: &Graph, steps: &mut [CudaStep], cx: &mut Load) -> Result<(), SelectError> {
@@ -123,5 +126,28 @@ impl StepPass<Instr<CudaKernel>, Load<'_, '_>> for MultiTensorAdamW {
         tracing::debug!("multi-tensor AdamW: {} launches for {} parameter updates", grouped.launches, grouped.updates);
         cx.tables = Some(grouped.tables);
         Ok(Rewrites { taken: grouped.launches, left: Vec::new() })
+    }
+}
+
+/// [`super::routines`]: host routines as kernels on the compute stream.
+pub struct RoutineKernels;
+
+impl StepPass<Instr<CudaKernel>, Load<'_, '_>> for RoutineKernels {
+    fn name(&self) -> &'static str {
+        "routine-kernels"
+    }
+
+    fn run(&self, _: &Graph, steps: &mut [CudaStep], cx: &mut Load) -> Result<Rewrites, SelectError> {
+        let kernels = &mut *cx.kernels;
+        let mut lower = routines::Lower {
+            memory: cx.memory,
+            gpu: kernels.gpu,
+            compiler: &mut kernels.nvrtc,
+            modules: HashMap::new(),
+            scratch_bytes: 0,
+        };
+        let done = routines::select(steps, &mut lower);
+        kernels.scratch_bytes = kernels.scratch_bytes.max(lower.scratch_bytes);
+        Ok(done)
     }
 }

@@ -1,0 +1,361 @@
+//! Each routine instruction planned as launches of this module's kernels
+//! over its buffers' addresses, without a GPU: which instructions the
+//! kernels cover ([`supported`]), and the launches, their grids and
+//! arguments ([`plan`]). The device loads each launch's kernel; the host
+//! emulation tests run the same plan under g++.
+
+use zeroplan_backend_cpu::device::{Arena, Memory, exec as host};
+use zeroplan_exec::{Access, Buf, Instr};
+use zeroplan_ir::{DType, Place};
+
+use super::layout::{self, Piece, Strided, Tiled, Transpose};
+use super::{Routine, grid, grid_for};
+use crate::codegen::DeviceProperties;
+
+/// One argument of a launch, in the kernel's parameter order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// A buffer's address.
+    Ptr(u64),
+    /// An unsigned 64-bit value (a fill's pattern).
+    U64(u64),
+    /// A length, index or label (`long long`).
+    I64(i64),
+    /// A constant (`double`).
+    F64(f64),
+    /// An address this many bytes into the device's cross-row partials
+    /// (allocated once every kernel's need is known).
+    Scratch(u64),
+    /// A copy's index space, by value.
+    Strided(Strided),
+    /// A tiled transpose's shape, by value.
+    Tiled(Tiled),
+}
+
+/// One launch of [`THREADS`](super::THREADS)-thread blocks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// The source it is a kernel of.
+    pub routine: Routine,
+    /// Which of its kernels ([`Routine::kernels`]).
+    pub kernel: usize,
+    /// Blocks (which loop over the work).
+    pub grid: u32,
+    /// The kernel's arguments, in order.
+    pub args: Vec<Arg>,
+}
+
+/// What a routine queues on the compute stream, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A kernel launch.
+    Launch(Launch),
+    /// A copy between ranges that do not overlap (DMA).
+    Memcpy {
+        /// The source address.
+        from: u64,
+        /// The destination address.
+        to: u64,
+        /// Bytes copied.
+        bytes: usize,
+    },
+}
+
+/// A routine instruction's launches and the partials bytes they use.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// What to queue, in order.
+    pub ops: Vec<Op>,
+    /// The partials bytes the launches use.
+    pub scratch_bytes: usize,
+}
+
+/// Whether `instr` is a routine a kernel here may take.
+pub fn is_routine<K>(instr: &Instr<K>) -> bool {
+    matches!(
+        instr,
+        Instr::Fill { .. }
+            | Instr::Arange { .. }
+            | Instr::Transpose { .. }
+            | Instr::Slice { .. }
+            | Instr::SliceGrad { .. }
+            | Instr::Split { .. }
+            | Instr::Concat { .. }
+            | Instr::Flatten { .. }
+            | Instr::Embedding { .. }
+            | Instr::EmbeddingGrad { .. }
+            | Instr::CrossEntropy { .. }
+            | Instr::CrossEntropyGrad { .. }
+            | Instr::Scale { .. }
+    )
+}
+
+/// Why the kernels cannot run `instr` as the host routine would, if they
+/// cannot: a buffer off the device (offloaded), an output overlapping an
+/// operand, or dtypes the kernels do not take.
+pub fn supported<K: Clone>(instr: &Instr<K>) -> Result<(), String> {
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    instr.clone().for_each_buf(|b, access| if access == Access::Write { writes.push(*b) } else { reads.push(*b) });
+    if reads.iter().chain(&writes).any(|b| b.place != Place::Device) {
+        return Err("a buffer on the host (offloaded)".into());
+    }
+    if reads.iter().any(|r| writes.iter().any(|w| w.overlaps(r))) {
+        return Err("an output overlapping an operand".into());
+    }
+    let float = |b: &Buf| b.dtype.is_float();
+    let int = |b: &Buf| b.dtype.is_int();
+    let ok = match instr {
+        Instr::Fill { .. } | Instr::Arange { .. } => true,
+        Instr::Transpose { x, out, .. } | Instr::Slice { x, out, .. } => x.dtype == out.dtype,
+        Instr::SliceGrad { dy, out, .. } => dy.dtype == out.dtype,
+        Instr::Split { x, outs, .. } => outs.iter().all(|o| o.dtype == x.dtype),
+        Instr::Concat { parts, out, .. } => parts.iter().all(|p| p.dtype == out.dtype),
+        Instr::Flatten { parts, out } => {
+            float(out)
+                && parts.iter().all(|p| p.dtype == out.dtype)
+                && parts.iter().map(|p| p.len).sum::<usize>() <= out.len
+        }
+        Instr::Embedding { table, ids, out, .. } => float(table) && table.dtype == out.dtype && int(ids),
+        Instr::EmbeddingGrad { dy, ids, out, .. } => {
+            float(dy) && float(out) && int(ids) && i32::try_from(ids.len).is_ok()
+        }
+        Instr::CrossEntropy { logits, labels, out, .. } => {
+            float(logits) && int(labels) && out.dtype == DType::F32 && out.len == 1
+        }
+        Instr::CrossEntropyGrad { logits, labels, dloss, out, .. } => {
+            float(logits) && int(labels) && float(dloss) && float(out)
+        }
+        Instr::Scale { x, out, .. } => float(x) && float(out),
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err("dtypes the kernels do not take".into()) }
+}
+
+/// Plans one instruction for a device: `ptr` gives each buffer's address.
+struct Planner<'p> {
+    ptr: &'p dyn Fn(&Buf) -> u64,
+    device: &'p DeviceProperties,
+    plan: Plan,
+}
+
+/// The launches that run `instr` ([`supported`]) with its buffers at the
+/// addresses `ptr` gives, on `device`; `Err` says why it stays staged.
+pub fn plan<K>(instr: &Instr<K>, ptr: &dyn Fn(&Buf) -> u64, device: &DeviceProperties) -> Result<Plan, String> {
+    let mut p = Planner { ptr, device, plan: Plan::default() };
+    p.instr(instr)?;
+    Ok(p.plan)
+}
+
+impl Planner<'_> {
+    fn ptr(&self, b: &Buf) -> u64 {
+        (self.ptr)(b)
+    }
+
+    fn launch(&mut self, routine: Routine, kernel: usize, grid: u32, args: Vec<Arg>) {
+        self.plan.ops.push(Op::Launch(Launch { routine, kernel, grid, args }));
+    }
+
+    fn scratch(&mut self, bytes: usize) {
+        self.plan.scratch_bytes = self.plan.scratch_bytes.max(bytes);
+    }
+
+    /// `bytes` at `at` set to `pattern` (one element's bytes), in the widest
+    /// unit of whole elements the address and length allow.
+    fn fill(&mut self, at: u64, bytes: usize, pattern: &[u8]) -> Result<(), String> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let unit = [16usize, 8, 4, 2, 1]
+            .into_iter()
+            .find(|&u| u >= pattern.len() && bytes.is_multiple_of(u) && at.is_multiple_of(u as u64))
+            .ok_or_else(|| format!("a fill at {at:#x} of {bytes} bytes, not aligned to its elements"))?;
+        let mut words = [0u8; 16];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = pattern[i % pattern.len()];
+        }
+        let word = |half: &[u8]| u64::from_le_bytes(half.try_into().expect("8 bytes"));
+        let n = (bytes / unit) as u64;
+        let args = vec![Arg::Ptr(at), Arg::I64(n as i64), Arg::U64(word(&words[..8])), Arg::U64(word(&words[8..]))];
+        self.launch(Routine::Fill { unit: unit as u32 }, 0, grid_for(n, self.device), args);
+        Ok(())
+    }
+
+    /// `piece` copied from the buffer at `src` to the one at `dst`.
+    fn piece(&mut self, piece: &Piece, elem: u32, src: u64, dst: u64) -> Result<(), String> {
+        let (from, to) = (src + piece.src as u64, dst + piece.dst as u64);
+        if let Some(c) = layout::copy(&piece.axes, elem, from, to)? {
+            let grid = grid_for(c.dims.count as u64, self.device);
+            self.launch(
+                Routine::Layout { unit: c.unit },
+                0,
+                grid,
+                vec![Arg::Ptr(from), Arg::Ptr(to), Arg::Strided(c.dims)],
+            );
+        }
+        Ok(())
+    }
+
+    fn instr<K>(&mut self, instr: &Instr<K>) -> Result<(), String> {
+        let elem = |b: &Buf| b.dtype.size_bytes() as u32;
+        match instr {
+            Instr::Fill { value, out } => {
+                let bytes = host_fill(*out, *value)?;
+                self.fill(self.ptr(out), out.bytes(), &bytes)?;
+            }
+            Instr::Arange { out } => {
+                let args = vec![Arg::Ptr(self.ptr(out)), Arg::I64(out.len as i64)];
+                self.launch(Routine::Arange { out: out.dtype }, 0, grid_for(out.len as u64, self.device), args);
+            }
+            Instr::Transpose { x, shape, perm, out } => {
+                let (src, dst) = (self.ptr(x), self.ptr(out));
+                match layout::transpose(shape, perm, elem(x), src, dst)? {
+                    None => {}
+                    Some(Transpose::Copy(c)) => {
+                        let grid = grid_for(c.dims.count as u64, self.device);
+                        let args = vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::Strided(c.dims)];
+                        self.launch(Routine::Layout { unit: c.unit }, 0, grid, args);
+                    }
+                    Some(Transpose::Tiled(t)) => {
+                        let tiles = t.batches as u64 * (t.rows as u64).div_ceil(32) * (t.cols as u64).div_ceil(32);
+                        let args = vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::Tiled(t)];
+                        self.launch(Routine::Layout { unit: elem(x) }, 1, grid(tiles, self.device), args);
+                    }
+                }
+            }
+            Instr::Slice { x, shape, axis, start, len, out } => {
+                let piece = layout::slice(shape, *axis, *start, *len, elem(x));
+                self.piece(&piece, elem(x), self.ptr(x), self.ptr(out))?;
+            }
+            Instr::SliceGrad { dy, shape, axis, start, axis_len, out } => {
+                self.fill(self.ptr(out), out.bytes(), &[0])?;
+                let piece = layout::slice_grad(shape, *axis, *start, *axis_len, elem(dy));
+                self.piece(&piece, elem(dy), self.ptr(dy), self.ptr(out))?;
+            }
+            Instr::Split { x, shape, axis, sizes, outs } => {
+                for (piece, out) in layout::split(shape, *axis, sizes, elem(x)).iter().zip(outs) {
+                    self.piece(piece, elem(x), self.ptr(x), self.ptr(out))?;
+                }
+            }
+            Instr::Concat { parts, shapes, axis, out } => {
+                for (piece, part) in layout::concat(shapes, *axis, elem(out)).iter().zip(parts) {
+                    self.piece(piece, elem(out), self.ptr(part), self.ptr(out))?;
+                }
+            }
+            Instr::Flatten { parts, out } => {
+                let start = self.ptr(out);
+                let mut at = start;
+                for p in parts.iter().filter(|p| p.len > 0) {
+                    self.plan.ops.push(Op::Memcpy { from: self.ptr(p), to: at, bytes: p.bytes() });
+                    at += p.bytes() as u64;
+                }
+                self.fill(at, out.bytes() - (at - start) as usize, &[0])?;
+            }
+            Instr::Embedding { table, ids, width, out } => self.embedding(*table, *ids, *width, *out),
+            Instr::EmbeddingGrad { dy, ids, width, out } => self.embedding_grad(*dy, *ids, *width, *out)?,
+            Instr::CrossEntropy { logits, labels, classes, ignore_index, out } => {
+                let rows = labels.len as u64;
+                self.scratch(labels.len * 8);
+                let r = Routine::CrossEntropy { logits: logits.dtype, labels: labels.dtype };
+                let shape = [Arg::I64(rows as i64), Arg::I64(*classes as i64), Arg::I64(*ignore_index)];
+                let mut args = vec![Arg::Ptr(self.ptr(logits)), Arg::Ptr(self.ptr(labels))];
+                args.extend(shape);
+                args.push(Arg::Scratch(0));
+                self.launch(r, 0, grid(rows, self.device), args);
+                let mut args = vec![Arg::Scratch(0), Arg::Ptr(self.ptr(labels))];
+                args.extend(shape);
+                args.push(Arg::Ptr(self.ptr(out)));
+                self.launch(r, 1, 1, args);
+            }
+            Instr::CrossEntropyGrad { logits, labels, dloss, classes, ignore_index, out } => {
+                let rows = labels.len as u64;
+                self.scratch(8);
+                let r = Routine::CrossEntropyGrad {
+                    logits: logits.dtype,
+                    labels: labels.dtype,
+                    dloss: dloss.dtype,
+                    out: out.dtype,
+                };
+                let shape = [Arg::I64(rows as i64), Arg::I64(*classes as i64), Arg::I64(*ignore_index)];
+                let mut args = vec![Arg::Ptr(self.ptr(labels))];
+                args.extend(shape);
+                args.push(Arg::Scratch(0));
+                self.launch(r, 0, 1, args);
+                let mut args = vec![Arg::Ptr(self.ptr(logits)), Arg::Ptr(self.ptr(labels)), Arg::Ptr(self.ptr(dloss))];
+                args.push(Arg::Scratch(0));
+                args.extend(shape);
+                args.push(Arg::Ptr(self.ptr(out)));
+                self.launch(r, 1, grid(rows, self.device), args);
+            }
+            Instr::Scale { x, factor, out } => {
+                let args =
+                    vec![Arg::Ptr(self.ptr(x)), Arg::I64(x.len as i64), Arg::F64(*factor), Arg::Ptr(self.ptr(out))];
+                let r = Routine::Scale { x: x.dtype, out: out.dtype };
+                self.launch(r, 0, grid_for(x.len as u64, self.device), args);
+            }
+            other => return Err(format!("{} has no kernel", other.name())),
+        }
+        Ok(())
+    }
+
+    /// The gather, in the widest unit the row width and pointers allow.
+    fn embedding(&mut self, table: Buf, ids: Buf, width: usize, out: Buf) {
+        let e = table.dtype.size_bytes() as usize;
+        if width == 0 || ids.len == 0 {
+            return;
+        }
+        let (t, o) = (self.ptr(&table), self.ptr(&out));
+        let row = width * e;
+        let unit = [16usize, 8, 4, 2]
+            .into_iter()
+            .find(|&u| u > e && row.is_multiple_of(u) && t.is_multiple_of(u as u64) && o.is_multiple_of(u as u64))
+            .unwrap_or(e);
+        let units = (row / unit) as i64;
+        let args = vec![
+            Arg::Ptr(t),
+            Arg::Ptr(self.ptr(&ids)),
+            Arg::I64(ids.len as i64),
+            Arg::I64((table.len / width) as i64),
+            Arg::I64(units),
+            Arg::Ptr(o),
+        ];
+        let grid = grid_for(ids.len as u64 * units as u64, self.device);
+        self.launch(Routine::Embedding { unit: unit as u32, ids: ids.dtype }, 0, grid, args);
+    }
+
+    /// The table zeroed, then each named row summed along its chain of
+    /// positions (`next` and `first` in the partials).
+    fn embedding_grad(&mut self, dy: Buf, ids: Buf, width: usize, out: Buf) -> Result<(), String> {
+        self.fill(self.ptr(&out), out.bytes(), &[0])?;
+        if width == 0 || ids.len == 0 {
+            return Ok(());
+        }
+        let n = ids.len as u64;
+        let first = (n * 4).next_multiple_of(8);
+        self.scratch((first + n * 4) as usize);
+        let r = Routine::EmbeddingGrad { dy: dy.dtype, ids: ids.dtype, out: out.dtype };
+        let pids = self.ptr(&ids);
+        let rows = (out.len / width) as i64;
+        let args = vec![Arg::Ptr(pids), Arg::I64(n as i64), Arg::I64(rows), Arg::Scratch(0), Arg::Scratch(first)];
+        self.launch(r, 0, grid_for(n, self.device), args);
+        let args = vec![
+            Arg::Ptr(self.ptr(&dy)),
+            Arg::Ptr(pids),
+            Arg::Scratch(0),
+            Arg::Scratch(first),
+            Arg::I64(n as i64),
+            Arg::I64(width as i64),
+            Arg::Ptr(self.ptr(&out)),
+        ];
+        self.launch(r, 1, grid(n, self.device), args);
+        Ok(())
+    }
+}
+
+/// One element of `out`'s dtype holding `value`, as the host routine writes it.
+pub fn host_fill(out: Buf, value: f64) -> Result<Vec<u8>, String> {
+    let one = Buf { place: Place::Host, offset: 0, len: 1, ..out };
+    let scratch = Memory { device: Arena::new(0)?, host: Arena::new(one.bytes())?, nvme: None };
+    host::fill(&scratch, one, value);
+    // SAFETY: `one` lies at the start of the scratch arena, `bytes()` long.
+    Ok(unsafe { std::slice::from_raw_parts(scratch.ptr(one), one.bytes()) }.to_vec())
+}
