@@ -114,7 +114,7 @@ pub(super) fn grow(
             }
         }
     }
-    if set.len() < 2 || !convex(&set, users) {
+    if set.len() < 2 || !convex(&set, users, position) {
         return None;
     }
     let mut nodes: Vec<NodeIndex> = set.into_iter().collect();
@@ -123,8 +123,12 @@ pub(super) fn grow(
 }
 
 /// No path leaves the group and comes back: no operand of a group node is
-/// produced downstream of the group.
-fn convex(set: &HashSet<NodeIndex>, users: &Users) -> bool {
+/// produced downstream of the group. A path only moves forward in
+/// topological order, so the walk stops past the group's last node: it
+/// visits the window the group spans, not the rest of the graph (which
+/// made fusion quadratic in the model's depth).
+fn convex(set: &HashSet<NodeIndex>, users: &Users, position: &HashMap<NodeIndex, usize>) -> bool {
+    let last = set.iter().map(|n| position[n]).max().unwrap_or(0);
     let mut seen: HashSet<NodeIndex> = HashSet::new();
     let mut stack: Vec<NodeIndex> =
         set.iter().flat_map(|m| users.get(m).into_iter().flatten().copied()).filter(|u| !set.contains(u)).collect();
@@ -132,16 +136,21 @@ fn convex(set: &HashSet<NodeIndex>, users: &Users) -> bool {
         if set.contains(&n) {
             return false;
         }
-        if seen.insert(n) {
+        if position[&n] < last && seen.insert(n) {
             stack.extend(users.get(&n).into_iter().flatten().copied());
         }
     }
     true
 }
 
-/// The group's values read outside it: by a later node, as a graph output
-/// or as an update, in group order (a node's outputs in order).
-pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users) -> Vec<Value> {
+/// The values the graph itself reads: its outputs and its updates.
+pub(super) fn exported(g: &Graph) -> HashSet<Value> {
+    g.outputs.iter().map(|(_, v)| *v).chain(g.updates.iter().map(|(_, v)| *v)).collect()
+}
+
+/// The group's values read outside it: by a later node, or `exported` (a
+/// graph output or an update), in group order (a node's outputs in order).
+pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users, exported: &HashSet<Value>) -> Vec<Value> {
     let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
     let mut out = Vec::new();
     for &n in nodes {
@@ -149,9 +158,7 @@ pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users) -> Vec<Valu
             users.get(&n).into_iter().flatten().copied().filter(|u| !set.contains(u)).collect();
         for output in 0..g.node(n).outputs.len() as u32 {
             let v = Value { node: n, output };
-            let read = outside.iter().any(|&u| g.operands(u).contains(&v))
-                || g.outputs.iter().any(|(_, w)| *w == v)
-                || g.updates.iter().any(|(_, w)| *w == v);
+            let read = outside.iter().any(|&u| g.operands(u).contains(&v)) || exported.contains(&v);
             if read {
                 out.push(v);
             }

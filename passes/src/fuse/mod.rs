@@ -100,6 +100,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
     let order = g.topo_order().ok_or("the graph has a cycle")?;
     let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let users = group::users(g);
+    let exported = group::exported(g);
     let mut taken: HashSet<NodeIndex> = HashSet::new();
     let mut groups: Vec<Group> = Vec::new();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -112,7 +113,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
             break;
         }
         let kshape = g.node(anchor).outputs[0].shape.clone();
-        let outputs = group::outputs(g, &nodes, &users);
+        let outputs = group::outputs(g, &nodes, &users, &exported);
         let name = format!("{}.fused", g.node(anchor).name);
         let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
         kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &kshape);
@@ -134,7 +135,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         }
         let kshape = g.value_type(g.operands(n)[0]).shape.clone();
         let nodes = vec![n];
-        let outputs = group::outputs(g, &nodes, &users);
+        let outputs = group::outputs(g, &nodes, &users, &exported);
         if outputs.is_empty() {
             continue;
         }

@@ -11,6 +11,9 @@
 //! (wave quantisation, per-micro-batch collectives).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+
+use rayon::prelude::*;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted, StatesExceed};
 
 use super::depth::Probe;
@@ -160,15 +163,18 @@ pub fn per_rank(req: &Request, choice: Choice) -> u64 {
 /// memory exactly.
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
     let mut floors = Floors::default();
-    let mut outcomes = Vec::with_capacity(choices.len());
-    for &choice in choices {
-        if let (floor, Some(exceeds)) = floors.of(req, choice)? {
-            outcomes.push(Outcome { choice, min_peak_bytes: floor.gpu, best: None, bounded: Some(exceeds) });
-            continue;
-        }
-        let _span = tracing::debug_span!("plan.choice", ?choice).entered();
-        outcomes.push(search_choice(req, machine, choice)?);
-    }
+    let floors: Vec<_> = choices.iter().map(|&c| Ok((c, floors.of(req, c)?))).collect::<Result<_, PlanError>>()?;
+    // Each choice compiles on its own: one per core.
+    let mut outcomes = floors
+        .into_par_iter()
+        .map(|(choice, (floor, exceeds))| match exceeds {
+            Some(exceeds) => Ok(Outcome { choice, min_peak_bytes: floor.gpu, best: None, bounded: Some(exceeds) }),
+            None => {
+                let _span = tracing::debug_span!("plan.choice", ?choice).entered();
+                search_choice(req, machine, choice)
+            }
+        })
+        .collect::<Result<Vec<_>, PlanError>>()?;
     if req.pins.tiles.is_none() {
         let tiled = super::tiles::tiled_outcomes(req, machine, &outcomes, search_choice)?;
         outcomes.extend(tiled);
@@ -206,25 +212,26 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
     let world = req.cluster.world_size();
     let budget = req.cluster.budget_bytes();
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
-    let mut stored_none: HashMap<(u64, bool, u64), u64> = HashMap::new();
-    let mut out = Vec::new();
-    for o in outcomes.iter().filter(|o| o.choice.recompute == Policy::Full) {
-        let Some(full) = &o.best else { continue };
+    let stored_none: Mutex<HashMap<(u64, bool, u64), u64>> = Mutex::new(HashMap::new());
+    let full: Vec<&Outcome> = outcomes.iter().filter(|o| o.choice.recompute == Policy::Full).collect();
+    let found = full.into_par_iter().map(|o| -> Result<Option<Outcome>, PlanError> {
+        let Some(full) = &o.best else { return Ok(None) };
         let (ranks, per_rank) = (o.choice.data_ranks(world), per_rank(req, o.choice));
         let b = full.strategy.micro_batch;
         let keep = Choice { recompute: Policy::None, ..o.choice };
         if best_of_choice(keep).is_some_and(|e| e.strategy.micro_batch >= b) {
-            continue;
+            return Ok(None);
         }
         let micro_batches = per_rank / b;
         let peak_none = Probe::compile(req, keep, ranks, b, micro_batches)?.memory(req, b)?.peak_bytes;
         let key = (o.choice.tensor_parallel, o.choice.sequence_parallel, b);
-        let stored = match stored_none.get(&key) {
-            Some(&s) => s,
+        let known = stored_none.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+        let stored = match known {
+            Some(s) => s,
             None => {
                 let split = (o.choice.tensor_parallel, o.choice.sequence_parallel);
                 let s = Step::before_recompute(req, split, b, micro_batches)?;
-                stored_none.insert(key, s);
+                stored_none.lock().unwrap_or_else(|e| e.into_inner()).insert(key, s);
                 s
             }
         };
@@ -240,8 +247,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
-                out.push(Outcome { choice, min_peak_bytes, best, bounded: None });
-                break;
+                return Ok(Some(Outcome { choice, min_peak_bytes, best, bounded: None }));
             }
             if memory.peak_bytes <= budget {
                 break; // It is the host or NVMe that does not fit: recomputing more cannot help.
@@ -250,8 +256,9 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             let over = memory.peak_bytes - budget;
             target = target.saturating_sub(over + over / 8 + (1 << 20));
         }
-    }
-    Ok(out)
+        Ok(None)
+    });
+    Ok(found.collect::<Result<Vec<_>, PlanError>>()?.into_iter().flatten().collect())
 }
 
 /// Whether a plan's memory fits: its peak on each GPU, and what it

@@ -16,6 +16,8 @@
 //! A tiled choice then competes with every other on predicted throughput,
 //! tensor parallelism included, and the runner-up line says why it lost.
 
+use rayon::prelude::*;
+
 use super::PlanError;
 use super::Request;
 use super::evaluate::Choice;
@@ -51,27 +53,23 @@ pub fn tiled_outcomes(
     req: &Request,
     machine: &Machine,
     outcomes: &[Outcome],
-    search_choice: impl Fn(&Request, &Machine, Choice) -> Result<Outcome, PlanError>,
+    search_choice: impl Fn(&Request, &Machine, Choice) -> Result<Outcome, PlanError> + Sync,
 ) -> Result<Vec<Outcome>, PlanError> {
     let most = *TILE_COUNTS.last().expect("tile counts");
     let budget = req.cluster.budget_bytes();
-    let mut out = Vec::new();
-    for o in outcomes
+    let untiled: Vec<&Outcome> = outcomes
         .iter()
         .filter(|o| o.best.is_none() && o.bounded.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1)
-    {
-        if o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) > budget {
-            continue;
-        }
+        .filter(|o| o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) <= budget)
+        .collect();
+    // Each choice's tile counts are searched on their own: one per core.
+    let found = untiled.into_par_iter().map(|o| -> Result<Option<Outcome>, PlanError> {
         let tiled = {
             let _span = tracing::debug_span!("plan.tiles", tiles = most).entered();
             search_choice(req, machine, Choice { tiles: most, ..o.choice })?
         };
         if tiled.best.is_none() {
-            if tiled.min_peak_bytes < o.min_peak_bytes {
-                out.push(tiled);
-            }
-            continue;
+            return Ok((tiled.min_peak_bytes < o.min_peak_bytes).then_some(tiled));
         }
         let mut first = tiled;
         for &tiles in TILE_COUNTS.iter().filter(|&&t| t < most) {
@@ -82,7 +80,7 @@ pub fn tiled_outcomes(
                 break;
             }
         }
-        out.push(first);
-    }
-    Ok(out)
+        Ok(Some(first))
+    });
+    Ok(found.collect::<Result<Vec<_>, PlanError>>()?.into_iter().flatten().collect())
 }
