@@ -319,6 +319,25 @@ def bert_base_against_host(c):
     return against_host(c, "models/bert-base.ron", "bf16", 8, 128, 3)
 
 
+def profile(c):
+    """bert-base bf16 at batch 32 × seq 128 (the benchmark's first row), three
+    steps with every instruction timed to its end: the slowest instruction
+    kinds, where the step's time goes."""
+    trace = os.path.join(c.out, "profile.json")
+    with tempfile.TemporaryDirectory() as work:
+        plan = os.path.join(work, "plan.ron")
+        c.must([c.zeroplan, "compile", "models/bert-base.ron", "--gpu", c.args.gpu_profile, "--gpus", "1", "--seq", "128",
+                "--global-batch", "32", "--micro-batch", "32", "--precision", "bf16", "--zero", "0", "--offload", "none",
+                "--recompute", "none", "-o", plan], 300)
+        done = c.must([c.zeroplan, "train", plan, "--backend", "cuda", "--steps", "3", "--log-json", "--profile", trace],
+                      600, "train_log.jsonl")
+    rows = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(rows) if line.startswith("profile (rank 0)")), None)
+    if start is None:
+        return {"slowest": "no profile printed"}
+    return {"total": rows[start], "slowest": rows[start + 2:start + 12]}
+
+
 def benchmark(c):
     bench_out = os.path.join(c.out, "bench")
     cmd = ["bench/gpu/run.sh", "--out", bench_out, "--zeroplan", c.zeroplan]
@@ -346,6 +365,7 @@ STEPS = [
          tiny_bert_against_host),
     Step("bert-base", "bert-base bf16 seq 128 on CUDA against the CPU backend; peak memory against the plan", False,
          bert_base_against_host),
+    Step("profile", "bert-base bf16 batch 32: each instruction timed; the slowest kinds", True, profile),
     Step("benchmark", "bench/gpu/run.sh: BERT seq 128 bf16 against PyTorch eager and torch.compile", True, benchmark),
 ]
 
