@@ -204,7 +204,7 @@ pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
         1e3 * w.step_seconds
     );
     if slower.abs() < 0.1 {
-        format!("{head}: a tie; the simpler strategy is listed first and wins")
+        format!("{head}: a tie (under 0.1% apart); either would do")
     } else if reasons.is_empty() {
         head
     } else {
