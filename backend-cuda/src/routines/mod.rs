@@ -19,6 +19,7 @@
 //! merged and their copies widened to 16-byte units where alignment allows
 //! ([`layout`]).
 
+pub mod arith;
 pub mod device;
 pub mod layout;
 pub mod plan;
@@ -106,6 +107,31 @@ pub enum Routine {
         /// The labels' dtype.
         labels: DType,
     },
+    /// Add, subtract or multiply over broadcast shapes (the op an argument).
+    Broadcast {
+        /// The left operand's dtype.
+        a: DType,
+        /// The right operand's dtype.
+        b: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// Sums over the axes broadcasting repeats.
+    SumTo {
+        /// The summed tensor's dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// A conversion between any two dtypes.
+    Cast {
+        /// The input's dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// The optimizer's one-thread scalar kernels: every dtype, chosen at run time.
+    Scalars,
     /// The cross-entropy's gradient.
     CrossEntropyGrad {
         /// The logits' dtype.
@@ -163,6 +189,10 @@ impl Routine {
             Routine::EmbeddingGrad { .. } => (include_str!("embedding_grad.cu"), &["chain", "sum"]),
             Routine::CrossEntropy { .. } => (include_str!("cross_entropy.cu"), &["rows", "mean"]),
             Routine::CrossEntropyGrad { .. } => (include_str!("cross_entropy_grad.cu"), &["count", "rows"]),
+            Routine::Broadcast { .. } => (include_str!("broadcast.cu"), &["", "vec4"]),
+            Routine::SumTo { .. } => (include_str!("sum_to.cu"), &["rows", "cols", "finish"]),
+            Routine::Cast { .. } => (include_str!("cast.cu"), &[""]),
+            Routine::Scalars => (include_str!("scalars.cu"), &["lr_schedule", "grad_scale", "loss_scale_update"]),
         }
     }
 
@@ -196,6 +226,16 @@ impl Routine {
                 ("zp_dloss_t", float("the loss's gradient", dloss)?),
                 ("zp_out_t", float("the output", out)?),
             ],
+            Routine::Broadcast { a, b, out } => vec![
+                ("zp_a_t", float("the left operand", a)?),
+                ("zp_b_t", float("the right operand", b)?),
+                ("zp_out_t", float("the output", out)?),
+            ],
+            Routine::SumTo { x, out } => {
+                vec![("zp_in_t", float("the input", x)?), ("zp_out_t", float("the output", out)?)]
+            }
+            Routine::Cast { x, out } => vec![("zp_in_t", c_type(x)), ("zp_out_t", c_type(out))],
+            Routine::Scalars => Vec::new(),
         })
     }
 
@@ -208,6 +248,9 @@ impl Routine {
             Routine::EmbeddingGrad { dy, out, .. } => vec![dy, out],
             Routine::CrossEntropy { logits, .. } => vec![logits],
             Routine::CrossEntropyGrad { logits, dloss, out, .. } => vec![logits, dloss, out],
+            Routine::Broadcast { a, b, out } => vec![a, b, out],
+            Routine::SumTo { x, out } | Routine::Cast { x, out } => vec![x, out],
+            Routine::Scalars => vec![DType::BF16, DType::F16],
         }
     }
 
@@ -227,6 +270,10 @@ impl Routine {
             Routine::CrossEntropyGrad { logits, labels, dloss, out } => {
                 format!("zp_cross_entropy_grad_{}_{}_{}_{}", name(logits), name(labels), name(dloss), name(out))
             }
+            Routine::Broadcast { a, b, out } => format!("zp_broadcast_{}_{}_{}", name(a), name(b), name(out)),
+            Routine::SumTo { x, out } => format!("zp_sum_to_{}_{}", name(x), name(out)),
+            Routine::Cast { x, out } => format!("zp_cast_{}_{}", name(x), name(out)),
+            Routine::Scalars => "zp_scalars".to_string(),
         }
     }
 
