@@ -266,6 +266,8 @@ fn routine_specialisations() -> Vec<zeroplan_backend_cuda::routines::Routine> {
             all.extend(floats.map(|out| Routine::CrossEntropyGrad { logits: x, labels, dloss: DType::F32, out }));
         }
         for out in floats {
+            all.push(Routine::Mse { p: x, t: out, out: DType::F32 });
+            all.push(Routine::MseGrad { p: x, t: x, dloss: DType::F32, out });
             all.push(Routine::SumTo { x, out });
             all.extend(floats.map(|b| Routine::Broadcast { a: x, b, out }));
         }

@@ -91,6 +91,8 @@ pub fn is_routine<K>(instr: &Instr<K>) -> bool {
             | Instr::Broadcast { .. }
             | Instr::SumTo { .. }
             | Instr::Cast { .. }
+            | Instr::Mse { .. }
+            | Instr::MseGrad { .. }
             | Instr::LrSchedule { .. }
             | Instr::GradScale { .. }
             | Instr::LossScaleUpdate { .. }
@@ -157,6 +159,10 @@ pub fn supported<K: Clone>(instr: &Instr<K>) -> Result<(), String> {
                 && out.len == shape.iter().product::<usize>()
         }
         Instr::Cast { x, out } => x.len == out.len,
+        Instr::Mse { p, t, out } => float(p) && float(t) && float(out) && p.len == t.len && out.len == 1,
+        Instr::MseGrad { p, t, dloss, out } => {
+            [p, t, dloss, out].into_iter().all(float) && p.len == t.len && p.len == out.len && dloss.len >= 1
+        }
         Instr::LrSchedule { step, out, .. } => step.len >= 1 && out.len == 1,
         Instr::GradScale { sq, scale, multiplier, finite, .. } => {
             sq.len >= 1 && scale.len >= 1 && multiplier.len == 1 && finite.len == 1
@@ -355,6 +361,27 @@ impl Planner<'_> {
                 let args = vec![Arg::Ptr(self.ptr(x)), Arg::I64(x.len as i64), Arg::Ptr(self.ptr(out))];
                 let r = Routine::Cast { x: x.dtype, out: out.dtype };
                 self.launch(r, 0, grid_for(x.len as u64, self.device), args);
+            }
+            Instr::Mse { p, t, out } => {
+                let r = Routine::Mse { p: p.dtype, t: t.dtype, out: out.dtype };
+                let blocks = grid_for(p.len as u64, self.device);
+                self.scratch(blocks as usize * 8);
+                let args = vec![Arg::Ptr(self.ptr(p)), Arg::Ptr(self.ptr(t)), Arg::I64(p.len as i64), Arg::Scratch(0)];
+                self.launch(r, 0, blocks, args);
+                let args =
+                    vec![Arg::Scratch(0), Arg::I64(i64::from(blocks)), Arg::I64(p.len as i64), Arg::Ptr(self.ptr(out))];
+                self.launch(r, 1, 1, args);
+            }
+            Instr::MseGrad { p, t, dloss, out } => {
+                let r = Routine::MseGrad { p: p.dtype, t: t.dtype, dloss: dloss.dtype, out: out.dtype };
+                let args = vec![
+                    Arg::Ptr(self.ptr(p)),
+                    Arg::Ptr(self.ptr(t)),
+                    Arg::Ptr(self.ptr(dloss)),
+                    Arg::I64(p.len as i64),
+                    Arg::Ptr(self.ptr(out)),
+                ];
+                self.launch(r, 0, grid_for(p.len as u64, self.device), args);
             }
             Instr::LrSchedule { step, peak, warmup_steps, total_steps, out } => {
                 let mut args = self.scalar(step).to_vec();

@@ -1,5 +1,5 @@
-//! The test cases of the broadcast, sum, cast and optimizer-scalar routine
-//! kernels (shared like `routines.rs`'s): odd and broadcast shapes, axes of
+//! The test cases of the broadcast, sum, cast, MSE and optimizer-scalar
+//! routine kernels (shared like `routines.rs`'s): odd and broadcast shapes, axes of
 //! length 1, misaligned and aligned buffers (the four-wide broadcast path),
 //! sums cut into chunks, every dtype pair a cast converts, in-place outputs
 //! where the step writes them so, and each scalar routine's branches.
@@ -120,6 +120,29 @@ pub fn cast_cases(r: &mut Random, out: &mut Vec<Case>) {
     }
 }
 
+pub fn mse_cases(r: &mut Random, out: &mut Vec<Case>) {
+    for (n, p_dtype, t_dtype, out_dtype) in [
+        (1, DType::F32, DType::F32, DType::F32),
+        (333, DType::BF16, DType::F32, DType::F32),
+        (5000, DType::F32, DType::F16, DType::BF16),
+    ] {
+        let mut b = Builder::default();
+        let p = b.floats(r, p_dtype, n, 2.0, 1);
+        let t = b.floats(r, t_dtype, n, 2.0, 0);
+        let o = b.output(out_dtype, 1, 0);
+        let name = format!("mse {p_dtype:?} {t_dtype:?} × {n} → {out_dtype:?}");
+        // The f64 sums' order differs from the host's: 1e-6 of the f32 mean.
+        out.push(b.case(name, Instr::Mse { p, t, out: o }, Check::Within(1e-6)));
+        let mut b = Builder::default();
+        let p = b.floats(r, p_dtype, n, 2.0, 1);
+        let t = b.floats(r, t_dtype, n, 2.0, 0);
+        let dloss = scalar(&mut b, t_dtype, 0.7);
+        let o = b.output(p_dtype, n, 1);
+        let name = format!("mse_grad {p_dtype:?} {t_dtype:?} × {n}");
+        out.push(b.case(name, Instr::MseGrad { p, t, dloss, out: o }, Check::Exact));
+    }
+}
+
 /// A scalar operand holding `v`.
 fn scalar(b: &mut Builder, dtype: DType, v: f64) -> Buf {
     b.input(dtype, &[v], 0)
@@ -189,6 +212,10 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         outs: [scale, g],
     };
     let grow = b.case("loss_scale_update reaching the interval".into(), instr, Check::Exact);
+    let mut b = Builder::default();
+    let (p, t) = (b.floats(r, DType::F32, 700, 2.0, 0), b.floats(r, DType::F32, 700, 2.0, 0));
+    let o = b.output(DType::F32, 1, 0);
+    let mse = b.case("mse × 700".into(), Instr::Mse { p, t, out: o }, Check::Within(1e-6));
     vec![
         mutated(sub, "operands swapped", "op == 1 ? u - v", "op == 1 ? v - u"),
         mutated(vec4, "a vector's first element four times", "v[k] = zp_ld(&q.e[k]);", "v[k] = zp_ld(&q.e[0]);"),
@@ -200,5 +227,11 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         ),
         mutated(cast, "saturated into i32", "*out = (int)zp_as_i64(x);", "*out = zp_sat_i32(zp_ld(x));"),
         mutated(grow, "the count not advanced", "g + 1.0 >= (double)interval", "g >= (double)interval"),
+        mutated(
+            mse,
+            "the last block's partial dropped",
+            "b < blocks; b += blockDim.x",
+            "b < blocks - 1; b += blockDim.x",
+        ),
     ]
 }
