@@ -116,6 +116,13 @@ fn harness(i: usize, case: &Case, device: &DeviceProperties) -> String {
                             dims(&d.dst),
                             d.rank
                         ),
+                        Arg::Slopes(m) => format!(
+                            "{ns}::ZpSlopes{{{{{}}}}}",
+                            m.m.iter()
+                                .map(|x| format!("__int_as_float(0x{:08x}u)", x.to_bits()))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
                     })
                     .collect();
                 let _ = writeln!(c, "  zp_launch({}, 256, [&] {{ {ns}::{entry}({}); }});", l.grid, args.join(", "));

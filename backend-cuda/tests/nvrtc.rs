@@ -269,6 +269,7 @@ fn routine_specialisations() -> Vec<zeroplan_backend_cuda::routines::Routine> {
             all.push(Routine::Mse { p: x, t: out, out: DType::F32 });
             all.push(Routine::MseGrad { p: x, t: x, dloss: DType::F32, out });
             all.push(Routine::SumTo { x, out });
+            all.push(Routine::AlibiBias { x, out });
             all.extend(floats.map(|b| Routine::Broadcast { a: x, b, out }));
         }
     }

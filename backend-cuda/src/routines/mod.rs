@@ -1,7 +1,8 @@
 //! The host runtime's routines as CUDA kernels: the instructions of a
 //! training step that are neither row kernels nor GEMMs (the loss, the
 //! embedding gather and its scatter-add, layout ops, fills, broadcast
-//! arithmetic and its sums, casts, the optimizer's scalars), so they run on
+//! arithmetic and its sums, casts, MSE, ALiBi on a tensor rank's heads, the
+//! optimizer's scalars), so they run on
 //! the GPU where their buffers lie instead of through a host round trip
 //! that waits for both streams.
 //!
@@ -21,6 +22,7 @@
 //! merged and their copies widened to 16-byte units where alignment allows
 //! ([`layout`]), the broadcasts' and sums' index spaces likewise ([`arith`]).
 
+pub mod alibi;
 pub mod arith;
 pub mod device;
 pub mod layout;
@@ -152,6 +154,13 @@ pub enum Routine {
         /// The output's dtype.
         out: DType,
     },
+    /// ALiBi's bias on a tensor rank's heads.
+    AlibiBias {
+        /// The scores' dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
     /// The optimizer's one-thread scalar kernels: every dtype, chosen at run time.
     Scalars,
     /// The cross-entropy's gradient.
@@ -215,6 +224,7 @@ impl Routine {
             Routine::SumTo { .. } => (include_str!("sum_to.cu"), &["rows", "cols", "finish"]),
             Routine::Cast { .. } => (include_str!("cast.cu"), &[""]),
             Routine::Mse { .. } => (include_str!("mse.cu"), &["partials", "mean"]),
+            Routine::AlibiBias { .. } => (include_str!("alibi_bias.cu"), &[""]),
             Routine::MseGrad { .. } => (include_str!("mse_grad.cu"), &[""]),
             Routine::Scalars => (include_str!("scalars.cu"), &["lr_schedule", "grad_scale", "loss_scale_update"]),
         }
@@ -255,7 +265,7 @@ impl Routine {
                 ("zp_b_t", float("the right operand", b)?),
                 ("zp_out_t", float("the output", out)?),
             ],
-            Routine::SumTo { x, out } => {
+            Routine::SumTo { x, out } | Routine::AlibiBias { x, out } => {
                 vec![("zp_in_t", float("the input", x)?), ("zp_out_t", float("the output", out)?)]
             }
             Routine::Cast { x, out } => vec![("zp_in_t", c_type(x)), ("zp_out_t", c_type(out))],
@@ -284,7 +294,7 @@ impl Routine {
             Routine::CrossEntropy { logits, .. } => vec![logits],
             Routine::CrossEntropyGrad { logits, dloss, out, .. } => vec![logits, dloss, out],
             Routine::Broadcast { a, b, out } => vec![a, b, out],
-            Routine::SumTo { x, out } | Routine::Cast { x, out } => vec![x, out],
+            Routine::SumTo { x, out } | Routine::Cast { x, out } | Routine::AlibiBias { x, out } => vec![x, out],
             Routine::Mse { p, t, out } => vec![p, t, out],
             Routine::MseGrad { p, t, dloss, out } => vec![p, t, dloss, out],
             Routine::Scalars => vec![DType::BF16, DType::F16],
@@ -311,6 +321,7 @@ impl Routine {
             Routine::SumTo { x, out } => format!("zp_sum_to_{}_{}", name(x), name(out)),
             Routine::Cast { x, out } => format!("zp_cast_{}_{}", name(x), name(out)),
             Routine::Mse { p, t, out } => format!("zp_mse_{}_{}_{}", name(p), name(t), name(out)),
+            Routine::AlibiBias { x, out } => format!("zp_alibi_bias_{}_{}", name(x), name(out)),
             Routine::MseGrad { p, t, dloss, out } => {
                 format!("zp_mse_grad_{}_{}_{}_{}", name(p), name(t), name(dloss), name(out))
             }

@@ -8,6 +8,7 @@ use zeroplan_backend_cpu::device::{Arena, Memory, exec as host};
 use zeroplan_exec::{Access, Arith, Buf, Instr};
 use zeroplan_ir::{DType, Place};
 
+use super::alibi::{MAX_HEADS, Slopes};
 use super::arith;
 use super::layout::{self, Piece, Strided, Tiled, Transpose};
 use super::{Routine, grid, grid_for};
@@ -31,6 +32,8 @@ pub enum Arg {
     Strided(Strided),
     /// A tiled transpose's shape, by value.
     Tiled(Tiled),
+    /// ALiBi's slopes of a rank's heads, by value.
+    Slopes(Slopes),
 }
 
 /// One launch of [`THREADS`](super::THREADS)-thread blocks.
@@ -93,6 +96,7 @@ pub fn is_routine<K>(instr: &Instr<K>) -> bool {
             | Instr::Cast { .. }
             | Instr::Mse { .. }
             | Instr::MseGrad { .. }
+            | Instr::AlibiBias { .. }
             | Instr::LrSchedule { .. }
             | Instr::GradScale { .. }
             | Instr::LossScaleUpdate { .. }
@@ -106,7 +110,7 @@ pub fn is_routine<K>(instr: &Instr<K>) -> bool {
 fn may_overlap<K>(instr: &Instr<K>, read: &Buf, written: &Buf) -> bool {
     match instr {
         Instr::LrSchedule { .. } | Instr::GradScale { .. } | Instr::LossScaleUpdate { .. } => true,
-        Instr::Broadcast { .. } | Instr::Cast { .. } => read == written,
+        Instr::Broadcast { .. } | Instr::Cast { .. } | Instr::AlibiBias { .. } => read == written,
         _ => false,
     }
 }
@@ -162,6 +166,14 @@ pub fn supported<K: Clone>(instr: &Instr<K>) -> Result<(), String> {
         Instr::Mse { p, t, out } => float(p) && float(t) && float(out) && p.len == t.len && out.len == 1,
         Instr::MseGrad { p, t, dloss, out } => {
             [p, t, dloss, out].into_iter().all(float) && p.len == t.len && p.len == out.len && dloss.len >= 1
+        }
+        Instr::AlibiBias { x, shape, slopes, out } => {
+            float(x)
+                && float(out)
+                && x.len == shape.iter().product::<usize>()
+                && out.len == x.len
+                && slopes.len() == shape[1]
+                && slopes.len() <= MAX_HEADS
         }
         Instr::LrSchedule { step, out, .. } => step.len >= 1 && out.len == 1,
         Instr::GradScale { sq, scale, multiplier, finite, .. } => {
@@ -382,6 +394,21 @@ impl Planner<'_> {
                     Arg::Ptr(self.ptr(out)),
                 ];
                 self.launch(r, 0, grid_for(p.len as u64, self.device), args);
+            }
+            Instr::AlibiBias { x, shape, slopes, out } => {
+                let m = Slopes::new(slopes).ok_or_else(|| format!("{} heads, over {MAX_HEADS}", slopes.len()))?;
+                let [_, heads, sq, sk] = shape.map(|d| d as i64);
+                let args = vec![
+                    Arg::Ptr(self.ptr(x)),
+                    Arg::I64(heads),
+                    Arg::I64(sq),
+                    Arg::I64(sk),
+                    Arg::I64(x.len as i64),
+                    Arg::Slopes(m),
+                    Arg::Ptr(self.ptr(out)),
+                ];
+                let r = Routine::AlibiBias { x: x.dtype, out: out.dtype };
+                self.launch(r, 0, grid_for(x.len as u64, self.device), args);
             }
             Instr::LrSchedule { step, peak, warmup_steps, total_steps, out } => {
                 let mut args = self.scalar(step).to_vec();

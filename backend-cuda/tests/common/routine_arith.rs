@@ -1,5 +1,5 @@
-//! The test cases of the broadcast, sum, cast, MSE and optimizer-scalar
-//! routine kernels (shared like `routines.rs`'s): odd and broadcast shapes, axes of
+//! The test cases of the broadcast, sum, cast, MSE, ALiBi and
+//! optimizer-scalar routine kernels (shared like `routines.rs`'s): odd and broadcast shapes, axes of
 //! length 1, misaligned and aligned buffers (the four-wide broadcast path),
 //! sums cut into chunks, every dtype pair a cast converts, in-place outputs
 //! where the step writes them so, and each scalar routine's branches.
@@ -143,6 +143,20 @@ pub fn mse_cases(r: &mut Random, out: &mut Vec<Case>) {
     }
 }
 
+pub fn alibi_cases(r: &mut Random, out: &mut Vec<Case>) {
+    for (shape, dtype, in_place) in
+        [([2, 3, 5, 7], DType::F32, false), ([1, 2, 9, 4], DType::BF16, false), ([2, 4, 3, 3], DType::F16, true)]
+    {
+        let mut b = Builder::default();
+        let n = shape.iter().product();
+        let x = b.floats(r, dtype, n, 4.0, 1);
+        let o = if in_place { x } else { b.output(dtype, n, 0) };
+        let slopes = (0..shape[1]).map(|h| 0.5f32.powi(h as i32 + 1) * 1.37).collect();
+        let instr = Instr::AlibiBias { x, shape, slopes, out: o };
+        out.push(b.case(format!("alibi_bias {shape:?} {dtype:?} in place {in_place}"), instr, Check::Exact));
+    }
+}
+
 /// A scalar operand holding `v`.
 fn scalar(b: &mut Builder, dtype: DType, v: f64) -> Buf {
     b.input(dtype, &[v], 0)
@@ -216,6 +230,11 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
     let (p, t) = (b.floats(r, DType::F32, 700, 2.0, 0), b.floats(r, DType::F32, 700, 2.0, 0));
     let o = b.output(DType::F32, 1, 0);
     let mse = b.case("mse × 700".into(), Instr::Mse { p, t, out: o }, Check::Within(1e-6));
+    let mut b = Builder::default();
+    let x = b.floats(r, DType::F32, 2 * 3 * 4 * 5, 4.0, 0);
+    let o = b.output(DType::F32, 2 * 3 * 4 * 5, 0);
+    let instr = Instr::AlibiBias { x, shape: [2, 3, 4, 5], slopes: vec![0.5, 0.25, 0.125], out: o };
+    let alibi = b.case("alibi_bias [2, 3, 4, 5]".into(), instr, Check::Exact);
     vec![
         mutated(sub, "operands swapped", "op == 1 ? u - v", "op == 1 ? v - u"),
         mutated(vec4, "a vector's first element four times", "v[k] = zp_ld(&q.e[k]);", "v[k] = zp_ld(&q.e[0]);"),
@@ -227,6 +246,7 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         ),
         mutated(cast, "saturated into i32", "*out = (int)zp_as_i64(x);", "*out = zp_sat_i32(zp_ld(x));"),
         mutated(grow, "the count not advanced", "g + 1.0 >= (double)interval", "g >= (double)interval"),
+        mutated(alibi, "the batch taken for the head", "head = (row / sq) % heads", "head = (row / sq) / heads"),
         mutated(
             mse,
             "the last block's partial dropped",

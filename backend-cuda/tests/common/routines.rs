@@ -373,6 +373,7 @@ pub fn cases() -> Vec<Case> {
     super::routine_arith::sum_to_cases(&mut r, &mut cases);
     super::routine_arith::cast_cases(&mut r, &mut cases);
     super::routine_arith::mse_cases(&mut r, &mut cases);
+    super::routine_arith::alibi_cases(&mut r, &mut cases);
     super::routine_arith::scalar_cases(&mut cases);
     cases
 }

@@ -102,6 +102,14 @@ fn offloaded_overlapping_or_mixed_routines_stay_staged() {
     assert!(supported(&row).unwrap_err().contains("overlapping"), "a broadcast operand overwritten");
     let int = Instr::<()>::SumTo { x: buf(0, 12, DType::I32), x_shape: vec![3, 4], shape: vec![4], out };
     assert!(supported(&int).is_err(), "integer sums have no host routine");
+    let alibi = |heads: usize| Instr::<()>::AlibiBias {
+        x: buf(0, 2 * heads * 9, DType::F32),
+        shape: [2, heads, 3, 3],
+        slopes: vec![0.5; heads],
+        out: buf(8192, 2 * heads * 9, DType::F32),
+    };
+    assert!(supported(&alibi(64)).is_ok());
+    assert!(supported(&alibi(65)).is_err(), "more heads than the kernel's slopes");
     let flat = Instr::<()>::Flatten { parts: vec![x, buf(128, 4, DType::F32)], out: buf(256, 15, DType::F32) };
     assert!(supported(&flat).is_err(), "16 elements do not fit 15");
 }
