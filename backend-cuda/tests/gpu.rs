@@ -402,8 +402,9 @@ fn cublaslt_epilogues_match_the_reference_on_the_gpu() {
 
 /// The routine kernels on the GPU (`routines::device::run_host`: the plan
 /// the CUDA device queues, over a copy of the arena) against the host
-/// routine, on the host emulation's cases: copies, gathers, fills and the
-/// embedding's scatter-add byte for byte, the losses within their tolerances.
+/// routine, on the host emulation's cases: copies, gathers, fills, the
+/// embedding's scatter-add, broadcasts, sums, casts and the optimizer's
+/// scalars byte for byte, the losses within their tolerances.
 #[test]
 #[ignore = "needs a GPU"]
 fn routine_kernels_match_the_host_routines_on_the_gpu() {

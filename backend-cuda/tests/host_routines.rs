@@ -4,15 +4,20 @@
 //! random operands (never zero), the outputs poisoned (0xFF: NaN, or −1)
 //! before; then compared with the host runtime's routine
 //! (`zeroplan_backend_cpu::device::exec::run_routine`) on the same arena.
-//! Copies, gathers, fills and the embedding's scatter-add (whose f64 sums
-//! run in the host's order) must match byte for byte; the cross-entropy at
+//! Copies, gathers, fills, the embedding's scatter-add (whose f64 sums run
+//! in the host's order), broadcasts, sums (f64 sums of these operands are
+//! exact in any order), casts and the optimizer's scalars must match byte
+//! for byte; the cross-entropy at
 //! 1e-5 relative (f32), its gradient at 1e-5 (f32), 1e-2 (bf16), 2e-3 (f16)
 //! of the output's largest magnitude. Every byte outside the outputs must be
 //! as it was. Shapes are odd, rows misaligned, dtypes every storage type
 //! the host routine takes; the grid is capped at one multiprocessor's 8
 //! blocks, so blocks loop. Mutated kernels (a tile read transposed, the
 //! maximum not subtracted from large logits, ignored rows counted, a chain
-//! that does not know its first position) must fail. Without g++ the test
+//! that does not know its first position, a subtraction's operands swapped,
+//! a four-wide load's first element repeated, a sum's first chunk dropped,
+//! a float saturated into i32 where the host wraps its i64, a loss scale's
+//! count not advanced) must fail. Without g++ the test
 //! says SKIPPED and passes.
 
 mod common;
@@ -110,6 +115,13 @@ fn harness(i: usize, case: &Case, device: &DeviceProperties) -> String {
                             dims(&d.src),
                             dims(&d.dst),
                             d.rank
+                        ),
+                        Arg::Slopes(m) => format!(
+                            "{ns}::ZpSlopes{{{{{}}}}}",
+                            m.m.iter()
+                                .map(|x| format!("__int_as_float(0x{:08x}u)", x.to_bits()))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     })
                     .collect();

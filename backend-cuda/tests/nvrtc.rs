@@ -243,7 +243,7 @@ fn every_multi_tensor_adamw_specialisation_compiles_for_hopper() {
 }
 
 /// Every routine specialisation the CUDA device can ask for: units, id and
-/// label types, float storage types.
+/// label types, float storage types, every pair of dtypes a cast converts.
 fn routine_specialisations() -> Vec<zeroplan_backend_cuda::routines::Routine> {
     use zeroplan_backend_cuda::routines::Routine;
     use zeroplan_ir::DType;
@@ -265,7 +265,18 @@ fn routine_specialisations() -> Vec<zeroplan_backend_cuda::routines::Routine> {
             all.push(Routine::CrossEntropy { logits: x, labels });
             all.extend(floats.map(|out| Routine::CrossEntropyGrad { logits: x, labels, dloss: DType::F32, out }));
         }
+        for out in floats {
+            all.push(Routine::Mse { p: x, t: out, out: DType::F32 });
+            all.push(Routine::MseGrad { p: x, t: x, dloss: DType::F32, out });
+            all.push(Routine::SumTo { x, out });
+            all.push(Routine::AlibiBias { x, out });
+            all.extend(floats.map(|b| Routine::Broadcast { a: x, b, out }));
+        }
     }
+    for x in DType::ALL {
+        all.extend(DType::ALL.map(|out| Routine::Cast { x, out }));
+    }
+    all.push(Routine::Scalars);
     all
 }
 

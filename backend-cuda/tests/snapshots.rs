@@ -187,3 +187,11 @@ fn cross_entropy_grad_routine() {
 fn layout_routine() {
     insta::assert_snapshot!(routine_snapshot(zeroplan_backend_cuda::routines::Routine::Layout { unit: 16 }));
 }
+
+#[test]
+fn broadcast_routine() {
+    use zeroplan_ir::DType;
+    let routine =
+        zeroplan_backend_cuda::routines::Routine::Broadcast { a: DType::F32, b: DType::BF16, out: DType::BF16 };
+    insta::assert_snapshot!(routine_snapshot(routine));
+}

@@ -151,3 +151,38 @@ template <class T> __device__ __forceinline__ double zp_log_sum_exp(const T* x, 
   s = zp_block_sum(s, red_sum);
   return (double)m + log(s);
 }
+
+// The unit offsets of index e of a ZpStrided space: s along `src`, t along `dst`.
+__device__ __forceinline__ void zp_offsets(const ZpStrided& d, long long e, long long& s, long long& t) {
+  long long rest = e;
+  s = 0;
+  t = 0;
+  for (int k = d.rank - 1; k >= 0; --k) {
+    const long long q = rest / d.size[k], i = rest - q * d.size[k];
+    rest = q;
+    s += i * d.src[k];
+    t += i * d.dst[k];
+  }
+}
+
+// A float to an integer as Rust's `as` converts it: toward zero, saturating
+// at the type's range, NaN to 0 (the host routines write integers so).
+__device__ __forceinline__ long long zp_sat_i64(float x) {
+  if (x != x) return 0;
+  if (x >= 9223372036854775807.0f) return 9223372036854775807LL;
+  if (x <= -9223372036854775807.0f) return -9223372036854775807LL - 1;
+  return (long long)x;
+}
+__device__ __forceinline__ int zp_sat_i32(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483647.0f) return 2147483647;
+  if (x <= -2147483648.0f) return -2147483647 - 1;
+  return (int)x;
+}
+// An f32 value into an integer buffer, as the host's `write_f32` does.
+__device__ __forceinline__ void zp_st(int* p, float x) { *p = zp_sat_i32(x); }
+__device__ __forceinline__ void zp_st(long long* p, float x) { *p = zp_sat_i64(x); }
+
+// Four consecutive elements, one aligned access (16 bytes of f32, 8 of a
+// 16-bit type).
+template <class T> struct alignas(4 * sizeof(T)) ZpVec4 { T e[4]; };

@@ -33,6 +33,7 @@ pub unsafe fn launch(
             Arg::Scratch(_) => builder.arg(at),
             Arg::Strided(d) => builder.arg(d),
             Arg::Tiled(d) => builder.arg(d),
+            Arg::Slopes(m) => builder.arg(m),
         };
     }
     let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };

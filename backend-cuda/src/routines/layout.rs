@@ -109,7 +109,7 @@ pub struct Piece {
 }
 
 /// `axes` without length-1 axes, neighbours contiguous on both sides merged.
-fn merge(axes: &[Axis]) -> Vec<Axis> {
+pub(super) fn merge(axes: &[Axis]) -> Vec<Axis> {
     let mut out: Vec<Axis> = Vec::new();
     for a in axes.iter().filter(|a| a.size != 1) {
         match out.last_mut() {
@@ -127,7 +127,7 @@ fn too_many(rank: usize) -> String {
 }
 
 /// Up to [`MAX_DIMS`] values, the rest 0.
-fn padded(values: impl Iterator<Item = usize>) -> [i64; MAX_DIMS] {
+pub(super) fn padded(values: impl Iterator<Item = usize>) -> [i64; MAX_DIMS] {
     let mut out = [0; MAX_DIMS];
     for (o, v) in out.iter_mut().zip(values) {
         *o = v as i64;
@@ -181,7 +181,7 @@ pub fn copy(axes: &[Axis], elem: u32, src: u64, dst: u64) -> Result<Option<Copy>
 }
 
 /// Row-major strides of `shape`, in elements.
-fn strides(shape: &[usize]) -> Vec<usize> {
+pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         s[d] = s[d + 1] * shape[d + 1];

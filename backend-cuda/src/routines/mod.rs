@@ -1,7 +1,10 @@
 //! The host runtime's routines as CUDA kernels: the instructions of a
 //! training step that are neither row kernels nor GEMMs (the loss, the
-//! embedding gather and its scatter-add, layout ops, fills), so they run on
-//! the GPU where their buffers lie instead of through a host round trip.
+//! embedding gather and its scatter-add, layout ops, fills, broadcast
+//! arithmetic and its sums, casts, MSE, ALiBi on a tensor rank's heads, the
+//! optimizer's scalars), so they run on
+//! the GPU where their buffers lie instead of through a host round trip
+//! that waits for both streams.
 //!
 //! Each is a CUDA C template in this folder (`common.cu` the helpers they
 //! share), rendered per [`Routine`] (element or vector unit, dtypes) by text
@@ -17,8 +20,10 @@
 //! ([`grid`]). Each instruction is planned on the host ([`plan`]: launches,
 //! grids, arguments over its buffers' addresses); the layout ops' axes are
 //! merged and their copies widened to 16-byte units where alignment allows
-//! ([`layout`]).
+//! ([`layout`]), the broadcasts' and sums' index spaces likewise ([`arith`]).
 
+pub mod alibi;
+pub mod arith;
 pub mod device;
 pub mod layout;
 pub mod plan;
@@ -106,6 +111,58 @@ pub enum Routine {
         /// The labels' dtype.
         labels: DType,
     },
+    /// Add, subtract or multiply over broadcast shapes (the op an argument).
+    Broadcast {
+        /// The left operand's dtype.
+        a: DType,
+        /// The right operand's dtype.
+        b: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// Sums over the axes broadcasting repeats.
+    SumTo {
+        /// The summed tensor's dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// A conversion between any two dtypes.
+    Cast {
+        /// The input's dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// The mean squared error into a scalar.
+    Mse {
+        /// The prediction's dtype.
+        p: DType,
+        /// The target's dtype.
+        t: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// The mean squared error's gradient.
+    MseGrad {
+        /// The prediction's dtype.
+        p: DType,
+        /// The target's dtype.
+        t: DType,
+        /// The scalar gradient's dtype.
+        dloss: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// ALiBi's bias on a tensor rank's heads.
+    AlibiBias {
+        /// The scores' dtype.
+        x: DType,
+        /// The output's dtype.
+        out: DType,
+    },
+    /// The optimizer's one-thread scalar kernels: every dtype, chosen at run time.
+    Scalars,
     /// The cross-entropy's gradient.
     CrossEntropyGrad {
         /// The logits' dtype.
@@ -163,6 +220,13 @@ impl Routine {
             Routine::EmbeddingGrad { .. } => (include_str!("embedding_grad.cu"), &["chain", "sum"]),
             Routine::CrossEntropy { .. } => (include_str!("cross_entropy.cu"), &["rows", "mean"]),
             Routine::CrossEntropyGrad { .. } => (include_str!("cross_entropy_grad.cu"), &["count", "rows"]),
+            Routine::Broadcast { .. } => (include_str!("broadcast.cu"), &["", "vec4"]),
+            Routine::SumTo { .. } => (include_str!("sum_to.cu"), &["rows", "cols", "finish"]),
+            Routine::Cast { .. } => (include_str!("cast.cu"), &[""]),
+            Routine::Mse { .. } => (include_str!("mse.cu"), &["partials", "mean"]),
+            Routine::AlibiBias { .. } => (include_str!("alibi_bias.cu"), &[""]),
+            Routine::MseGrad { .. } => (include_str!("mse_grad.cu"), &[""]),
+            Routine::Scalars => (include_str!("scalars.cu"), &["lr_schedule", "grad_scale", "loss_scale_update"]),
         }
     }
 
@@ -196,6 +260,27 @@ impl Routine {
                 ("zp_dloss_t", float("the loss's gradient", dloss)?),
                 ("zp_out_t", float("the output", out)?),
             ],
+            Routine::Broadcast { a, b, out } => vec![
+                ("zp_a_t", float("the left operand", a)?),
+                ("zp_b_t", float("the right operand", b)?),
+                ("zp_out_t", float("the output", out)?),
+            ],
+            Routine::SumTo { x, out } | Routine::AlibiBias { x, out } => {
+                vec![("zp_in_t", float("the input", x)?), ("zp_out_t", float("the output", out)?)]
+            }
+            Routine::Cast { x, out } => vec![("zp_in_t", c_type(x)), ("zp_out_t", c_type(out))],
+            Routine::Mse { p, t, out } => vec![
+                ("zp_p_t", float("the prediction", p)?),
+                ("zp_t_t", float("the target", t)?),
+                ("zp_out_t", float("the output", out)?),
+            ],
+            Routine::MseGrad { p, t, dloss, out } => vec![
+                ("zp_p_t", float("the prediction", p)?),
+                ("zp_t_t", float("the target", t)?),
+                ("zp_dloss_t", float("the loss's gradient", dloss)?),
+                ("zp_out_t", float("the output", out)?),
+            ],
+            Routine::Scalars => Vec::new(),
         })
     }
 
@@ -208,6 +293,11 @@ impl Routine {
             Routine::EmbeddingGrad { dy, out, .. } => vec![dy, out],
             Routine::CrossEntropy { logits, .. } => vec![logits],
             Routine::CrossEntropyGrad { logits, dloss, out, .. } => vec![logits, dloss, out],
+            Routine::Broadcast { a, b, out } => vec![a, b, out],
+            Routine::SumTo { x, out } | Routine::Cast { x, out } | Routine::AlibiBias { x, out } => vec![x, out],
+            Routine::Mse { p, t, out } => vec![p, t, out],
+            Routine::MseGrad { p, t, dloss, out } => vec![p, t, dloss, out],
+            Routine::Scalars => vec![DType::BF16, DType::F16],
         }
     }
 
@@ -227,6 +317,15 @@ impl Routine {
             Routine::CrossEntropyGrad { logits, labels, dloss, out } => {
                 format!("zp_cross_entropy_grad_{}_{}_{}_{}", name(logits), name(labels), name(dloss), name(out))
             }
+            Routine::Broadcast { a, b, out } => format!("zp_broadcast_{}_{}_{}", name(a), name(b), name(out)),
+            Routine::SumTo { x, out } => format!("zp_sum_to_{}_{}", name(x), name(out)),
+            Routine::Cast { x, out } => format!("zp_cast_{}_{}", name(x), name(out)),
+            Routine::Mse { p, t, out } => format!("zp_mse_{}_{}_{}", name(p), name(t), name(out)),
+            Routine::AlibiBias { x, out } => format!("zp_alibi_bias_{}_{}", name(x), name(out)),
+            Routine::MseGrad { p, t, dloss, out } => {
+                format!("zp_mse_grad_{}_{}_{}_{}", name(p), name(t), name(dloss), name(out))
+            }
+            Routine::Scalars => "zp_scalars".to_string(),
         }
     }
 

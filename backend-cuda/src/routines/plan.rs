@@ -5,9 +5,11 @@
 //! emulation tests run the same plan under g++.
 
 use zeroplan_backend_cpu::device::{Arena, Memory, exec as host};
-use zeroplan_exec::{Access, Buf, Instr};
+use zeroplan_exec::{Access, Arith, Buf, Instr};
 use zeroplan_ir::{DType, Place};
 
+use super::alibi::{MAX_HEADS, Slopes};
+use super::arith;
 use super::layout::{self, Piece, Strided, Tiled, Transpose};
 use super::{Routine, grid, grid_for};
 use crate::codegen::DeviceProperties;
@@ -30,6 +32,8 @@ pub enum Arg {
     Strided(Strided),
     /// A tiled transpose's shape, by value.
     Tiled(Tiled),
+    /// ALiBi's slopes of a rank's heads, by value.
+    Slopes(Slopes),
 }
 
 /// One launch of [`THREADS`](super::THREADS)-thread blocks.
@@ -87,7 +91,28 @@ pub fn is_routine<K>(instr: &Instr<K>) -> bool {
             | Instr::CrossEntropy { .. }
             | Instr::CrossEntropyGrad { .. }
             | Instr::Scale { .. }
+            | Instr::Broadcast { .. }
+            | Instr::SumTo { .. }
+            | Instr::Cast { .. }
+            | Instr::Mse { .. }
+            | Instr::MseGrad { .. }
+            | Instr::AlibiBias { .. }
+            | Instr::LrSchedule { .. }
+            | Instr::GradScale { .. }
+            | Instr::LossScaleUpdate { .. }
     )
+}
+
+/// Whether an output of `instr` may overlap an operand: the scalar kernels
+/// read every operand before writing (one thread), and an elementwise
+/// kernel's output may be an operand itself, element for element (the
+/// same buffer, not broadcast), each element read before it is written.
+fn may_overlap<K>(instr: &Instr<K>, read: &Buf, written: &Buf) -> bool {
+    match instr {
+        Instr::LrSchedule { .. } | Instr::GradScale { .. } | Instr::LossScaleUpdate { .. } => true,
+        Instr::Broadcast { .. } | Instr::Cast { .. } | Instr::AlibiBias { .. } => read == written,
+        _ => false,
+    }
 }
 
 /// Why the kernels cannot run `instr` as the host routine would, if they
@@ -99,7 +124,7 @@ pub fn supported<K: Clone>(instr: &Instr<K>) -> Result<(), String> {
     if reads.iter().chain(&writes).any(|b| b.place != Place::Device) {
         return Err("a buffer on the host (offloaded)".into());
     }
-    if reads.iter().any(|r| writes.iter().any(|w| w.overlaps(r))) {
+    if reads.iter().any(|r| writes.iter().any(|w| w.overlaps(r) && !may_overlap(instr, r, w))) {
         return Err("an output overlapping an operand".into());
     }
     let float = |b: &Buf| b.dtype.is_float();
@@ -126,6 +151,37 @@ pub fn supported<K: Clone>(instr: &Instr<K>) -> Result<(), String> {
             float(logits) && int(labels) && float(dloss) && float(out)
         }
         Instr::Scale { x, out, .. } => float(x) && float(out),
+        Instr::Broadcast { a, a_shape, b, b_shape, shape, out, .. } => {
+            let count = |s: &[usize]| s.iter().product::<usize>();
+            [a, b, out].into_iter().all(float)
+                && (a.len, b.len, out.len) == (count(a_shape), count(b_shape), count(shape))
+        }
+        Instr::SumTo { x, x_shape, shape, out } => {
+            float(x)
+                && float(out)
+                && x.len == x_shape.iter().product::<usize>()
+                && out.len == shape.iter().product::<usize>()
+        }
+        Instr::Cast { x, out } => x.len == out.len,
+        Instr::Mse { p, t, out } => float(p) && float(t) && float(out) && p.len == t.len && out.len == 1,
+        Instr::MseGrad { p, t, dloss, out } => {
+            [p, t, dloss, out].into_iter().all(float) && p.len == t.len && p.len == out.len && dloss.len >= 1
+        }
+        Instr::AlibiBias { x, shape, slopes, out } => {
+            float(x)
+                && float(out)
+                && x.len == shape.iter().product::<usize>()
+                && out.len == x.len
+                && slopes.len() == shape[1]
+                && slopes.len() <= MAX_HEADS
+        }
+        Instr::LrSchedule { step, out, .. } => step.len >= 1 && out.len == 1,
+        Instr::GradScale { sq, scale, multiplier, finite, .. } => {
+            sq.len >= 1 && scale.len >= 1 && multiplier.len == 1 && finite.len == 1
+        }
+        Instr::LossScaleUpdate { scale, good, finite, outs, .. } => {
+            scale.len >= 1 && good.len >= 1 && finite.len >= 1 && outs.iter().all(|o| o.len == 1)
+        }
         _ => false,
     };
     if ok { Ok(()) } else { Err("dtypes the kernels do not take".into()) }
@@ -292,7 +348,131 @@ impl Planner<'_> {
                 let r = Routine::Scale { x: x.dtype, out: out.dtype };
                 self.launch(r, 0, grid_for(x.len as u64, self.device), args);
             }
+            Instr::Broadcast { op, a, a_shape, b, b_shape, shape, out } => {
+                let elems = [a, b, out].map(|x| u64::from(elem(x)));
+                let ptrs = [a, b, out].map(|x| self.ptr(x));
+                if let Some(p) = arith::broadcast(a_shape, b_shape, shape, elems, ptrs)? {
+                    let r = Routine::Broadcast { a: a.dtype, b: b.dtype, out: out.dtype };
+                    let op = match op {
+                        Arith::Add => 0,
+                        Arith::Sub => 1,
+                        Arith::Mul => 2,
+                    };
+                    let args = vec![
+                        Arg::Ptr(ptrs[0]),
+                        Arg::Ptr(ptrs[1]),
+                        Arg::Ptr(ptrs[2]),
+                        Arg::Strided(p.dims),
+                        Arg::I64(op),
+                    ];
+                    self.launch(r, usize::from(p.vec4), grid_for(p.dims.count as u64, self.device), args);
+                }
+            }
+            Instr::SumTo { x, x_shape, shape, out } => self.sum_to(*x, x_shape, shape, *out)?,
+            Instr::Cast { x, out } => {
+                let args = vec![Arg::Ptr(self.ptr(x)), Arg::I64(x.len as i64), Arg::Ptr(self.ptr(out))];
+                let r = Routine::Cast { x: x.dtype, out: out.dtype };
+                self.launch(r, 0, grid_for(x.len as u64, self.device), args);
+            }
+            Instr::Mse { p, t, out } => {
+                let r = Routine::Mse { p: p.dtype, t: t.dtype, out: out.dtype };
+                let blocks = grid_for(p.len as u64, self.device);
+                self.scratch(blocks as usize * 8);
+                let args = vec![Arg::Ptr(self.ptr(p)), Arg::Ptr(self.ptr(t)), Arg::I64(p.len as i64), Arg::Scratch(0)];
+                self.launch(r, 0, blocks, args);
+                let args =
+                    vec![Arg::Scratch(0), Arg::I64(i64::from(blocks)), Arg::I64(p.len as i64), Arg::Ptr(self.ptr(out))];
+                self.launch(r, 1, 1, args);
+            }
+            Instr::MseGrad { p, t, dloss, out } => {
+                let r = Routine::MseGrad { p: p.dtype, t: t.dtype, dloss: dloss.dtype, out: out.dtype };
+                let args = vec![
+                    Arg::Ptr(self.ptr(p)),
+                    Arg::Ptr(self.ptr(t)),
+                    Arg::Ptr(self.ptr(dloss)),
+                    Arg::I64(p.len as i64),
+                    Arg::Ptr(self.ptr(out)),
+                ];
+                self.launch(r, 0, grid_for(p.len as u64, self.device), args);
+            }
+            Instr::AlibiBias { x, shape, slopes, out } => {
+                let m = Slopes::new(slopes).ok_or_else(|| format!("{} heads, over {MAX_HEADS}", slopes.len()))?;
+                let [_, heads, sq, sk] = shape.map(|d| d as i64);
+                let args = vec![
+                    Arg::Ptr(self.ptr(x)),
+                    Arg::I64(heads),
+                    Arg::I64(sq),
+                    Arg::I64(sk),
+                    Arg::I64(x.len as i64),
+                    Arg::Slopes(m),
+                    Arg::Ptr(self.ptr(out)),
+                ];
+                let r = Routine::AlibiBias { x: x.dtype, out: out.dtype };
+                self.launch(r, 0, grid_for(x.len as u64, self.device), args);
+            }
+            Instr::LrSchedule { step, peak, warmup_steps, total_steps, out } => {
+                let mut args = self.scalar(step).to_vec();
+                args.extend([Arg::F64(*peak), Arg::U64(*warmup_steps)]);
+                args.extend([Arg::I64(i64::from(total_steps.is_some())), Arg::U64(total_steps.unwrap_or(0))]);
+                args.extend(self.scalar(out));
+                self.launch(Routine::Scalars, 0, 1, args);
+            }
+            Instr::GradScale { sq, scale, max_norm, micro_batches, multiplier, finite } => {
+                let mut args = self.scalar(sq).to_vec();
+                args.extend(self.scalar(scale));
+                args.extend([Arg::I64(i64::from(max_norm.is_some())), Arg::F64(max_norm.unwrap_or(0.0))]);
+                args.push(Arg::U64(*micro_batches));
+                args.extend(self.scalar(multiplier));
+                args.extend(self.scalar(finite));
+                self.launch(Routine::Scalars, 1, 1, args);
+            }
+            Instr::LossScaleUpdate { scale, good, finite, interval, growth, backoff, outs } => {
+                let mut args = self.scalar(scale).to_vec();
+                args.extend(self.scalar(good));
+                args.extend(self.scalar(finite));
+                args.extend([Arg::U64(*interval), Arg::F64(*growth), Arg::F64(*backoff)]);
+                args.extend(self.scalar(&outs[0]));
+                args.extend(self.scalar(&outs[1]));
+                self.launch(Routine::Scalars, 2, 1, args);
+            }
             other => return Err(format!("{} has no kernel", other.name())),
+        }
+        Ok(())
+    }
+
+    /// A scalar operand of `Routine::Scalars`: its address and dtype's code.
+    fn scalar(&self, b: &Buf) -> [Arg; 2] {
+        [Arg::Ptr(self.ptr(b)), Arg::I64(dtype_code(b.dtype))]
+    }
+
+    /// The sums, from one kernel or, cut into chunks, two; zeros for an empty x.
+    fn sum_to(&mut self, x: Buf, x_shape: &[usize], shape: &[usize], out: Buf) -> Result<(), String> {
+        let Some(p) = arith::sum_to(x_shape, shape, self.device.multiprocessors)? else {
+            return self.fill(self.ptr(&out), out.bytes(), &[0]);
+        };
+        let r = Routine::SumTo { x: x.dtype, out: out.dtype };
+        let (outputs, o) = (p.keep.count, self.ptr(&out));
+        if p.chunks > 1 {
+            self.scratch(p.chunks as usize * outputs as usize * 8);
+        }
+        let args = vec![
+            Arg::Ptr(self.ptr(&x)),
+            Arg::Strided(p.keep),
+            Arg::Strided(p.reduce),
+            Arg::I64(p.chunks as i64),
+            Arg::I64(p.per as i64),
+            Arg::Scratch(0),
+            Arg::Ptr(o),
+        ];
+        let work = outputs as u64 * p.chunks;
+        if p.rows {
+            self.launch(r, 0, grid(work, self.device), args);
+        } else {
+            self.launch(r, 1, grid_for(work, self.device), args);
+        }
+        if p.chunks > 1 {
+            let args = vec![Arg::Scratch(0), Arg::I64(outputs), Arg::I64(p.chunks as i64), Arg::Ptr(o)];
+            self.launch(r, 2, grid_for(outputs as u64, self.device), args);
         }
         Ok(())
     }
@@ -348,6 +528,17 @@ impl Planner<'_> {
         ];
         self.launch(r, 1, grid(n, self.device), args);
         Ok(())
+    }
+}
+
+/// A dtype as `scalars.cu` names it at run time.
+pub fn dtype_code(dtype: DType) -> i64 {
+    match dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+        DType::I32 => 3,
+        DType::I64 => 4,
     }
 }
 

@@ -1,3 +1,4 @@
+use super::arith;
 use super::layout::{self, Axis, Transpose};
 use super::{Routine, RoutineError};
 use zeroplan_ir::DType;
@@ -67,4 +68,45 @@ fn a_slice_of_the_middle_axis_is_two_axes() {
     assert_eq!((c.unit, c.dims.rank, c.dims.count), (4, 2, 60));
     let pieces = layout::concat(&[vec![2, 3], vec![2, 5]], 1, 4);
     assert_eq!((pieces[1].dst, pieces[1].axes[0].dst), (12, 8));
+}
+
+/// A bias over `[B, S, H]` is two axes; aligned f32 rows run four wide, the
+/// bias's one axis scaled; a row-wise scalar repeats one value per four.
+#[test]
+fn broadcasts_merge_axes_and_run_four_wide_where_aligned() {
+    let p = arith::broadcast(&[2, 3, 8], &[8], &[2, 3, 8], [4; 3], [0, 64, 128]).unwrap().unwrap();
+    assert!(p.vec4);
+    assert_eq!(
+        (p.dims.rank, &p.dims.size[..2], &p.dims.src[..2], &p.dims.dst[..2]),
+        (2, &[6, 2][..], &[8, 4][..], &[0, 4][..])
+    );
+    let p = arith::broadcast(&[6, 16], &[6, 1], &[6, 16], [2; 3], [0, 64, 128]).unwrap().unwrap();
+    assert!(p.vec4);
+    assert_eq!((&p.dims.src[..2], &p.dims.dst[..2]), (&[16, 4][..], &[1, 0][..]));
+    // Misaligned by one element: one output per thread.
+    let p = arith::broadcast(&[2, 3, 8], &[8], &[2, 3, 8], [4; 3], [4, 64, 128]).unwrap().unwrap();
+    assert!(!p.vec4 && p.dims.count == 48);
+    let p = arith::broadcast(&[], &[], &[], [4; 3], [0; 3]).unwrap().unwrap();
+    assert_eq!((p.dims.rank, p.dims.count, p.vec4), (1, 1, false));
+    assert_eq!(arith::broadcast(&[0, 3], &[3], &[0, 3], [4; 3], [0; 3]).unwrap(), None);
+}
+
+/// A bias gradient `[N, H] → [H]` keeps the inner axis (a thread per
+/// output, the rows cut into chunks to fill the GPU); a row sum takes a block
+/// per row, long rows cut too.
+#[test]
+fn sums_choose_rows_or_columns_and_chunk_long_reductions() {
+    let p = arith::sum_to(&[4096, 768], &[768], 132).unwrap().unwrap();
+    assert!(!p.rows);
+    assert_eq!((p.keep.count, p.reduce.count, p.reduce.src[0]), (768, 4096, 768));
+    assert!(p.chunks > 1 && p.chunks * p.per >= 4096 && (p.chunks - 1) * p.per < 4096);
+    let p = arith::sum_to(&[3, 9000], &[3, 1], 1).unwrap().unwrap();
+    assert!(p.rows);
+    assert_eq!((p.chunks, p.per), (3, 3000));
+    let p = arith::sum_to(&[2, 3, 4, 5], &[3, 1, 5], 1).unwrap().unwrap();
+    assert!(!p.rows);
+    assert_eq!((p.keep.rank, p.reduce.rank, p.reduce.count), (2, 2, 8));
+    let p = arith::sum_to(&[6, 7], &[6, 7], 1).unwrap().unwrap();
+    assert_eq!((p.keep.rank, p.keep.count, p.reduce.count, p.chunks), (1, 42, 1, 1));
+    assert_eq!(arith::sum_to(&[0, 7], &[7], 1).unwrap(), None);
 }

@@ -13,6 +13,7 @@ pub mod adamw;
 pub mod attention;
 pub mod host;
 pub mod resources;
+pub mod routine_arith;
 pub mod routines;
 
 use std::path::PathBuf;

@@ -53,7 +53,7 @@ pub enum Check {
 pub struct Random(pub u64);
 
 impl Random {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -63,7 +63,7 @@ impl Random {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
     /// ±[0.1, 2.1) times `scale`: never zero.
-    fn value(&mut self, scale: f64) -> f64 {
+    pub fn value(&mut self, scale: f64) -> f64 {
         let sign = if self.next() & 1 == 0 { 1.0 } else { -1.0 };
         sign * (0.1 + 2.0 * self.unit()) * scale
     }
@@ -99,25 +99,25 @@ pub struct Builder {
 }
 
 impl Builder {
-    fn buf(&mut self, dtype: DType, len: usize, skew: usize, bytes: Vec<u8>) -> Buf {
+    pub fn buf(&mut self, dtype: DType, len: usize, skew: usize, bytes: Vec<u8>) -> Buf {
         let offset = self.arena.len().next_multiple_of(64) + skew * dtype.size_bytes() as usize;
         self.arena.resize(offset, 0x5A);
         assert_eq!(bytes.len(), len * dtype.size_bytes() as usize);
         self.arena.extend(bytes);
         Buf { place: Place::Device, offset, len, dtype }
     }
-    fn input(&mut self, dtype: DType, values: &[f64], skew: usize) -> Buf {
+    pub fn input(&mut self, dtype: DType, values: &[f64], skew: usize) -> Buf {
         self.buf(dtype, values.len(), skew, storage(dtype, values))
     }
-    fn floats(&mut self, r: &mut Random, dtype: DType, len: usize, scale: f64, skew: usize) -> Buf {
+    pub fn floats(&mut self, r: &mut Random, dtype: DType, len: usize, scale: f64, skew: usize) -> Buf {
         let v: Vec<f64> = (0..len).map(|_| r.value(scale)).collect();
         self.input(dtype, &v, skew)
     }
     /// Poisoned: every byte 0xFF.
-    fn output(&mut self, dtype: DType, len: usize, skew: usize) -> Buf {
+    pub fn output(&mut self, dtype: DType, len: usize, skew: usize) -> Buf {
         self.buf(dtype, len, skew, vec![0xFF; len * dtype.size_bytes() as usize])
     }
-    fn case(self, name: String, instr: Instr<()>, check: Check) -> Case {
+    pub fn case(self, name: String, instr: Instr<()>, check: Check) -> Case {
         supported(&instr).unwrap_or_else(|why| panic!("{name}: {why}"));
         Case { name, instr, arena: self.arena, check, mutation: None }
     }
@@ -306,6 +306,9 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         ),
         mutated(eg, "every position first", "if (j < i) is_first = false;", "if (false) is_first = false;"),
     ]
+    .into_iter()
+    .chain(super::routine_arith::mutations(r))
+    .collect()
 }
 
 /// The host routine's arena after running `case`.
@@ -366,5 +369,11 @@ pub fn cases() -> Vec<Case> {
     fill_cases(&mut r, &mut cases);
     embedding_cases(&mut r, &mut cases);
     loss_cases(&mut r, &mut cases);
+    super::routine_arith::broadcast_cases(&mut r, &mut cases);
+    super::routine_arith::sum_to_cases(&mut r, &mut cases);
+    super::routine_arith::cast_cases(&mut r, &mut cases);
+    super::routine_arith::mse_cases(&mut r, &mut cases);
+    super::routine_arith::alibi_cases(&mut r, &mut cases);
+    super::routine_arith::scalar_cases(&mut cases);
     cases
 }

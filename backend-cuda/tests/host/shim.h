@@ -53,6 +53,10 @@ static double __shfl_xor_sync(unsigned, double x, int o) {
   __syncwarp();
   return lanes[threadIdx.x ^ o];
 }
+// CUDA declares isfinite for device code in the global namespace.
+using std::isfinite;
+// A rounded product that no multiply-add absorbs (g++ emits no FMA for x86-64).
+static float __fmul_rn(float a, float b) { return a * b; }
 static int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 
 struct float2 { float x, y; };

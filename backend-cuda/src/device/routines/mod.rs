@@ -139,7 +139,7 @@ fn stages<K>(instr: &Instr<K>) -> bool {
 }
 
 /// What still runs on the host through staging, counted by kind:
-/// `"transpose ×3, cast ×1"`; `None` when nothing does.
+/// `"alibi_bias ×2, vocab_shard ×1"`; `None` when nothing does.
 pub fn staged_summary<K>(steps: &[Step<Instr<K>>]) -> Option<(usize, String)> {
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for instr in steps.iter().filter_map(|s| s.instr.as_ref()).filter(|i| stages(i)) {
