@@ -180,11 +180,18 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
         outcomes.extend(tiled);
     }
     if outcomes.iter().all(|o| o.best.is_none()) {
-        let mut exact = Vec::new();
-        for o in outcomes.iter_mut().filter(|o| o.bounded.is_some()) {
-            *o = search_choice(req, machine, o.choice)?;
-            exact.push(Outcome { choice: o.choice, min_peak_bytes: o.min_peak_bytes, best: None, bounded: None });
-        }
+        outcomes.par_iter_mut().filter(|o| o.bounded.is_some()).try_for_each(|o| -> Result<(), PlanError> {
+            *o = Outcome { bounded: o.bounded, ..search_choice(req, machine, o.choice)? };
+            Ok(())
+        })?;
+        let exact: Vec<Outcome> = outcomes
+            .iter_mut()
+            .filter(|o| o.bounded.is_some())
+            .map(|o| {
+                o.bounded = None;
+                Outcome { choice: o.choice, min_peak_bytes: o.min_peak_bytes, best: None, bounded: None }
+            })
+            .collect();
         if req.pins.tiles.is_none() {
             outcomes.extend(super::tiles::tiled_outcomes(req, machine, &exact, search_choice)?);
         }
