@@ -155,19 +155,7 @@ impl AdamWKernel {
             self.grad,
             self.working.map_or("none".to_string(), |w| format!("{w:?}"))
         );
-        if uses(DType::BF16) {
-            s.push_str("#include <cuda_bf16.h>\n");
-        }
-        if uses(DType::F16) {
-            s.push_str("#include <cuda_fp16.h>\n");
-        }
-        s.push_str(prelude::MATH);
-        if uses(DType::BF16) {
-            s.push_str(prelude::BF16);
-        }
-        if uses(DType::F16) {
-            s.push_str(prelude::F16);
-        }
+        s.push_str(&prelude::types_and_math(uses(DType::BF16), uses(DType::F16)));
         s.push_str(&format!(
             "\n// ── This specialisation ──\ntypedef {} zp_grad_t;\ntypedef {} zp_working_t;\nconstexpr bool ZP_WORKING = {};\n\n",
             c_type(self.grad),

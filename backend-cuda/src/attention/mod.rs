@@ -343,17 +343,7 @@ impl AttentionKernel {
             if self.alibi { "on" } else { "off" },
             if self.dropout { "on" } else { "off" },
         ));
-        match self.dtype {
-            DType::BF16 => s.push_str("#include <cuda_bf16.h>\n"),
-            DType::F16 => s.push_str("#include <cuda_fp16.h>\n"),
-            _ => {}
-        }
-        s.push_str(prelude::MATH);
-        match self.dtype {
-            DType::BF16 => s.push_str(prelude::BF16),
-            DType::F16 => s.push_str(prelude::F16),
-            _ => {}
-        }
+        s.push_str(&prelude::types_and_math(self.dtype == DType::BF16, self.dtype == DType::F16));
         s.push_str(prelude::REDUCE);
         s.push_str(prelude::PHILOX);
         s.push_str(&format!(

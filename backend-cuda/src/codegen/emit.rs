@@ -151,16 +151,9 @@ impl Emitter<'_> {
         for text in self.kernel.to_text().lines() {
             self.line(0, format!("//   {}", comment(text)));
         }
-        if self.uses_dtype(DType::BF16) {
-            self.line(0, "#include <cuda_bf16.h>");
-        }
-        if self.uses_dtype(DType::F16) {
-            self.line(0, "#include <cuda_fp16.h>");
-        }
-        self.out.push_str(prelude::MATH);
+        let types = prelude::types_and_math(self.uses_dtype(DType::BF16), self.uses_dtype(DType::F16));
+        self.out.push_str(&types);
         for (needed, text) in [
-            (self.uses_dtype(DType::BF16), prelude::BF16),
-            (self.uses_dtype(DType::F16), prelude::F16),
             (self.has_reduction(), prelude::REDUCE),
             (self.has_row_sums(), prelude::REDUCE_F64),
             (self.has(|e| matches!(e, Expr::Keep { .. })), prelude::PHILOX),

@@ -8,6 +8,26 @@
 //! overloaded on `float` (per-element code) and `double` (launch-uniform
 //! values, computed as the interpreter computes them).
 
+/// What every source starts with: the 16-bit headers it uses, [`MATH`],
+/// then the bf16/f16 loads and stores it uses.
+pub(crate) fn types_and_math(bf16: bool, f16: bool) -> String {
+    let mut s = String::new();
+    if bf16 {
+        s.push_str("#include <cuda_bf16.h>\n");
+    }
+    if f16 {
+        s.push_str("#include <cuda_fp16.h>\n");
+    }
+    s.push_str(MATH);
+    if bf16 {
+        s.push_str(BF16);
+    }
+    if f16 {
+        s.push_str(F16);
+    }
+    s
+}
+
 /// Always included: math and scalar f32/integer loads and stores.
 pub(crate) const MATH: &str = r#"
 __device__ __forceinline__ float zp_exp(float x) { return expf(x); }

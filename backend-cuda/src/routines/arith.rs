@@ -13,7 +13,7 @@
 //! elements; either cuts long sums into chunks ([`SumTo::chunks`]) to fill
 //! the GPU, added in a fixed order by a second kernel.
 
-use super::layout::{Axis, MAX_DIMS, Strided, merge, padded, strides};
+use super::layout::{Axis, MAX_DIMS, Strided, merge, strided, strides};
 
 /// A broadcast's index space over the output (`src`: a's strides, `dst`:
 /// b's), in elements, or in fours along the innermost axis when `vec4`.
@@ -42,17 +42,6 @@ pub struct SumTo {
 
 fn too_many(what: &str, rank: usize) -> String {
     format!("a {what} of {rank} axes after merging, over the kernels' {MAX_DIMS}")
-}
-
-fn space(axes: &[Axis]) -> Strided {
-    Strided {
-        size: padded(axes.iter().map(|a| a.size)),
-        src: padded(axes.iter().map(|a| a.src)),
-        dst: padded(axes.iter().map(|a| a.dst)),
-        count: axes.iter().map(|a| a.size as i64).product(),
-        rank: axes.len() as i32,
-        pad: 0,
-    }
 }
 
 /// `shape`'s strides when broadcast to `out` rank: 0 along its length-1
@@ -102,7 +91,7 @@ pub fn broadcast(
         let n = axes.len() - 1;
         axes[n] = Axis { size: last.size / 4, src: last.src * 4, dst: last.dst * 4 };
     }
-    Ok(Some(Broadcast { dims: space(&axes), vec4 }))
+    Ok(Some(Broadcast { dims: strided(&axes), vec4 }))
 }
 
 /// Threads a sum aims to keep busy per multiprocessor (a Hopper SM's whole
@@ -145,7 +134,7 @@ pub fn sum_to(x_shape: &[usize], shape: &[usize], multiprocessors: u32) -> Resul
             return Err(too_many(what, axes.len()));
         }
     }
-    let (keep, reduce) = (space(&keep), space(&reduce));
+    let (keep, reduce) = (strided(&keep), strided(&reduce));
     let (m, r) = (keep.count as u64, reduce.count as u64);
     let sms = u64::from(multiprocessors.max(1));
     let (workers, min) = if rows {

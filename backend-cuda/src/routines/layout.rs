@@ -127,6 +127,18 @@ fn too_many(rank: usize) -> String {
 }
 
 /// Up to [`MAX_DIMS`] values, the rest 0.
+/// The kernels' index space over merged `axes`.
+pub(super) fn strided(axes: &[Axis]) -> Strided {
+    Strided {
+        size: padded(axes.iter().map(|a| a.size)),
+        src: padded(axes.iter().map(|a| a.src)),
+        dst: padded(axes.iter().map(|a| a.dst)),
+        count: axes.iter().map(|a| a.size as i64).product(),
+        rank: axes.len() as i32,
+        pad: 0,
+    }
+}
+
 pub(super) fn padded(values: impl Iterator<Item = usize>) -> [i64; MAX_DIMS] {
     let mut out = [0; MAX_DIMS];
     for (o, v) in out.iter_mut().zip(values) {
@@ -169,14 +181,7 @@ pub fn copy(axes: &[Axis], elem: u32, src: u64, dst: u64) -> Result<Option<Copy>
             a.dst /= f;
         }
     }
-    let dims = Strided {
-        size: padded(axes.iter().map(|a| a.size)),
-        src: padded(axes.iter().map(|a| a.src)),
-        dst: padded(axes.iter().map(|a| a.dst)),
-        count: axes.iter().map(|a| a.size as i64).product(),
-        rank: axes.len() as i32,
-        pad: 0,
-    };
+    let dims = strided(&axes);
     Ok(Some(Copy { unit: unit as u32, dims }))
 }
 

@@ -335,19 +335,7 @@ impl Routine {
         let dtypes = self.dtypes();
         let uses = |d: DType| dtypes.contains(&d);
         let mut s = format!("// zeroplan routine {:?}.\n", self);
-        if uses(DType::BF16) {
-            s.push_str("#include <cuda_bf16.h>\n");
-        }
-        if uses(DType::F16) {
-            s.push_str("#include <cuda_fp16.h>\n");
-        }
-        s.push_str(prelude::MATH);
-        if uses(DType::BF16) {
-            s.push_str(prelude::BF16);
-        }
-        if uses(DType::F16) {
-            s.push_str(prelude::F16);
-        }
+        s.push_str(&prelude::types_and_math(uses(DType::BF16), uses(DType::F16)));
         s.push_str("\n// ── This specialisation ──\n");
         for (name, ty) in types {
             s.push_str(&format!("typedef {ty} {name};\n"));
