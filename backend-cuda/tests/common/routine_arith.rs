@@ -188,19 +188,17 @@ pub fn scalar_cases(out: &mut Vec<Case>) {
     }
     for (good, finite) in [(3.0, 1.0), (1999.0, 1.0), (500.0, 0.0)] {
         let mut b = Builder::default();
-        let (scale, g, f) =
-            (scalar(&mut b, DType::F32, 65536.0), scalar(&mut b, DType::F32, good), scalar(&mut b, DType::F32, finite));
-        let instr = Instr::LossScaleUpdate {
-            scale,
-            good: g,
-            finite: f,
-            interval: 2000,
-            growth: 2.0,
-            backoff: 0.5,
-            outs: [scale, g],
-        };
+        let instr = loss_scale_update(&mut b, 65536.0, good, finite);
         out.push(b.case(format!("loss_scale_update after {good}, finite {finite}"), instr, Check::Exact));
     }
+}
+
+/// fp16's dynamic loss-scale update (interval 2000, ×2 growth, ×½ backoff)
+/// of f32 scalars, in place.
+fn loss_scale_update(b: &mut Builder, scale: f64, good: f64, finite: f64) -> Instr<()> {
+    let (scale, good, finite) =
+        (scalar(b, DType::F32, scale), scalar(b, DType::F32, good), scalar(b, DType::F32, finite));
+    Instr::LossScaleUpdate { scale, good, finite, interval: 2000, growth: 2.0, backoff: 0.5, outs: [scale, good] }
 }
 
 /// The new families' cases the comparison must catch.
@@ -214,17 +212,7 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
     let o = b.output(DType::I32, 9, 0);
     let cast = b.case("cast F32 → I32 beyond i32".into(), Instr::Cast { x, out: o }, Check::Exact);
     let mut b = Builder::default();
-    let (scale, g, f) =
-        (scalar(&mut b, DType::F32, 1024.0), scalar(&mut b, DType::F32, 1999.0), scalar(&mut b, DType::F32, 1.0));
-    let instr = Instr::LossScaleUpdate {
-        scale,
-        good: g,
-        finite: f,
-        interval: 2000,
-        growth: 2.0,
-        backoff: 0.5,
-        outs: [scale, g],
-    };
+    let instr = loss_scale_update(&mut b, 1024.0, 1999.0, 1.0);
     let grow = b.case("loss_scale_update reaching the interval".into(), instr, Check::Exact);
     let mut b = Builder::default();
     let (p, t) = (b.floats(r, DType::F32, 700, 2.0, 0), b.floats(r, DType::F32, 700, 2.0, 0));
