@@ -1,4 +1,5 @@
-//! Running a compiled kernel: rows split into fixed chunks, chunks on rayon's
+//! Running a compiled kernel: rows longer than a chunk split into shorter
+//! ones where the body allows, rows grouped into fixed chunks, chunks on rayon's
 //! threads when the kernel is big enough, cross-row outputs summed from
 //! per-chunk partials.
 //!
@@ -11,6 +12,7 @@
 use rayon::prelude::*;
 use zeroplan_ir::DType;
 use zeroplan_ir::kernel::layout::Layout;
+use zeroplan_ir::kernel::{Kernel, MAX_SPLIT_ROW, split_row_length};
 
 use super::codegen::Entry;
 
@@ -37,6 +39,19 @@ pub(crate) fn chunk_rows(layout: &Layout) -> usize {
     let elements = CHUNK_ELEMENTS.max(cross_len.saturating_mul(4));
     let rows = elements.div_ceil(layout.width.max(1)).max(1);
     if cross_len > 0 { rows.max(layout.rows.div_ceil(MAX_CROSS_ROW_CHUNKS)) } else { rows }
+}
+
+/// `kernel` over `dims` with its rows split into rows of at most
+/// [`MAX_SPLIT_ROW`] elements, and the split dims, when a row is longer than
+/// a chunk and the body allows ([`Kernel::split_row`]): one row is one
+/// chunk, so an optimizer step over a flat parameter group would run on one
+/// thread.
+pub(crate) fn split_long_rows(kernel: &Kernel, dims: &[usize]) -> Option<(Kernel, Vec<usize>)> {
+    let &width = dims.last()?;
+    if width <= CHUNK_ELEMENTS {
+        return None;
+    }
+    kernel.split_row(dims, split_row_length(width, MAX_SPLIT_ROW)?)
 }
 
 /// Raw pointers for the worker threads.

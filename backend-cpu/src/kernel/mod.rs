@@ -109,6 +109,8 @@ impl KernelCompiler {
         }
         let name = kernel.name.clone();
         kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
+        let split = launch::split_long_rows(kernel, dims);
+        let (kernel, dims) = split.as_ref().map_or((kernel, dims), |(k, d)| (k, d.as_slice()));
         let layout =
             Layout::bind(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
         let (module, entry) = codegen::generate(kernel, &layout)

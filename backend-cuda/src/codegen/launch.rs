@@ -1,6 +1,8 @@
 //! The launch shape of a generated kernel, from its layout and the device's
 //! properties: plain data, so it is computed and tested without a GPU.
 //!
+//! - **Rows**: a kernel with too few rows to fill the GPU has its rows
+//!   split where its body allows (an optimizer step over one flat group).
 //! - **Block**: one block per row; enough warps that each thread takes one
 //!   vector step of the row (rounded up to a whole warp), at most
 //!   [`MAX_THREADS`] (longer rows loop).
@@ -13,6 +15,7 @@
 //!   only, so the partial sums are added in the same order on every run.
 
 use zeroplan_ir::kernel::layout::Layout;
+use zeroplan_ir::kernel::{Kernel, MAX_SPLIT_ROW, split_row_length};
 
 use super::vector::VectorSteps;
 
@@ -60,6 +63,28 @@ pub const CROSS_ROW_BLOCKS_PER_SM: u32 = 2;
 pub const SCRATCH_BYTES: usize = 256 << 20;
 /// Threads per block of the kernel that adds the partial sums up.
 pub const FINISH_THREADS: u32 = 256;
+
+/// Rows under this many multiprocessors' worth leave the GPU idle: a kernel
+/// with fewer rows gets its rows split when its body allows.
+pub const SPLIT_BELOW_ROWS_PER_SM: usize = 4;
+
+/// `kernel` over `dims` with each row split into rows of at most
+/// [`MAX_SPLIT_ROW`] elements, and the split dims, when it has fewer than
+/// [`SPLIT_BELOW_ROWS_PER_SM`] rows per multiprocessor and its body allows
+/// ([`Kernel::split_row`]): an optimizer step over one flat parameter group
+/// is one row, which one block would sweep alone. `None` otherwise.
+pub(crate) fn split_long_rows(
+    kernel: &Kernel,
+    dims: &[usize],
+    device: &DeviceProperties,
+) -> Option<(Kernel, Vec<usize>)> {
+    let (&width, outer) = dims.split_last()?;
+    let rows: usize = outer.iter().product();
+    if rows >= SPLIT_BELOW_ROWS_PER_SM * device.multiprocessors as usize {
+        return None;
+    }
+    kernel.split_row(dims, split_row_length(width, MAX_SPLIT_ROW)?)
+}
 
 /// How to launch one generated kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]

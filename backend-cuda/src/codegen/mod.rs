@@ -105,7 +105,9 @@ pub struct GeneratedKernel {
 pub fn generate(kernel: &Kernel, dims: &[usize], device: &DeviceProperties) -> Result<GeneratedKernel, CodegenError> {
     let name = kernel.name.clone();
     kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
-    let layout = Layout::bind(kernel, dims).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
+    let split = launch::split_long_rows(kernel, dims, device);
+    let (kernel, bound) = split.as_ref().map_or((kernel, dims), |(k, d)| (k, d.as_slice()));
+    let layout = Layout::bind(kernel, bound).map_err(|message| CodegenError::Dims { kernel: name.clone(), message })?;
     let has_reduction = kernel.body.iter().any(|e| matches!(e, Expr::ReduceSum(_) | Expr::ReduceMax(_)));
     let vectors = vector::VectorSteps::of(&layout);
     let launch = launch::launch_config(&layout, vectors, device, has_reduction)

@@ -71,6 +71,37 @@ fn a_single_row_uses_vectors_and_a_scalar_tail() {
     assert!(g.source.contains("for (long long col = 1000 + threadIdx.x; col < 1001; col += 256)"), "{}", g.source);
 }
 
+/// `Σ g²` and `2g` over a flat `[n]` buffer (a parameter group's gradient).
+fn flat(n: u64) -> Kernel {
+    let dims = [Dim::from(n)];
+    let mut k = KernelBuilder::new("flat", Shape::new(dims.iter().cloned()));
+    let g = k.load("g", ty(&dims, DType::BF16), vec![0]);
+    let sq = k.binary(Binary::Mul, g, g);
+    let two = k.constant(2.0);
+    let doubled = k.binary(Binary::Mul, g, two);
+    k.store("doubled", ty(&dims, DType::F32), doubled);
+    k.store_sum("sq", ty(&[], DType::F32), vec![], sq);
+    k.finish().unwrap()
+}
+
+#[test]
+fn one_long_row_is_split_over_the_gpu() {
+    let g = generate(&flat(7_077_888), &[7_077_888], &DeviceProperties::H100_SXM).unwrap();
+    // [1728, 4096]: the partial sums cap the grid at 2 blocks per SM (264),
+    // so 7 rows a block, 247 blocks.
+    assert_eq!((g.launch.grid, g.launch.rows_per_block, g.launch.block), (247, 7, 256));
+    assert_eq!(g.dims, [7_077_888]);
+    assert_eq!((g.inputs[0].len, g.outputs[0].len, g.outputs[1].len), (7_077_888, 7_077_888, 1));
+    // A short row stays whole, and so does a row its body reduces.
+    let g = generate(&flat(6000), &[6000], &DeviceProperties::H100_SXM).unwrap();
+    assert_eq!(g.launch.grid, 1);
+    let g = generate(&centre(65_536, DType::F32, false), &[1, 65_536], &DeviceProperties::H100_SXM).unwrap();
+    assert_eq!(g.launch.grid, 1);
+    // Enough rows already (4 per SM): no split.
+    let g = generate(&centre(8192, DType::F32, true), &[528, 8192], &DeviceProperties::H100_SXM).unwrap();
+    assert_eq!(g.launch.rows_per_block, 2);
+}
+
 #[test]
 fn bad_dims_and_devices_are_errors() {
     let k = centre(64, DType::F32, false);

@@ -65,8 +65,10 @@ mod adamw;
 mod builder;
 pub mod layout;
 pub mod lower;
+mod split;
 pub use adamw::adamw_operands;
 pub use builder::KernelBuilder;
+pub use split::{MAX_SPLIT_ROW, MIN_SPLIT_ROW, split_row_length};
 
 use crate::op::GeluApproximation;
 use crate::shape::{Shape, TensorType};

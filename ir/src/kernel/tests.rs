@@ -311,3 +311,54 @@ fn layout_rejects_dims_that_do_not_fit() {
     let err = Layout::bind(&big.finish().unwrap(), &[1 << 32, 1 << 30]).unwrap_err();
     assert!(err.contains("more elements than fit"), "{err}");
 }
+
+/// `y = x·b·s` kept by dropout, `Σ x²` and the per-column `Σ x` over
+/// `[2, 12]`.
+fn splittable() -> Kernel {
+    let mut k = KernelBuilder::new("split", shape![2, 12]);
+    let x = k.load("x", f32t(shape![2, 12]), vec![0, 1]);
+    let b = k.load("b", f32t(shape![12]), vec![1]);
+    let s = k.load("s", f32t(shape![]), vec![]);
+    let xb = k.binary(Binary::Mul, x, b);
+    let y = k.binary(Binary::Mul, xb, s);
+    let keep = k.push(Expr::Keep { p: 0.5, stream: 1 });
+    let zero = k.constant(0.0);
+    let kept = k.select(keep, y, zero);
+    let x2 = k.binary(Binary::Mul, x, x);
+    k.store("y", f32t(shape![2, 12]), kept);
+    k.store_sum("sq", f32t(shape![]), vec![], x2);
+    k.store_sum("col", f32t(shape![12]), vec![1], x);
+    k.finish().unwrap()
+}
+
+#[test]
+fn a_split_row_computes_the_same_function() {
+    let kernel = splittable();
+    let (split, dims) = kernel.split_row(&[2, 12], 4).unwrap();
+    split.check().unwrap();
+    assert_eq!(dims, [2, 3, 4]);
+    assert_eq!(split.shape, shape![2, 3, 4]);
+    assert_eq!(split.inputs[1].axes, [1, 2]);
+    assert_eq!(split.inputs[2].axes, Vec::<usize>::new());
+    assert_eq!(split.outputs[2].ty.shape, shape![3, 4]);
+    let xs: Vec<f64> = (0..24).map(|i| (i * 5 % 7) as f64 - 2.5).collect();
+    let bs: Vec<f64> = (0..12).map(|i| 0.25 * i as f64 - 1.0).collect();
+    let whole = run(&kernel, vec![t(vec![2, 12], &xs), t(vec![12], &bs), t(vec![], &[1.5])]);
+    let parts = run(&split, vec![t(vec![2, 3, 4], &xs), t(vec![3, 4], &bs), t(vec![], &[1.5])]);
+    // Same elements in the same row-major order: equal to the bit, dropout
+    // included (it hashes the row-major index).
+    assert_eq!(whole, parts);
+    assert!(whole[0].iter().any(|&v| v == 0.0) && whole[0].iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn rows_that_depend_on_the_whole_row_are_not_split() {
+    assert!(bias_layer_norm().split_row(&[2, 4], 2).is_none());
+    assert!(splittable().split_row(&[2, 12], 5).is_none());
+    assert_eq!(split_row_length(7_077_888, MAX_SPLIT_ROW), Some(4096));
+    // 23,835,648 = 2¹⁰·3·7759: no multiple of 8 between 2048 and 4096 divides it.
+    assert_eq!(split_row_length(23_835_648, MAX_SPLIT_ROW), Some(3072));
+    assert_eq!(split_row_length(4096, MAX_SPLIT_ROW), None);
+    // A prime width has no divisor to split at.
+    assert_eq!(split_row_length(1_000_003, MAX_SPLIT_ROW), None);
+}
