@@ -13,9 +13,9 @@
 //! as it was. Shapes are odd, rows misaligned, dtypes every storage type
 //! the host routine takes; the grid is capped at one multiprocessor's 8
 //! blocks, so blocks loop. Mutated kernels (a tile read transposed, the
-//! maximum not subtracted from large logits, ignored rows counted, a chain
-//! that does not know its first position, a subtraction's operands swapped,
-//! a four-wide load's first element repeated, a sum's first chunk dropped,
+//! maximum not subtracted from large logits, ignored rows counted, every
+//! position the head of its own list, a subtraction's operands swapped, a
+//! four-wide load's first element repeated, a sum's first chunk dropped,
 //! a float saturated into i32 where the host wraps its i64, a loss scale's
 //! count not advanced) must fail. Without g++ the test
 //! says SKIPPED and passes.

@@ -1,24 +1,32 @@
 // ── Embedding's adjoint: out = 0, then out[ids[i]] += dy[i] ────────────────
 // Deterministic, and the host's sums to the bit: each table row's sum runs
 // in f64 over its positions in increasing order, rounded once to f32 (then
-// to the output's dtype). No atomics:
-// $NAME_chain: per position i, next[i] = the next position with the same id
-//   (−1 at its last) and first[i] = 1 where no earlier position has it, the
-//   ids read through shared memory a block's width at a time;
-// $NAME_sum: one block per first position walks its chain, each thread
-//   summing its columns, and writes the table row.
+// to the output's dtype). No atomics. The positions are first sorted by id
+// (stable), so the sums read them from a list rather than walking a chain:
+// a table row named by 2,048 positions (BERT's token types) would otherwise
+// cost 2,048 dependent loads per column.
+// $NAME_rank: per position i, rank[i] = how many earlier positions have its
+//   id, count[i] = how many positions have it, head[i] = the first of them
+//   (all −1/0 for an id that adds nothing), the ids read through shared
+//   memory a block's width at a time;
+// $NAME_offsets: one block; at each head position, where its id's list
+//   starts: the counts of the earlier heads, summed (an exclusive scan);
+// $NAME_order: order[offset[head[i]] + rank[i]] = i;
+// $NAME_sum: per head position and block-wide column chunk, each thread sums
+//   its column over the id's list and writes the table row.
 // The output is zeroed before (a fill): rows no id names stay 0. Ids of −1
 // (another rank's rows) and ids past the table add nothing.
-extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_chain(
-    const zp_id_t* __restrict__ ids, long long n, long long rows, int* __restrict__ next, int* __restrict__ first)
+extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_rank(
+    const zp_id_t* __restrict__ ids, long long n, long long rows, int* __restrict__ rank, int* __restrict__ count,
+    int* __restrict__ head)
 {
   __shared__ long long tile[ZP_ROUTINE_THREADS];
   for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += zp_step()) {
     const long long i = base + threadIdx.x;
     const long long id = i < n ? (long long)ids[i] : -1;
     const bool valid = i < n && id >= 0 && id < rows;
-    long long after = -1;
-    bool is_first = valid;
+    int before = 0, total = 0;
+    long long first = i;
     for (long long t = 0; t < n; t += blockDim.x) {
       __syncthreads();
       if (t + threadIdx.x < n) tile[threadIdx.x] = (long long)ids[t + threadIdx.x];
@@ -28,28 +36,64 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_chain(
       for (long long k = 0; k < m; ++k) {
         if (tile[k] != id) continue;
         const long long j = t + k;
-        if (j < i) is_first = false;
-        else if (j > i && after < 0) after = j;
+        if (j < i && before++ == 0) first = j;
+        ++total;
       }
     }
     if (i < n) {
-      next[i] = (int)after;
-      first[i] = is_first ? 1 : 0;
+      rank[i] = valid ? before : -1;
+      count[i] = valid ? total : 0;
+      head[i] = valid ? (int)first : -1;
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_sum(
-    const zp_dy_t* __restrict__ dy, const zp_id_t* __restrict__ ids, const int* __restrict__ next,
-    const int* __restrict__ first, long long n, long long width, zp_out_t* __restrict__ out)
+extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_offsets(
+    const int* __restrict__ rank, const int* __restrict__ count, long long n, int* __restrict__ offset)
 {
-  for (long long i = blockIdx.x; i < n; i += gridDim.x) {
-    if (!first[i]) continue;
-    const long long id = (long long)ids[i];
-    for (long long c = threadIdx.x; c < width; c += blockDim.x) {
-      double acc = 0.0;
-      for (long long j = i; j >= 0; j = next[j]) acc += (double)zp_ld(dy + j * width + c);
-      zp_st(out + id * width + c, (float)acc);
+  __shared__ int scan[ZP_ROUTINE_THREADS];
+  int carry = 0;
+  for (long long base = 0; base < n; base += blockDim.x) {
+    const long long i = base + threadIdx.x;
+    const int own = i < n && rank[i] == 0 ? count[i] : 0;
+    scan[threadIdx.x] = own;
+    __syncthreads();
+    for (unsigned d = 1; d < blockDim.x; d <<= 1) {
+      const int add = threadIdx.x >= d ? scan[threadIdx.x - d] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
     }
+    if (i < n) offset[i] = carry + scan[threadIdx.x] - own;
+    carry += scan[blockDim.x - 1];
+    __syncthreads();
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_order(
+    const int* __restrict__ rank, const int* __restrict__ head, const int* __restrict__ offset, long long n,
+    int* __restrict__ order)
+{
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += zp_step()) {
+    if (rank[i] >= 0) order[offset[head[i]] + rank[i]] = (int)i;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_sum(
+    const zp_dy_t* __restrict__ dy, const zp_id_t* __restrict__ ids, const int* __restrict__ rank,
+    const int* __restrict__ count, const int* __restrict__ offset, const int* __restrict__ order, long long n,
+    long long width, zp_out_t* __restrict__ out)
+{
+  const long long chunks = (width + blockDim.x - 1) / blockDim.x;
+  for (long long b = blockIdx.x; b < n * chunks; b += gridDim.x) {
+    const long long i = b / chunks;
+    const long long c = (b % chunks) * blockDim.x + threadIdx.x;
+    if (rank[i] != 0 || c >= width) continue;
+    const int* list = order + offset[i];
+    const int positions = count[i];
+    double acc = 0.0;
+#pragma unroll 4
+    for (int k = 0; k < positions; ++k) acc += (double)zp_ld(dy + (long long)list[k] * width + c);
+    zp_st(out + (long long)ids[i] * width + c, (float)acc);
   }
 }

@@ -217,7 +217,7 @@ impl Routine {
             Routine::Arange { .. } => (include_str!("arange.cu"), &[""]),
             Routine::Scale { .. } => (include_str!("scale.cu"), &[""]),
             Routine::Embedding { .. } => (include_str!("embedding.cu"), &[""]),
-            Routine::EmbeddingGrad { .. } => (include_str!("embedding_grad.cu"), &["chain", "sum"]),
+            Routine::EmbeddingGrad { .. } => (include_str!("embedding_grad.cu"), &["rank", "offsets", "order", "sum"]),
             Routine::CrossEntropy { .. } => (include_str!("cross_entropy.cu"), &["rows", "mean"]),
             Routine::CrossEntropyGrad { .. } => (include_str!("cross_entropy_grad.cu"), &["count", "rows"]),
             Routine::Broadcast { .. } => (include_str!("broadcast.cu"), &["", "vec4"]),

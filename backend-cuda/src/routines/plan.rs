@@ -11,7 +11,7 @@ use zeroplan_ir::{DType, Place};
 use super::alibi::{MAX_HEADS, Slopes};
 use super::arith;
 use super::layout::{self, Piece, Strided, Tiled, Transpose};
-use super::{Routine, grid, grid_for};
+use super::{Routine, THREADS, grid, grid_for};
 use crate::codegen::DeviceProperties;
 
 /// One argument of a launch, in the kernel's parameter order.
@@ -502,31 +502,39 @@ impl Planner<'_> {
         self.launch(Routine::Embedding { unit: unit as u32, ids: ids.dtype }, 0, grid, args);
     }
 
-    /// The table zeroed, then each named row summed along its chain of
-    /// positions (`next` and `first` in the partials).
+    /// The table zeroed, then the positions sorted by id (`rank`, `count`,
+    /// `head`, `offset` and `order`, `n` ints each, in the partials) and
+    /// each named row summed over its list of positions.
     fn embedding_grad(&mut self, dy: Buf, ids: Buf, width: usize, out: Buf) -> Result<(), String> {
         self.fill(self.ptr(&out), out.bytes(), &[0])?;
         if width == 0 || ids.len == 0 {
             return Ok(());
         }
         let n = ids.len as u64;
-        let first = (n * 4).next_multiple_of(8);
-        self.scratch((first + n * 4) as usize);
+        let ints = (n * 4).next_multiple_of(8);
+        let [rank, count, head, offset, order] = [0, 1, 2, 3, 4].map(|k| Arg::Scratch(k * ints));
+        self.scratch((5 * ints) as usize);
         let r = Routine::EmbeddingGrad { dy: dy.dtype, ids: ids.dtype, out: out.dtype };
         let pids = self.ptr(&ids);
-        let rows = (out.len / width) as i64;
-        let args = vec![Arg::Ptr(pids), Arg::I64(n as i64), Arg::I64(rows), Arg::Scratch(0), Arg::Scratch(first)];
+        let (len, rows) = (Arg::I64(n as i64), Arg::I64((out.len / width) as i64));
+        let args = vec![Arg::Ptr(pids), len, rows, rank, count, head];
         self.launch(r, 0, grid_for(n, self.device), args);
+        self.launch(r, 1, 1, vec![rank, count, len, offset]);
+        let args = vec![rank, head, offset, len, order];
+        self.launch(r, 2, grid_for(n, self.device), args);
+        let chunks = width.div_ceil(THREADS as usize) as u64;
         let args = vec![
             Arg::Ptr(self.ptr(&dy)),
             Arg::Ptr(pids),
-            Arg::Scratch(0),
-            Arg::Scratch(first),
-            Arg::I64(n as i64),
+            rank,
+            count,
+            offset,
+            order,
+            len,
             Arg::I64(width as i64),
             Arg::Ptr(self.ptr(&out)),
         ];
-        self.launch(r, 1, grid(n, self.device), args);
+        self.launch(r, 3, grid(n * chunks, self.device), args);
         Ok(())
     }
 }

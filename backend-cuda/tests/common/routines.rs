@@ -226,6 +226,8 @@ pub fn embedding_cases(r: &mut Random, out: &mut Vec<Case>) {
         (DType::BF16, DType::BF16, DType::I32, 40, 16, 33),
         (DType::BF16, DType::F32, DType::I64, 3, 300, 20),
         (DType::F16, DType::F16, DType::I64, 50, 8, 12),
+        // Token types: two rows, each named by hundreds of positions.
+        (DType::BF16, DType::BF16, DType::I64, 2, 24, 600),
     ] {
         let mut b = Builder::default();
         let dy = b.floats(r, dy_dtype, n * width, 1.0, 1);
@@ -304,7 +306,7 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
             "if (zp_counted((long long)labels[r], classes, ignore_index)) {",
             "if (true) {",
         ),
-        mutated(eg, "every position first", "if (j < i) is_first = false;", "if (false) is_first = false;"),
+        mutated(eg, "every position the head of its own list", "first = j;", "first = i;"),
     ]
     .into_iter()
     .chain(super::routine_arith::mutations(r))

@@ -33,7 +33,9 @@
 //! aligned or overlapping the GEMM's buffers, a batched product (cuBLASLt's
 //! limit), and any instruction between the two steps that writes dY or
 //! what the sum's kernel keeps writing, or touches `db` (the sum, moved to
-//! the matmul's step, would read or write them at the wrong time). On the GPU the heuristic at the
+//! the matmul's step, would read or write them at the wrong time), and a
+//! bias gradient longer than [`MAX_BIAS_GRAD_LEN`] (measured slow). On the
+//! GPU the heuristic at the
 //! pointers' alignments may refuse too ([`BlasLt::check`]).
 //!
 //! The sums differ from the generated kernel's in order only: cuBLASLt
@@ -56,6 +58,15 @@ use zeroplan_exec::{Instr, KernelCompile};
 /// Where cuBLASLt writes the bias gradient: at least this aligned (as the
 /// forward epilogue's bias).
 const BIAS_ALIGNMENT: usize = 16;
+
+/// The longest bias gradient taken into a GEMM. Measured on an H100
+/// (bench/RESULTS.md, 2026-11-26, bert-base bf16 batch 32 × 128): with 768
+/// and 3,072 values the weight gradient with `BGRADA` ran at 113–318
+/// TFLOP/s, as fast as without; with the MLM decoder's 30,522 it ran at 35
+/// TFLOP/s (5.4 ms) where the same product without the epilogue (its
+/// `back0` twin) runs at 219, and a separate column sum would read its
+/// 250 MB in about 0.1 ms. The bound sits between the measured points.
+const MAX_BIAS_GRAD_LEN: usize = 8192;
 
 /// A column sum over every row of one buffer, and what of its step remains
 /// once cuBLASLt computes it.
@@ -239,6 +250,10 @@ fn pair<K>(
             Some(format!(
                 "a {:?} bias gradient of a {:?} × {:?} → {:?} product (cuBLASLt writes it in the product's type)",
                 db.dtype, a.dtype, b.dtype, out.dtype
+            ))
+        } else if cols > MAX_BIAS_GRAD_LEN {
+            Some(format!(
+                "a bias gradient of {cols} values (cuBLASLt's bias-gradient GEMMs slow down past {MAX_BIAS_GRAD_LEN})"
             ))
         } else if db.offset % BIAS_ALIGNMENT != 0 {
             Some(format!("the bias gradient at byte {} is not {BIAS_ALIGNMENT}-byte aligned", db.offset))

@@ -114,6 +114,19 @@ fn bf16_tiny_bert_sums_the_same_eight_in_bf16() {
     check_plan(Precision::Bf16);
 }
 
+#[test]
+fn a_vocabulary_wide_bias_gradient_is_summed_on_its_own() {
+    let mut wide = model("tiny-bert");
+    wide.vocab_size = 9000;
+    let s = selected(&wide, &TrainingSpec { dropout: Some(0.1), ..TrainingSpec::default() });
+    let found = decisions(&s);
+    let (_, got) = found.iter().find(|(n, _)| n == "mlm.logits.back1").expect("the decoder's bias gradient");
+    let why = got[0].as_ref().unwrap_err();
+    assert!(why.contains("a bias gradient of 9000 values"), "{why}");
+    // The layers' bias gradients are still taken.
+    assert_eq!(taken(&found).len(), 7);
+}
+
 /// The options of the step named `sum` after `edit` changed the steps
 /// (given the matmul's and the sum's steps).
 fn after(
