@@ -94,8 +94,9 @@ pub trait Device: Sized + Sync {
     /// kernel, or what its step passes made of several.
     type Instr: Instruction + Sync;
 
-    /// Allocates the program's arenas at the plan's sizes and selects the
-    /// instruction of every node of `order` (the schedule).
+    /// Allocates the program's arenas at the plan's sizes, every byte zero
+    /// (the runner writes no `zeros` state), and selects the instruction of
+    /// every node of `order` (the schedule).
     fn load(
         program: &Program,
         order: &[NodeIndex],

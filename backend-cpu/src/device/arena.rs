@@ -23,13 +23,43 @@ pub struct Arena {
 unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
+/// Why an arena of `len` bytes could not be mapped, in the units and flags
+/// a user plans with: its size against this host's memory, and what shrinks
+/// it (the activations grow with the batch and the sequence; the model
+/// states shrink with ZeRO-3 and offload).
+fn too_large(len: usize, cause: &std::io::Error) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let size = len as f64 / GIB;
+    let host = match host_memory_bytes() {
+        Some(total) => format!(
+            "; this host has {:.1} GiB in all, so the arena must shrink about {:.0}×",
+            total as f64 / GIB,
+            (len as f64 / total as f64).ceil()
+        ),
+        None => String::new(),
+    };
+    format!(
+        "the plan needs a {size:.1} GiB arena and the host could not map it ({cause}){host}: \
+         lower --batch-size or --seq-len (activations), or plan ZeRO-3 or offload for the model states"
+    )
+}
+
+/// The host's physical memory (`MemTotal` of /proc/meminfo); `None` where
+/// that file is absent (not Linux) or unreadable.
+fn host_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 impl Arena {
     /// `len` zeroed bytes; an empty arena owns no allocation.
     pub fn new(len: usize) -> Result<Arena, String> {
         if len == 0 {
             return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len, _map: None });
         }
-        let mut map = MmapMut::map_anon(len).map_err(|e| format!("could not allocate an arena of {len} bytes: {e}"))?;
+        let mut map = MmapMut::map_anon(len).map_err(|e| too_large(len, &e))?;
         Ok(Arena { ptr: map.as_mut_ptr(), len, _map: Some(map) })
     }
 

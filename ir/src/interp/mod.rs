@@ -197,7 +197,7 @@ use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
 
 use crate::graph::{Graph, Phase, Value};
-use crate::op::Op;
+use crate::op::{Init, Op};
 use crate::shape::Bindings;
 use crate::tensor::Tensor;
 use pass::{Pass, Why};
@@ -325,10 +325,34 @@ impl Interpreter {
     /// one tensor rank, but the runtimes initialise through here).
     pub fn init_missing(&self, graph: &Graph, rank: InitRank, given: &State) -> Result<State, InterpError> {
         let mut state = State::new();
+        self.init_each(
+            graph,
+            rank,
+            |name, _| given.contains_key(name),
+            |name, t| {
+                state.insert(name.to_string(), t);
+                Ok::<(), InterpError>(())
+            },
+        )?;
+        Ok(state)
+    }
+
+    /// As [`Interpreter::init_missing`], one node at a time and without the
+    /// nodes `skip` names: `f` takes each initial value as it is drawn, so a
+    /// runtime writing them into its memory holds one at a time (bert-base's
+    /// states as `f64` tensors all at once are 3.5 GB), and one whose fresh
+    /// memory reads as zero skips the `zeros` states.
+    pub fn init_each<E: From<InterpError>>(
+        &self,
+        graph: &Graph,
+        rank: InitRank,
+        skip: impl Fn(&str, &Init) -> bool,
+        mut f: impl FnMut(&str, Tensor) -> Result<(), E>,
+    ) -> Result<(), E> {
         for n in topo_order(graph)? {
             let node = graph.node(n);
             let init = match &node.op {
-                Op::Param { init } | Op::State { init } if !given.contains_key(&node.name) => init,
+                Op::Param { init } | Op::State { init } if !skip(&node.name, init) => init,
                 _ => continue,
             };
             let fail = |m: String| InterpError::new(&node.name, m);
@@ -339,9 +363,9 @@ impl Interpreter {
             if self.rounding == Rounding::Native {
                 t.round_to_dtype();
             }
-            state.insert(node.name.clone(), t);
+            f(&node.name, t)?;
         }
-        Ok(state)
+        Ok(())
     }
 
     /// Evaluates every node once, all phases, in topological order. Sources:

@@ -132,8 +132,8 @@ impl TrainingSpec {
         if self.max_grad_norm.is_some_and(|n| !(n > 0.0 && n.is_finite())) {
             problem(
                 "max_grad_norm",
-                format!("max_grad_norm {:?} is not positive", self.max_grad_norm),
-                "use Some(1.0), or None",
+                format!("max_grad_norm {} is not positive", self.max_grad_norm.unwrap_or_default()),
+                "use 1.0 (`max_grad_norm: Some(1.0)` in a training spec), or `None` for no clipping",
             );
         }
         if self.micro_batches == 0 {
@@ -149,7 +149,12 @@ impl TrainingSpec {
             if !valid {
                 problem(
                     "precision",
-                    format!("loss scaling {s:?} is out of range"),
+                    format!(
+                        "loss scaling (initial_scale {}, growth_interval {}, growth {}, backoff {}) is out of range: \
+                         the scale must be positive and finite, the interval at least 1, growth at least 1 and \
+                         backoff in (0, 1)",
+                        s.initial_scale, s.growth_interval, s.growth, s.backoff
+                    ),
                     "use F16((initial_scale: 65536.0, growth_interval: 2000, growth: 2.0, backoff: 0.5))",
                 );
             }
@@ -157,8 +162,8 @@ impl TrainingSpec {
         if self.dropout.is_some_and(|p| !(0.0..1.0).contains(&p)) {
             problem(
                 "dropout",
-                format!("dropout {:?} is not a probability in [0, 1)", self.dropout),
-                "use Some(0.1), Some(0.0) to disable, or None",
+                format!("dropout {} is not a probability in [0, 1)", self.dropout.unwrap_or_default()),
+                "use 0.1, or 0 to turn dropout off (`dropout: Some(0.1)` in a training spec, `--dropout 0.1` on the command line)",
             );
         }
         if problems.is_empty() { Ok(()) } else { Err(problems) }

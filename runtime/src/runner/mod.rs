@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use zeroplan_ir::interp::{Feeds, InitRank, Interpreter, Rounding, State, StepOutputs};
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Place, Tensor, Value};
+use zeroplan_ir::{Bindings, Graph, Init, NodeIndex, Op, Phase, Place, Tensor, Value};
 
 /// The arenas of a rank, in `Runner::high_water`'s order.
 const PLACES: [Place; 2] = [Place::Device, Place::Host];
@@ -239,8 +239,15 @@ impl<D: Device> Runner<D> {
             )?;
         }
         let init_rank = InitRank { data: Some(rank.index as u64), tensor: Some(rank.tensor as u64) };
-        let state = Interpreter::new(Rounding::Native, seed).init_missing(&runner.program.graph, init_rank, given)?;
-        runner.set_state(&state)?;
+        // A fresh arena reads as zero (`Device::load`), so the `zeros`
+        // states (AdamW's moments, the counters) need no writing, except
+        // where the NVMe tier holds states in files it may have reused.
+        let fresh_zeros = runner.device.tier().is_none();
+        let interp = Interpreter::new(Rounding::Native, seed);
+        let skip = |name: &str, init: &Init| given.contains_key(name) || (fresh_zeros && *init == Init::Zeros);
+        interp.init_each(&runner.program.graph, init_rank, skip, |name, t| {
+            runner.set_state(&State::from([(name.to_string(), t)]))
+        })?;
         runner.set_state(given)?;
         Ok(runner)
     }
@@ -375,7 +382,7 @@ impl<D: Device> Runner<D> {
     }
 
     /// Overwrites params and states by name; each must exist and match its shape.
-    pub fn set_state(&mut self, state: &State) -> Result<(), RunError> {
+    pub fn set_state(&self, state: &State) -> Result<(), RunError> {
         let g = &self.program.graph;
         for (name, t) in state {
             let fail = |message: String| RunError::State { name: name.clone(), message };
