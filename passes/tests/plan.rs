@@ -9,6 +9,7 @@ use zeroplan_ir::DType;
 use zeroplan_ir::plan::{Offload, OffloadTo, Plan};
 use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_passes::cost::Machine;
+use zeroplan_passes::cost::nccl::{self, Collective, Fabric};
 use zeroplan_passes::cost::work::GemmShape;
 use zeroplan_passes::planner::depth::Probe;
 use zeroplan_passes::planner::evaluate::{Choice, Step};
@@ -300,13 +301,15 @@ fn gemm_efficiency_grows_with_the_shape() {
     // 132 tiles of 128×128 fill the H100's 132 SMs once; one row more
     // needs a 133rd tile and a second wave.
     assert!(eff(128 * 132 + 1, 128, 4096) < 0.6 * eff(128 * 132, 128, 4096));
-    // Across nodes the ring runs at the network's speed.
-    assert!(machine.ring_bandwidth(16) < machine.ring_bandwidth(8));
+    // Across nodes an all-reduce runs at the network's speed.
+    let fabric = Fabric::of(&machine.cluster.gpu);
+    let busbw = |span| nccl::reported_bus_gbps(Collective::AllReduce, 1e9, machine.group(span, span), &fabric);
+    assert!(busbw(16) < busbw(8));
 }
 
-/// With memory to spare, sharding only costs: ZeRO-3 gathers parameters
-/// twice more per step than stage 0 moves, and the cost model sees it;
-/// communication issued in the backward mostly hides behind compute.
+/// With memory to spare, sharding costs communication: ZeRO-3 gathers
+/// parameters twice more per step than stage 0 moves, and the cost model
+/// sees it; communication issued in the backward mostly hides behind compute.
 #[test]
 fn sharding_costs_time_when_memory_is_ample() {
     let m = model("bert-large.ron");
@@ -328,7 +331,12 @@ fn sharding_costs_time_when_memory_is_ample() {
     };
     let ((c0, p0), (c3, p3)) = (time(0), time(3));
     assert!(c3.bytes_per_step > 1.4 * c0.bytes_per_step);
-    assert!(p3.step_seconds > p0.step_seconds, "{} vs {}", p3.step_seconds, p0.step_seconds);
+    // The gathers keep NCCL busier. They hide behind compute, and AdamW
+    // over a 1/16 shard is shorter than over every parameter, so the step
+    // itself need not be slower: collectives timed as NCCL runs them cost
+    // less than the ring with a full latency per step did.
+    let busy = |p: &zeroplan_ir::plan::Predicted| p.busy_seconds["comm"];
+    assert!(busy(&p3) > 1.2 * busy(&p0), "{} vs {} s of communication", busy(&p3), busy(&p0));
     let comm = p0.busy_seconds["comm"];
     assert!(p0.stalled_seconds < 0.5 * comm, "stalled {} of {comm} s of communication", p0.stalled_seconds);
 }

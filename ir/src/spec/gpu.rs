@@ -40,8 +40,11 @@ pub struct GpuProfile {
     pub internode_gbps: f64,
     /// Host ↔ device bandwidth achieved over PCIe, per direction, GB/s.
     pub host_gbps: f64,
-    /// Latency of one collective step, µs.
-    pub collective_latency_us: f64,
+    /// Whether the node's NVSwitches reduce and multicast in the switch
+    /// (NVLink SHARP, third-generation NVSwitch: HGX/DGX H100 and H200), so
+    /// NCCL can run its NVLS algorithms; false where absent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvlink_sharp: bool,
     /// Sequential read bandwidth of the local NVMe drives of the node this
     /// GPU ships in (all drives together), GB/s; absent where the profile
     /// names no node (then `--nvme-gbps` gives it).
@@ -105,7 +108,7 @@ impl GpuProfile {
         check(non_negative(self.nvlink_gbps), "nvlink_gbps", "must not be negative");
         check(positive(self.internode_gbps), "internode_gbps", "must be positive");
         check(positive(self.host_gbps), "host_gbps", "must be positive");
-        check(non_negative(self.collective_latency_us), "collective_latency_us", "must not be negative");
+        check(!self.nvlink_sharp || self.nvlink_gbps > 0.0, "nvlink_sharp", "needs NVLink (`nvlink_gbps` > 0)");
         check(self.nvme_read_gbps.is_none_or(positive), "nvme_read_gbps", "must be positive");
         check(self.nvme_write_gbps.is_none_or(positive), "nvme_write_gbps", "must be positive");
         check(

@@ -9,18 +9,18 @@
 //!   loop needs some depth to hide its prologue: `k / (k + 64)`, which is
 //!   why attention's head-dim-64 products run at half speed).
 //! - Memory-bound kernels: their bytes at [`HBM_FRACTION`] of HBM bandwidth.
-//! - Collectives: the α-β model of a ring (Patarasuk & Yuan, 2009; Thakur
-//!   et al., 2005): `steps · α + (bytes each rank sends) / β`, with `β` the
-//!   NVLink bandwidth when the ring stays inside a node and the inter-node
-//!   bandwidth per GPU when it spans nodes (the slowest link sets a ring's
-//!   pace), and `α` the profile's per-step latency.
+//! - Collectives: NCCL's own tuning model ([`super::nccl`]): the fastest
+//!   of its algorithms (ring, tree, NVLink SHARP) and protocols (LL, LL128,
+//!   Simple) for the message's size, `latency + bytes / bandwidth`, over the
+//!   nodes the group spans.
 //! - Copies: bytes over PCIe at the profile's host bandwidth.
 //! - Host work (ZeRO-Offload's AdamW): bytes at [`HOST_BYTES_PER_SECOND`].
 //! - With offloaded states on the NVMe tier, instructions that read or
 //!   write them are timed by [`super::offload`]: the drives' share of each
 //!   GPU against PCIe and the CPU, overlapped.
 //!
-//! Every device instruction also pays [`LAUNCH_SECONDS`]. The constants are
+//! Every other device instruction also pays [`LAUNCH_SECONDS`] (NCCL's base
+//! latency already holds a collective's launch). The constants are
 //! assumptions of the model, named here so they can be calibrated against a
 //! GPU; docs/cost.md lists them with their sources.
 
@@ -28,6 +28,7 @@ use zeroplan_ir::plan::OffloadTo;
 use zeroplan_ir::spec::Cluster;
 use zeroplan_ir::{DType, Op};
 
+use super::nccl::{self, Collective, Fabric, Group};
 use super::work::{Engine, GemmShape, Work};
 
 /// Fraction of the datasheet's dense peak a large, well-shaped GEMM
@@ -89,33 +90,31 @@ impl Machine {
             Engine::Copy => LAUNCH_SECONDS + work.bytes / (gpu.host_gbps * 1e9),
             Engine::Host => work.bytes / HOST_BYTES_PER_SECOND,
             Engine::Collective => {
-                let share = super::comm::ring_share(op).unwrap_or(0.0);
-                // (ring steps, consecutive GPUs the group spans)
-                let (steps, span) = match *op {
-                    Op::AllReduce { ranks } => (2 * (ranks - 1), ranks * tensor_parallel),
-                    Op::ReduceScatter { ranks } | Op::AllGather { ranks } => (ranks - 1, ranks * tensor_parallel),
-                    Op::TensorAllReduce { ranks } => (2 * (ranks - 1), ranks),
-                    Op::SequenceAllGather { ranks, .. } | Op::SequenceReduceScatter { ranks } => (ranks - 1, ranks),
-                    _ => (0, 1),
+                // (what it computes, its ranks, the consecutive GPUs they span)
+                let (collective, ranks, span) = match *op {
+                    Op::AllReduce { ranks } => (Collective::AllReduce, ranks, ranks * tensor_parallel),
+                    Op::ReduceScatter { ranks } => (Collective::ReduceScatter, ranks, ranks * tensor_parallel),
+                    Op::AllGather { ranks } => (Collective::AllGather, ranks, ranks * tensor_parallel),
+                    Op::TensorAllReduce { ranks } => (Collective::AllReduce, ranks, ranks),
+                    Op::SequenceAllGather { ranks, .. } => (Collective::AllGather, ranks, ranks),
+                    Op::SequenceReduceScatter { ranks } => (Collective::ReduceScatter, ranks, ranks),
+                    _ => unreachable!("only collectives run on the collective engine"),
                 };
-                LAUNCH_SECONDS
-                    + steps as f64 * gpu.collective_latency_us * 1e-6
-                    + share * work.bytes / self.ring_bandwidth(span)
+                if ranks < 2 {
+                    // NCCL copies the buffer, if anything.
+                    return LAUNCH_SECONDS;
+                }
+                nccl::fastest(collective, work.bytes, self.group(ranks, span), &Fabric::of(gpu)).seconds
             }
         }
     }
 
-    /// Bytes/s per direction on the slowest link of a ring whose ranks
-    /// lie among `span` consecutive GPUs.
-    pub fn ring_bandwidth(&self, span: u64) -> f64 {
-        let gpu = &self.cluster.gpu;
-        let inside_a_node = span <= self.cluster.gpus_per_node;
-        let gbps = match (inside_a_node, gpu.nvlink_gbps > 0.0) {
-            (true, true) => gpu.nvlink_gbps,
-            (true, false) => gpu.host_gbps,
-            (false, _) => gpu.internode_gbps,
-        };
-        gbps * 1e9
+    /// The NCCL communicator of `ranks` ranks among `span` consecutive
+    /// GPUs: inside one node, or spread evenly over the nodes the span
+    /// covers (a data-parallel group strided by the tensor-parallel degree
+    /// has `gpus_per_node / tensor_parallel` ranks on each).
+    pub fn group(&self, ranks: u64, span: u64) -> Group {
+        Group { ranks, nodes: span.div_ceil(self.cluster.gpus_per_node.max(1)).clamp(1, ranks.max(1)) }
     }
 
     /// Tile, wave and short-`k` efficiency of one GEMM shape, in (0, 1].

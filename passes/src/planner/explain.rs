@@ -163,8 +163,9 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, nvme: &bool, shortfalls
 /// the figures behind it.
 pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
     let (w, r) = (&winner.predicted, &runner.predicted);
-    // Rounded to what is printed, so a tie never reads `-0.0%`.
-    let slower = (1000.0 * (1.0 - r.tokens_per_second / w.tokens_per_second)).round() / 10.0 + 0.0;
+    // Rounded to what is printed, so a tie never reads `-0.0%`; a runner-up
+    // up to 0.1% faster ties with the winner (`planner::faster`) and reads 0.0%.
+    let slower = ((1000.0 * (1.0 - r.tokens_per_second / w.tokens_per_second)).round() / 10.0).max(0.0);
     let mut reasons = Vec::new();
     let compute = |p: &zeroplan_ir::plan::Predicted| p.busy_seconds.get("compute").copied().unwrap_or(0.0);
     if compute(r) > compute(w) + 0.01 * w.step_seconds {
