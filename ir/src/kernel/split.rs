@@ -37,7 +37,7 @@ impl Kernel {
     pub fn split_row(&self, dims: &[usize], chunk: usize) -> Option<(Kernel, Vec<usize>)> {
         let rank = self.shape.rank();
         let width = *dims.last()?;
-        if !self.row_splittable() || chunk == 0 || width % chunk != 0 || dims.len() != rank {
+        if !self.row_splittable() || chunk == 0 || !width.is_multiple_of(chunk) || dims.len() != rank {
             return None;
         }
         let split = [Dim::constant((width / chunk) as u64), Dim::constant(chunk as u64)];
@@ -69,6 +69,6 @@ pub fn split_row_length(width: usize, max: usize) -> Option<usize> {
     if width < 2 * max {
         return None;
     }
-    let candidates = || (MIN_SPLIT_ROW..=max).rev().filter(|c| width % c == 0);
+    let candidates = || (MIN_SPLIT_ROW..=max).rev().filter(|&c| width.is_multiple_of(c));
     candidates().find(|c| c % 8 == 0).or_else(|| candidates().next())
 }
