@@ -118,7 +118,10 @@ fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error
     s.serialize_f64(d.as_secs_f64() * 1e3)
 }
 
-/// Runs `passes` in order over `graph`, verifying after each.
+/// Runs `passes` in order over `graph`, verifying after each in debug builds
+/// (so tests name the pass that broke the graph) and after the last in
+/// release builds: verifying after every pass took 17% of a planner search
+/// that compiles 1,446 programs (transformer-100t's nothing-fits answer).
 pub fn run_passes(
     mut graph: Graph,
     passes: &[&dyn Pass],
@@ -144,10 +147,17 @@ pub fn run_passes(
         let start = Instant::now();
         graph = pass.run(graph, cx)?;
         let time = start.elapsed();
-        graph.verify().map_err(|error| PassError::Verify { pass: name, error })?;
+        if cfg!(debug_assertions) {
+            graph.verify().map_err(|error| PassError::Verify { pass: name, error })?;
+        }
         dump(&graph, index, name, &cx.options)?;
         let stats = std::mem::take(&mut cx.stats);
         records.push(PassRecord { name, ran: true, time, nodes_before, nodes_after: graph.node_count(), stats });
+    }
+    if !cfg!(debug_assertions)
+        && let Some(last) = records.iter().rev().find(|r| r.ran)
+    {
+        graph.verify().map_err(|error| PassError::Verify { pass: last.name, error })?;
     }
     Ok((graph, records))
 }

@@ -65,24 +65,28 @@ pub fn place(intervals: &[Interval]) -> Arena {
     let mut order = owners.clone();
     order.sort_by_key(|&i| (std::cmp::Reverse(aligned(intervals[i].bytes)), intervals[i].start, i));
     let mut placed: Vec<Placement> = Vec::with_capacity(order.len());
+    // `placed` by (offset, offset + aligned bytes): the first fit walks the
+    // blocks live at the same time in address order without sorting them
+    // for every buffer (the planner places thousands of programs).
+    let mut by_address: Vec<(u64, u64, usize)> = Vec::with_capacity(order.len());
     let mut size = 0;
     for i in order {
         let bytes = aligned(intervals[i].bytes);
         let (start, stop) = (intervals[i].start, end[i]);
-        let mut conflicts: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|p| p.start <= stop && start <= p.end)
-            .map(|p| (p.offset, p.offset + aligned(p.bytes)))
-            .collect();
-        conflicts.sort_unstable();
         let mut offset = 0;
-        for (lo, hi) in conflicts {
+        for &(lo, hi, p) in &by_address {
+            let p = &placed[p];
+            if !(p.start <= stop && start <= p.end) {
+                continue;
+            }
             if offset + bytes <= lo {
                 break;
             }
             offset = offset.max(hi);
         }
         size = size.max(offset + bytes);
+        let key = (offset, offset + bytes, placed.len());
+        by_address.insert(by_address.partition_point(|&k| k < key), key);
         placed.push(Placement { interval: i, offset, bytes: intervals[i].bytes, start, end: stop });
     }
     placed.sort_by_key(|p| p.interval);
