@@ -69,6 +69,6 @@ pub fn split_row_length(width: usize, max: usize) -> Option<usize> {
     if width < 2 * max {
         return None;
     }
-    let candidates = || (MIN_SPLIT_ROW..=max).rev().filter(|c| width % c == 0);
+    let candidates = || (MIN_SPLIT_ROW..=max).rev().filter(|c| width.is_multiple_of(*c));
     candidates().find(|c| c % 8 == 0).or_else(|| candidates().next())
 }
