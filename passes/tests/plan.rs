@@ -195,8 +195,10 @@ fn nothing_fits_names_what_would() {
     };
     let mut changed = req.clone();
     if let Some(n) = figure("--gpus ") {
-        let n = n as u64;
-        (changed.cluster, changed.global_batch) = (cluster("a100-40gb", n, Some(budget)), n);
+        // As named: whole nodes of this cluster's 2 GPUs (`--nodes`).
+        let (n, nodes) = (n as u64, figure("--nodes ").map_or(1, |k| k as u64));
+        assert_eq!(n, nodes * req.cluster.gpus_per_node, "{message}");
+        (changed.cluster.nodes, changed.global_batch) = (nodes, n);
     } else if let Some(named) = figure("--memory ") {
         let least = shortfalls.iter().map(|s| s.min_peak_bytes).min().unwrap();
         let raised = (named * GIB as f64) as u64;

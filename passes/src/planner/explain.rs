@@ -125,7 +125,10 @@ pub struct SearchedOn {
 
 /// The error's text: the [`CLOSEST`] distinct choices, least memory first,
 /// each with what more GPUs or the hosts would do for it, then the single
-/// cheapest change that makes one fit ([`cheapest_change`]).
+/// cheapest change that makes one fit ([`cheapest_change`]). Choices with
+/// the same figures share a line: at micro-batch 1 the peak may be the
+/// optimizer's, which recomputation does not change, so here `recompute
+/// none = full` can name choices that would differ in time once they fit.
 pub fn nothing_fits_text(on: &SearchedOn, shortfalls: &[Shortfall]) -> String {
     let gib = |b: u64| b as f64 / GIB;
     let (budget, gpus) = (on.budget_bytes, on.gpus);
