@@ -242,9 +242,30 @@ pub struct CompileArgs {
     /// Write the plan (RON) here, atomically.
     #[arg(short, long, value_name = "PLAN.ron")]
     pub output: Option<PathBuf>,
-    /// Print the inspection as JSON.
+    /// Print the inspection as JSON (every candidate, whatever --candidates says).
     #[arg(long)]
     pub json: bool,
+    /// The candidates listed: the N fastest distinct plans (choices the search predicts as one plan on one
+    /// line, e.g. `recompute none = selective`), or `all`: every candidate searched, one line each.
+    #[arg(long, value_name = "N|all", default_value = "8", value_parser = parse_candidates)]
+    pub candidates: Candidates,
+}
+
+/// How many of a plan's candidates its text lists (`--candidates`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Candidates {
+    /// The fastest distinct plans, identical ones merged into one line.
+    Best(usize),
+    /// Every candidate the search evaluated, one line each.
+    All,
+}
+
+impl Default for Candidates {
+    /// Eight lines: the plan and its closest alternatives, without the
+    /// long tail of combinations a person does not read.
+    fn default() -> Candidates {
+        Candidates::Best(8)
+    }
 }
 
 /// The training a plan is for: the optimizer and precision.
@@ -340,6 +361,9 @@ pub struct InspectArgs {
     /// Print JSON (`strategy.*`, `memory.*`, `comm.*`, `predicted.*`, `runner_up`, `candidates`).
     #[arg(long)]
     pub json: bool,
+    /// The candidates listed: the N fastest distinct plans, or `all` (as `compile --candidates`).
+    #[arg(long, value_name = "N|all", default_value = "8", value_parser = parse_candidates)]
+    pub candidates: Candidates,
     /// List the schedule: one line per instruction with its stream and predicted start.
     #[arg(long)]
     pub timeline: bool,
@@ -664,6 +688,18 @@ fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {
 
 fn parse_offload_to(s: &str) -> Result<zeroplan_ir::plan::OffloadTo, String> {
     zeroplan_ir::plan::OffloadTo::from_name(s).ok_or_else(|| format!("`{s}` is not an offload tier: use cpu or nvme"))
+}
+
+fn parse_candidates(s: &str) -> Result<Candidates, String> {
+    match s {
+        "all" => Ok(Candidates::All),
+        _ => s
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(Candidates::Best)
+            .ok_or_else(|| format!("`{s}` is not a number of candidates: write a count such as 8, or all")),
+    }
 }
 
 /// `25,22.7` (read, write GB/s) or `25` for both.

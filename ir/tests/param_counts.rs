@@ -78,3 +78,28 @@ fn minilm_config_json_matches_its_safetensors_element_count() {
     assert_eq!(count(&from_config), checkpoint);
     assert_eq!(count(&with_head(load_model("minilm-l6.ron"), Head::Pooler)), checkpoint);
 }
+
+/// A `config.json` names its spec after the model and its size, not the
+/// folder it was saved in: `_name_or_path`, else `architectures[0]`; the
+/// folder only where the config names neither.
+#[test]
+fn a_config_json_is_named_after_its_model_and_size() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-hf-name-{}", std::process::id())).join("checkpoint-500");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.json");
+    let bert_base = r#""model_type": "bert", "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+        "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512"#;
+    let named = |fields: &str| {
+        std::fs::write(&config, format!("{{{fields}, {bert_base}}}")).unwrap();
+        spec::load(&dir).unwrap_or_else(|e| panic!("{e}")).name
+    };
+    // 109,514,298 parameters (BertForMaskedLM, above).
+    assert_eq!(named(r#""architectures": ["BertForMaskedLM"]"#), "BertForMaskedLM 110M");
+    assert_eq!(
+        named(r#""_name_or_path": "bert-base-uncased", "architectures": ["BertForMaskedLM"]"#),
+        "bert-base-uncased 110M"
+    );
+    assert_eq!(named(r#""_name_or_path": "", "architectures": ["BertModel"]"#), "BertModel 109M");
+    assert_eq!(named(r#""torch_dtype": "float32""#), "checkpoint-500");
+    std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+}

@@ -161,8 +161,10 @@ fn bad_requests_are_clear_errors() {
     assert!(e.to_string().contains("no tensor cores for bf16: use --precision f16"), "{e}");
 }
 
-/// Nothing fits: every choice is listed with its least memory, and where
-/// the error names a GPU count, planning on that many GPUs works.
+/// Nothing fits: the error keeps every choice with its least memory but
+/// lists only the 5 closest, and names one change: here the budget (the
+/// card has 40 GB), and planning with that budget works. Where a choice's
+/// GPU count is known, planning on that many GPUs works too.
 #[test]
 fn nothing_fits_names_what_would() {
     let m = model("bert-large.ron");
@@ -184,7 +186,29 @@ fn nothing_fits_names_what_would() {
         .min_by_key(|(_, n)| *n)
         .expect("some sharded choice fits on more GPUs");
     let message = plan(&req).unwrap_err().to_string();
-    assert!(message.contains(&format!("≥ {gpus} GPUs")), "{message}");
+    let listed = message.lines().filter(|l| l.starts_with("  ")).count();
+    assert!((1..=5).contains(&listed), "{message}");
+    // The one change named makes a plan fit: more GPUs, or a budget that
+    // holds the leanest choice (within the 40 GB card).
+    let change = message.lines().last().unwrap();
+    let figure = |flag: &str| -> Option<f64> {
+        change.split(flag).nth(1)?.split([' ', ':']).next()?.trim_end_matches("GiB").parse().ok()
+    };
+    let mut changed = req.clone();
+    if let Some(n) = figure("--gpus ") {
+        // As named: whole nodes of this cluster's 2 GPUs (`--nodes`).
+        let (n, nodes) = (n as u64, figure("--nodes ").map_or(1, |k| k as u64));
+        assert_eq!(n, nodes * req.cluster.gpus_per_node, "{message}");
+        (changed.cluster.nodes, changed.global_batch) = (nodes, n);
+    } else if let Some(named) = figure("--memory ") {
+        let least = shortfalls.iter().map(|s| s.min_peak_bytes).min().unwrap();
+        let raised = (named * GIB as f64) as u64;
+        assert!(raised >= least && raised <= least + GIB / 10, "{raised} against {least}: {message}");
+        changed.cluster = cluster("a100-40gb", 2, Some(raised));
+    } else {
+        panic!("names neither GPUs nor a budget: {message}");
+    }
+    assert!(plan(&changed).is_ok(), "the change named does not fit: {message}");
     assert!(gpus <= 64, "{choice}: {gpus} GPUs");
     let zero_stage = choice[5..6].parse().unwrap();
     let recompute = Policy::from_name(choice.rsplit(' ').next().unwrap()).unwrap();
@@ -387,7 +411,17 @@ fn host_memory_bounds_what_is_offloaded() {
     assert!(least > 4 * GIB, "{least}");
     assert!(shortfalls.iter().all(|s| s.host_bytes_per_node.is_some() == (s.choice.contains("offload optimizer"))));
     let message = e.to_string();
-    assert!(message.contains("over --host-memory") && message.contains("The GPUs fit, the hosts do not"), "{message}");
+    assert!(message.contains("over --host-memory") && message.contains("the GPUs fit, the hosts do not"), "{message}");
+    // The one change named, the host memory, makes a plan fit.
+    let named = message
+        .split("Cheapest change: --host-memory ")
+        .nth(1)
+        .and_then(|rest| rest.split("GiB").next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("names no host memory: {message}"));
+    let host = (named * GIB as f64) as u64;
+    assert!(host >= least, "{host} < {least}: {message}");
+    req.cluster.host_memory = Some(host);
+    assert!(plan(&req).is_ok(), "--host-memory {named}GiB does not fit: {message}");
 }
 
 /// ZeRO-Infinity's NVMe tier: where the hosts are too small for the

@@ -221,10 +221,11 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
             let some_stage = (0..=3u8).any(|s| pins.zero_stage.is_none_or(|z| z == s) && allowed(s, offload));
             prop_assert!(!some_stage, "{err}: but a stage takes offload {offload:?}");
         }
-        PlanError::NothingFits { budget_bytes, gpus, shortfalls, .. } => {
+        PlanError::NothingFits { cluster, shortfalls } => {
             prop_assert!(!bad_stage && !bad_micro_batch, "{err}: a bad pin should have been named first");
+            let budget_bytes = &cluster.budget_bytes;
             prop_assert_eq!(*budget_bytes, req.cluster.budget_bytes());
-            prop_assert_eq!(*gpus, req.cluster.world_size());
+            prop_assert_eq!(cluster.gpus, req.cluster.world_size());
             prop_assert!(!shortfalls.is_empty(), "nothing fits, and no choice is listed");
             for s in shortfalls {
                 prop_assert!(s.min_peak_bytes > *budget_bytes, "{}: its least memory fits, yet nothing fits", s.choice);

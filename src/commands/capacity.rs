@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::cli::CapacityArgs;
+use crate::cli::{Candidates, CapacityArgs};
 use crate::commands::compile::{cluster, training};
 use crate::commands::inspect;
 use crate::output::emit;
@@ -94,7 +94,7 @@ fn text(req: &Request, found: &Capacity) -> String {
         && let Some(Ok(plan)) = &found.sizes[i].full
     {
         t += "its plan:\n";
-        for line in inspect::text(plan).lines() {
+        for line in inspect::text(plan, Candidates::default()).lines() {
             t += &format!("  {line}\n");
         }
     }

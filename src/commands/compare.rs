@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::cli::CompileArgs;
+use crate::cli::{Candidates, CompileArgs};
 use crate::commands::compile::{pins, request};
 use crate::commands::inspect;
 use crate::output::emit;
@@ -69,7 +69,7 @@ pub fn run(
     if let (Some(path), Ok(given)) = (&args.output, &given) {
         emit(&given.to_ron(), Some(path))?;
     }
-    let out = if args.json { json_report(&given, &best) } else { text_report(&file, &given, &best) };
+    let out = if args.json { json_report(&given, &best) } else { text_report(&file, &given, &best, args.candidates) };
     emit(&out, None)?;
     match (&args.output, given) {
         (Some(_), Err(_)) => Err(format!("error: {file} as given has no plan: nothing written")),
@@ -126,12 +126,12 @@ fn json_report(given: &Result<Plan, String>, best: &Plan) -> String {
     format!("{}\n", serde_json::to_string_pretty(&report).expect("serialisable"))
 }
 
-fn text_report(file: &str, given: &Result<Plan, String>, best: &Plan) -> String {
+fn text_report(file: &str, given: &Result<Plan, String>, best: &Plan, shown: Candidates) -> String {
     let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let mut t = format!("DeepSpeed configuration {file}, as given:\n");
     let given = match given {
         Ok(plan) => {
-            t += &inspect::text(plan);
+            t += &inspect::text(plan, shown);
             plan
         }
         Err(e) => {

@@ -26,7 +26,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
     if let Some(path) = &args.output {
         emit(&plan.to_ron(), Some(path))?;
     }
-    let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan) };
+    let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan, args.candidates) };
     emit(&text, None)
 }
 

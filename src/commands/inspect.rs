@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::cli::InspectArgs;
+use crate::cli::{Candidates, InspectArgs};
 use crate::output::emit;
 use zeroplan_ir::DType;
 use zeroplan_ir::plan::{
@@ -12,12 +12,13 @@ use zeroplan_ir::plan::{
 use zeroplan_ir::spec::Cluster;
 use zeroplan_passes::cost::Machine;
 use zeroplan_passes::planner::evaluate::bindings;
+use zeroplan_passes::planner::explain::distinct;
 
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&args.plan).map_err(|e| format!("error: reading {}: {e}", args.plan.display()))?;
     let plan = Plan::from_ron(&text).map_err(|e| e.report(&args.plan.display().to_string()))?;
-    let mut out = if args.json { json(&plan) } else { self::text(&plan) };
+    let mut out = if args.json { json(&plan) } else { self::text(&plan, args.candidates) };
     if args.timeline {
         out += &timeline(&plan)?;
     }
@@ -79,8 +80,9 @@ fn tokens(per_second: f64) -> String {
     if per_second >= 1e6 { format!("{:.2}M", per_second / 1e6) } else { format!("{:.1}k", per_second / 1e3) }
 }
 
-/// The plan for a reader: strategy, memory, traffic, time, alternatives.
-pub fn text(plan: &Plan) -> String {
+/// The plan for a reader: strategy, memory, traffic, time, the
+/// candidates `shown`, then the runner-up and why it lost.
+pub fn text(plan: &Plan, shown: Candidates) -> String {
     let (c, w, s, m) = (&plan.cluster, &plan.workload, &plan.strategy, &plan.memory);
     let mut t = format!(
         "{} ({:.1}M parameters) on {} × {} ({} node{} × {}), budget {} per GPU\n",
@@ -163,12 +165,46 @@ pub fn text(plan: &Plan) -> String {
     );
     let busy: Vec<String> = p.busy_seconds.iter().map(|(k, v)| format!("{k} {v:.4} s")).collect();
     t += &format!("  busy: {}; compute stalled {:.4} s\n", busy.join(", "), p.stalled_seconds);
+    t += &candidates(plan, shown);
     match &plan.runner_up {
         Some(r) => t += &format!("runner-up  {}: {}\n", r.strategy, r.reason),
+        None if plan.candidates.iter().filter(|c| c.fits).count() > 1 => {
+            t += "runner-up  none: every other strategy that fits is this plan (its twins above)\n"
+        }
         None => t += "runner-up  none: no other strategy fits\n",
     }
-    t += "candidates (best micro-batch of each; peak per GPU)\n";
-    for candidate in &plan.candidates {
+    t
+}
+
+/// The candidates table: the `shown` fastest distinct plans (identical
+/// ones on one line, naming the choices they differ in), or every one.
+fn candidates(plan: &Plan, shown: Candidates) -> String {
+    let rows: Vec<(String, Vec<&Candidate>)> = match shown {
+        Candidates::All => plan.candidates.iter().map(|c| (label(c), vec![c])).collect(),
+        Candidates::Best(_) => {
+            let same_figures = |a: &Candidate, b: &Candidate| {
+                (a.fits, a.peak_bytes, a.tokens_per_second, a.states_exceed)
+                    == (b.fits, b.peak_bytes, b.tokens_per_second, b.states_exceed)
+            };
+            distinct(&plan.candidates, same_figures, label)
+        }
+    };
+    let listed = match shown {
+        Candidates::Best(n) => n.min(rows.len()),
+        Candidates::All => rows.len(),
+    };
+    let mut t = "candidates (best micro-batch of each; peak per GPU)".to_string();
+    if listed < rows.len() {
+        t += &format!(
+            ": the {listed} fastest of {} distinct plans ({} strategies searched; --candidates all lists each)",
+            rows.len(),
+            plan.candidates.len()
+        );
+    }
+    t += "\n";
+    let width = rows[..listed].iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0);
+    for (strategy, members) in &rows[..listed] {
+        let candidate = members[0];
         let speed = match candidate.tokens_per_second {
             Some(x) => format!("{} tokens/s", tokens(x)),
             None => match candidate.states_exceed {
@@ -178,25 +214,29 @@ pub fn text(plan: &Plan) -> String {
                 None => "does not fit".to_string(),
             },
         };
-        let strategy = if candidate.fits {
-            candidate.strategy.to_string()
-        } else {
-            let tp = candidate.strategy.tensor_parallel;
-            let sp = if candidate.strategy.sequence_parallel { "+SP" } else { "" };
-            let tiles = candidate.strategy.tiles;
-            format!(
-                "{}ZeRO-{} offload {} recompute {}{}",
-                if tp > 1 { format!("TP-{tp}{sp} ") } else { String::new() },
-                candidate.strategy.zero_stage,
-                candidate.strategy.offload_label(),
-                candidate.strategy.recompute,
-                if tiles > 1 { format!(" tiles {tiles}") } else { String::new() }
-            )
-        };
         let at_least = if candidate.states_exceed.is_some() { "≥ " } else { "" };
-        t += &format!("  {strategy:<72} {:>12}  {speed}\n", format!("{at_least}{}", gib(candidate.peak_bytes)));
+        t += &format!("  {strategy:<width$} {:>14}  {speed}\n", format!("{at_least}{}", gib(candidate.peak_bytes)));
     }
     t
+}
+
+/// A candidate as the table names it: its strategy, without the
+/// micro-batch where it does not fit (none was found).
+fn label(candidate: &Candidate) -> String {
+    if candidate.fits {
+        return candidate.strategy.to_string();
+    }
+    let s = &candidate.strategy;
+    let tp = s.tensor_parallel;
+    let sp = if s.sequence_parallel { "+SP" } else { "" };
+    format!(
+        "{}ZeRO-{} offload {} recompute {}{}",
+        if tp > 1 { format!("TP-{tp}{sp} ") } else { String::new() },
+        s.zero_stage,
+        s.offload_label(),
+        s.recompute,
+        if s.tiles > 1 { format!(" tiles {}", s.tiles) } else { String::new() }
+    )
 }
 
 /// Bandwidth-centric partitioning in figures, for a plan that offloads its

@@ -11,7 +11,8 @@ use std::path::Path;
 use super::error::{FieldProblem, SpecError, Syntax};
 use super::{Activation, FeedForward, Head, ModelSpec, NormPlacement, PositionEncoding, Sharing, validate};
 
-/// The spec's name for a config at `path`: its directory's name.
+/// The name of a config at `path` that names no model (neither
+/// `_name_or_path` nor `architectures`): its directory's name.
 pub fn default_name(path: &Path) -> String {
     path.parent()
         .and_then(|d| d.file_name())
@@ -20,7 +21,12 @@ pub fn default_name(path: &Path) -> String {
 }
 
 /// Reads a `config.json`'s text; `file` names it in errors.
-pub fn from_config_json(text: &str, file: &str, name: &str) -> Result<ModelSpec, SpecError> {
+///
+/// The spec is named after the model, not the folder it was saved in
+/// (`checkpoint-500`, `snapshots/3f2a…`, `out` say nothing about it): its
+/// `_name_or_path`, else `architectures[0]`, with its size ("BertForMaskedLM
+/// 110M"); `fallback` only where the config names neither.
+pub fn from_config_json(text: &str, file: &str, fallback: &str) -> Result<ModelSpec, SpecError> {
     let root: Value = serde_json::from_str(text).map_err(|e| SpecError {
         file: file.to_string(),
         diagnostics: vec![super::Diagnostic {
@@ -37,9 +43,35 @@ pub fn from_config_json(text: &str, file: &str, name: &str) -> Result<ModelSpec,
             "give a Hugging Face config.json".into(),
         ));
     };
-    let spec = Reader { config, problems: Vec::new() }.read(name).map_err(located)?;
+    let mut spec = Reader { config, problems: Vec::new() }.read(fallback).map_err(located)?;
     validate(&spec).map_err(|problems| located(problems.into_iter().map(to_json_field).collect()))?;
+    let named = config.get("_name_or_path").and_then(Value::as_str).filter(|n| !n.trim().is_empty());
+    let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+    if let Some(model) = named.or(architecture) {
+        spec.name = match parameters(&spec) {
+            Some(count) => format!("{} {}", model.trim(), size(count)),
+            None => model.trim().to_string(),
+        };
+    }
     Ok(spec)
+}
+
+/// The model's trainable parameters, from its forward graph (`None` where
+/// a valid spec still does not build, e.g. sizes past the graph's limits:
+/// the name then goes without its size).
+fn parameters(spec: &ModelSpec) -> Option<u64> {
+    let graph = crate::build::forward(spec, &crate::build::BuildOptions::default()).ok()?;
+    Some(graph.model_parameter_count())
+}
+
+/// A parameter count as model cards write it: `110M`, `4.4M`, `1.3B`.
+fn size(count: u64) -> String {
+    let (value, unit) = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")]
+        .into_iter()
+        .map(|(scale, unit)| (count as f64 / scale, unit))
+        .find(|(value, _)| *value >= 1.0)
+        .unwrap_or((count as f64, ""));
+    if value >= 10.0 { format!("{value:.0}{unit}") } else { format!("{value:.1}{unit}") }
 }
 
 /// Renames a spec field to the `config.json` key that set it, so problems

@@ -1,5 +1,7 @@
 //! Why a plan lost, and what would make one fit: the sentences a user
-//! reads before deciding how many GPUs to ask for.
+//! reads before deciding how many GPUs to ask for. Identical plans are
+//! said once ([`distinct`]): the search tries every combination, and some
+//! combinations change nothing.
 
 use std::collections::HashMap;
 use zeroplan_ir::plan::OffloadTo;
@@ -77,8 +79,14 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
             nvme_bytes_per_node,
         });
     }
-    let nvme = req.cluster.nvme.is_some();
-    Ok(PlanError::NothingFits { budget_bytes: req.cluster.budget_bytes(), gpus: world, nvme, shortfalls })
+    let cluster = SearchedOn {
+        budget_bytes: req.cluster.budget_bytes(),
+        card_bytes: req.cluster.gpu.memory_bytes(),
+        gpus: world,
+        gpus_per_node: req.cluster.gpus_per_node,
+        nvme: req.cluster.nvme.is_some(),
+    };
+    Ok(PlanError::NothingFits { cluster, shortfalls })
 }
 
 /// The GPU count at which `peak(N) = A + B/N`, fitted through `p1` at `n`
@@ -97,20 +105,53 @@ pub fn gpus_for_budget(p1: f64, p2: f64, n: u64, budget: f64, gpus_per_node: u64
     Some(if gpus > gpus_per_node { gpus.div_ceil(gpus_per_node) * gpus_per_node } else { gpus })
 }
 
-/// The error's text: one line per choice, least memory first; `nvme`:
-/// whether the nodes have an NVMe tier.
-pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, nvme: &bool, shortfalls: &[Shortfall]) -> String {
+/// How many choices the nothing-fits answer lists: the closest to fitting.
+/// The rest are further from it, and the one change named below them is
+/// what a person acts on.
+const CLOSEST: usize = 5;
+
+/// What the nothing-fits answer needs besides the shortfalls.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SearchedOn {
+    /// The per-GPU budget searched (`--memory`, else the card's).
+    pub budget_bytes: u64,
+    /// The card's whole memory: what `--memory` may rise to.
+    pub card_bytes: u64,
+    pub gpus: u64,
+    pub gpus_per_node: u64,
+    /// Whether the nodes have an NVMe tier.
+    pub nvme: bool,
+}
+
+/// The error's text: the [`CLOSEST`] distinct choices, least memory first,
+/// each with what more GPUs or the hosts would do for it, then the single
+/// cheapest change that makes one fit ([`cheapest_change`]). Choices with
+/// the same figures share a line: at micro-batch 1 the peak may be the
+/// optimizer's, which recomputation does not change, so here `recompute
+/// none = full` can name choices that would differ in time once they fit.
+pub fn nothing_fits_text(on: &SearchedOn, shortfalls: &[Shortfall]) -> String {
     let gib = |b: u64| b as f64 / GIB;
-    let mut text = format!(
-        "no strategy fits in {:.1} GiB per GPU on {gpus} GPU{}. Each choice's least memory per GPU (micro-batch 1):",
-        gib(*budget_bytes),
-        if *gpus == 1 { "" } else { "s" }
-    );
+    let (budget, gpus) = (on.budget_bytes, on.gpus);
     let mut sorted: Vec<&Shortfall> = shortfalls.iter().collect();
     sorted.sort_by_key(|s| s.min_peak_bytes);
-    for s in &sorted {
+    let same_figures = |a: &Shortfall, b: &Shortfall| {
+        (a.min_peak_bytes, a.gpus_to_fit, a.floor_bytes, a.host_bytes_per_node, a.nvme_bytes_per_node)
+            == (b.min_peak_bytes, b.gpus_to_fit, b.floor_bytes, b.host_bytes_per_node, b.nvme_bytes_per_node)
+    };
+    let groups = distinct(sorted.iter().copied(), same_figures, |s| s.choice.clone());
+    let mut text = format!(
+        "no strategy fits in {:.1} GiB per GPU on {gpus} GPU{}. The {} closest of {} choices, by least memory per GPU \
+         (micro-batch 1):",
+        gib(budget),
+        if gpus == 1 { "" } else { "s" },
+        groups.len().min(CLOSEST),
+        shortfalls.len()
+    );
+    let width = groups.iter().take(CLOSEST).map(|(choice, _)| choice.chars().count()).max().unwrap_or(0);
+    for (choice, members) in groups.iter().take(CLOSEST) {
+        let s = members[0];
         let mut more = match (s.gpus_to_fit, s.floor_bytes) {
-            _ if s.min_peak_bytes <= *budget_bytes => "fits the GPU".into(),
+            _ if s.min_peak_bytes <= budget => "fits the GPU".into(),
             (Some(n), _) => format!("fits on ≥ {n} GPUs"),
             (None, Some(floor)) => format!("more GPUs do not help: {:.1} GiB stays on each", gib(floor)),
             (None, None) => "more GPUs do not help: ZeRO-0 replicates every state".into(),
@@ -121,42 +162,141 @@ pub fn nothing_fits_text(budget_bytes: &u64, gpus: &u64, nvme: &bool, shortfalls
         if let Some(nvme) = s.nvme_bytes_per_node {
             more += &format!(", but keeps {:.1} GiB per node on NVMe, over --nvme", gib(nvme));
         }
-        text += &format!("\n  {:<50} {:>10.1} GiB   {more}", s.choice, gib(s.min_peak_bytes));
+        text += &format!("\n  {choice:<width$} {:>10.1} GiB   {more}", gib(s.min_peak_bytes));
     }
-    let offload_limited = |s: &&&Shortfall| {
-        (s.host_bytes_per_node.is_some() || s.nvme_bytes_per_node.is_some()) && s.min_peak_bytes <= *budget_bytes
+    text + "\n" + &cheapest_change(on, &sorted)
+}
+
+/// The one change that makes a choice fit, the cheapest first. Where a
+/// choice fits the GPU but not the hosts or drives, room for what it
+/// offloads costs memory or drives, not GPUs. Otherwise more GPUs of the
+/// kind there is, over which ZeRO shards the states (what it is for);
+/// only where no GPU count fits, a larger budget per GPU: `--memory` up to
+/// the card's (the budget the user set is a limit like the card's), else a
+/// larger GPU. `sorted`: least memory first.
+fn cheapest_change(on: &SearchedOn, sorted: &[&Shortfall]) -> String {
+    let gib = |b: u64| b as f64 / GIB;
+    // A size as a flag takes it: rounded up, so that it still fits.
+    let up = |b: u64| (10.0 * gib(b)).ceil() / 10.0;
+    let budget = on.budget_bytes;
+    let gpu_fits = |s: &&&Shortfall| s.min_peak_bytes <= budget;
+    let host = sorted.iter().filter(gpu_fits).filter_map(|s| Some((s.host_bytes_per_node?, s))).min_by_key(|h| h.0);
+    if let Some((bytes, s)) = host {
+        let drives = if on.nvme { "" } else { "; or an NVMe tier to hold what it offloads (--nvme SIZE)" };
+        return format!(
+            "Cheapest change: --host-memory {:.1}GiB per node: the GPUs fit, the hosts do not ({} offloads {:.1} GiB \
+             per node){drives}.",
+            up(bytes),
+            s.choice,
+            gib(bytes)
+        );
+    }
+    let drives = sorted.iter().filter(gpu_fits).filter_map(|s| Some((s.nvme_bytes_per_node?, s))).min_by_key(|d| d.0);
+    if let Some((bytes, s)) = drives {
+        return format!(
+            "Cheapest change: --nvme {:.1}GiB per node: the GPUs fit, the drives do not ({} keeps {:.1} GiB per node \
+             on NVMe).",
+            up(bytes),
+            s.choice,
+            gib(bytes)
+        );
+    }
+    let offload_fits = |s: &&&Shortfall| s.host_bytes_per_node.is_none() && s.nvme_bytes_per_node.is_none();
+    let Some(leanest) = sorted.iter().find(offload_fits) else {
+        return "Cheapest change: none known: every choice offloads more than the hosts or drives hold and needs \
+                more than the GPU; more GPUs (--gpus) shard both."
+            .into();
     };
-    let host_limited: Vec<&&Shortfall> = sorted.iter().filter(offload_limited).collect();
-    if let Some(least) = host_limited.iter().filter_map(|s| s.host_bytes_per_node).min() {
-        text += &format!(
-            "\nThe GPUs fit, the hosts do not: {:.1} GiB of host memory per node fits the leanest offloading choice \
-             (--host-memory; more GPUs shard what is offloaded).",
-            gib(least)
-        );
-        if !nvme {
-            text += " Or give the nodes an NVMe tier (--nvme SIZE, e.g. --nvme 28TiB on a DGX-2): ZeRO-Infinity \
-                     keeps the offloaded states on the drives and streams them through CPU memory.";
+    let more = sorted.iter().filter(offload_fits).filter_map(|s| Some((s.gpus_to_fit?, s))).min_by_key(|m| m.0);
+    if let Some((n, s)) = more {
+        let nodes = n.div_ceil(on.gpus_per_node.max(1));
+        let nodes = if nodes > 1 { format!(" --nodes {nodes}") } else { String::new() };
+        return format!("Cheapest change: --gpus {n}{nodes}: {} shards its states over them to fit.", s.choice);
+    }
+    let what = if leanest.min_peak_bytes <= on.card_bytes {
+        format!("--memory {:.1}GiB (the card has {:.1} GiB)", up(leanest.min_peak_bytes), gib(on.card_bytes))
+    } else {
+        format!("GPUs with {:.1} GiB each (--gpu)", up(leanest.min_peak_bytes))
+    };
+    format!(
+        "Cheapest change: {what}: {} needs {:.1} GiB at micro-batch 1, and no GPU count lowers what stays on each \
+         GPU (only more tensor parallelism, --tp, or tiles, --tiles, shrink it).",
+        leanest.choice,
+        gib(leanest.min_peak_bytes)
+    )
+}
+
+/// Whether two labels (strategies or choices, as displayed) can name one
+/// plan: they differ at most in the ZeRO stage and the recomputation
+/// policy, the two choices that can be no-ops. With the `attention` pass,
+/// `selective` finds no attention scores left to recompute and plans what
+/// `none` does; with one micro-batch a step, ZeRO-2's gradient partitioning
+/// is ZeRO-1's reduce-scatter. Any other difference (tensor ranks, offload,
+/// tiles, micro-batch) is a different plan, whatever its figures.
+///
+/// Returns the label naming them all: the shared words once, the differing
+/// ones joined by ` = ` (`ZeRO-0 offload none recompute none = selective`).
+pub fn merged_label<S: AsRef<str>>(labels: &[S]) -> Option<String> {
+    let words: Vec<Vec<&str>> = labels.iter().map(|l| l.as_ref().split(' ').collect()).collect();
+    let first = words.first()?;
+    if words.iter().any(|w| w.len() != first.len()) {
+        return None;
+    }
+    let mut merged = Vec::with_capacity(first.len());
+    for at in 0..first.len() {
+        let mut seen: Vec<&str> = Vec::new();
+        for w in &words {
+            if !seen.contains(&w[at]) {
+                seen.push(w[at]);
+            }
         }
-    } else if let Some(least) = host_limited.iter().filter_map(|s| s.nvme_bytes_per_node).min() {
-        text += &format!(
-            "\nThe GPUs fit, the drives do not: {:.1} GiB of NVMe per node fits the leanest choice that offloads \
-             there (--nvme; more nodes shard what is offloaded).",
-            gib(least)
-        );
-    } else if let Some(least) = sorted.iter().find(|s| s.host_bytes_per_node.is_none()) {
-        text += &format!(
-            "\nA budget of {:.1} GiB per GPU fits the leanest choice (--memory, or a larger GPU with --gpu).",
-            gib(least.min_peak_bytes)
-        );
+        let may_differ = first[at].starts_with("ZeRO-") || (at > 0 && first[at - 1] == "recompute");
+        if seen.len() > 1 && !may_differ {
+            return None;
+        }
+        merged.push(seen.join(" = "));
     }
-    if sorted.iter().all(|s| s.gpus_to_fit.is_none()) {
-        text += "\nNo GPU count fits: what stays on each GPU (a gathered layer's weights, one micro-batch's \
-                 activations) exceeds the budget. That needs more tensor parallelism (--tp: each GPU of a \
-                 group holds 1/t of every layer and its activations) or more tiles of the large operators \
-                 (--tiles: ZeRO-3 gathers, uses and frees one tile at a time; the search stops where more \
-                 tiles no longer lower the peak).";
+    Some(merged.join(" "))
+}
+
+/// `items` with identical plans merged: each group's label
+/// ([`merged_label`]) and members, in the order of their first member. Two
+/// items are one plan where `same_figures` holds (the same predicted
+/// memory and time) and their labels may name one plan.
+pub fn distinct<'a, T>(
+    items: impl IntoIterator<Item = &'a T>,
+    same_figures: impl Fn(&T, &T) -> bool,
+    label: impl Fn(&T) -> String,
+) -> Vec<(String, Vec<&'a T>)> {
+    let mut groups: Vec<(Vec<String>, Vec<&'a T>)> = Vec::new();
+    for item in items {
+        let own = label(item);
+        let joins = |(labels, members): &&mut (Vec<String>, Vec<&'a T>)| {
+            same_figures(members[0], item)
+                && merged_label(&labels.iter().chain([&own]).map(String::as_str).collect::<Vec<_>>()).is_some()
+        };
+        match groups.iter_mut().find(|g| joins(g)) {
+            Some((labels, members)) => {
+                labels.push(own);
+                members.push(item);
+            }
+            None => groups.push((vec![own], vec![item])),
+        }
     }
-    text
+    groups
+        .into_iter()
+        .map(|(labels, members)| (merged_label(&labels).expect("labels merged as they joined"), members))
+        .collect()
+}
+
+/// Whether the search's figures for `a` and `b` are one plan
+/// ([`distinct`]): the same peak, the same throughput, and strategies that
+/// differ at most in what can be a no-op. The runner-up is never the
+/// winner's twin: "a tie; either would do" said nothing.
+pub fn same_plan(a: &Evaluation, b: &Evaluation) -> bool {
+    a.memory.peak_bytes == b.memory.peak_bytes
+        && a.predicted.tokens_per_second == b.predicted.tokens_per_second
+        && merged_label(&[a.strategy.to_string(), b.strategy.to_string()]).is_some()
 }
 
 /// Why `runner` is slower than `winner`: the difference in step time and
@@ -210,5 +350,88 @@ pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
         head
     } else {
         format!("{head}: {}", reasons.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    fn short(choice: &str, min_peak_bytes: u64, gpus_to_fit: Option<u64>) -> Shortfall {
+        Shortfall {
+            choice: choice.into(),
+            min_peak_bytes,
+            gpus_to_fit,
+            floor_bytes: Some(G),
+            host_bytes_per_node: None,
+            nvme_bytes_per_node: None,
+        }
+    }
+
+    fn on(budget_bytes: u64, card_bytes: u64) -> SearchedOn {
+        SearchedOn { budget_bytes, card_bytes, gpus: 8, gpus_per_node: 8, nvme: false }
+    }
+
+    #[test]
+    fn labels_merge_only_where_a_choice_can_be_a_no_op() {
+        let merged = merged_label(&["ZeRO-1 offload none recompute none", "ZeRO-2 offload none recompute selective"]);
+        assert_eq!(merged.as_deref(), Some("ZeRO-1 = ZeRO-2 offload none recompute none = selective"));
+        assert_eq!(
+            merged_label(&["ZeRO-1 offload none recompute none", "ZeRO-1 offload optimizer recompute none"]),
+            None
+        );
+        assert_eq!(
+            merged_label(&["TP-2 ZeRO-1 offload none recompute none", "ZeRO-1 offload none recompute none"]),
+            None
+        );
+    }
+
+    #[test]
+    fn nothing_fits_lists_the_five_closest_once_each_and_one_change() {
+        // Twelve choices, two of each pair the same plan: six distinct.
+        let mut shortfalls = Vec::new();
+        for (i, stage) in (1..=3).zip(["ZeRO-1", "ZeRO-2", "ZeRO-3"]) {
+            for tp in ["", "TP-2 "] {
+                for recompute in ["none", "selective"] {
+                    let peak = (10 * i + tp.len() as u64) * G;
+                    shortfalls.push(short(&format!("{tp}{stage} offload none recompute {recompute}"), peak, Some(64)));
+                }
+            }
+        }
+        let text = nothing_fits_text(&on(8 * G, 80 * G), &shortfalls);
+        let listed: Vec<&str> = text.lines().filter(|l| l.starts_with("  ")).collect();
+        assert_eq!(listed.len(), 5, "{text}");
+        assert!(listed[0].contains("ZeRO-1 offload none recompute none = selective"), "{text}");
+        assert!(text.lines().next().unwrap().contains("The 5 closest of 12 choices"), "{text}");
+        // More GPUs of the kind there is come first.
+        assert_eq!(text.lines().count(), 7, "{text}");
+        let change = text.lines().last().unwrap();
+        assert_eq!(
+            change,
+            "Cheapest change: --gpus 64 --nodes 8: ZeRO-1 offload none recompute none shards its states over them to fit."
+        );
+        // Where no GPU count fits: the budget up to the card's, else a larger GPU.
+        for s in &mut shortfalls {
+            s.gpus_to_fit = None;
+        }
+        let change = nothing_fits_text(&on(8 * G, 80 * G), &shortfalls).lines().last().unwrap().to_string();
+        assert!(change.starts_with("Cheapest change: --memory 10.0GiB (the card has 80.0 GiB): ZeRO-1 offload none recompute none needs 10.0 GiB"), "{change}");
+        let change = nothing_fits_text(&on(8 * G, 8 * G), &shortfalls).lines().last().unwrap().to_string();
+        assert!(change.starts_with("Cheapest change: GPUs with 10.0 GiB each (--gpu): ZeRO-1"), "{change}");
+        assert!(change.contains("--tiles"), "{change}");
+    }
+
+    #[test]
+    fn room_for_offloaded_states_is_cheaper_than_gpus() {
+        let mut offloads = short("ZeRO-2 offload optimizer recompute full", 6 * G, Some(16));
+        offloads.host_bytes_per_node = Some(300 * G);
+        let shortfalls = [short("ZeRO-2 offload none recompute full", 12 * G, Some(16)), offloads];
+        let text = nothing_fits_text(&on(8 * G, 8 * G), &shortfalls);
+        assert!(
+            text.lines().last().unwrap().starts_with("Cheapest change: --host-memory 300.0GiB per node: the GPUs fit")
+        );
+        assert!(text.contains("--nvme SIZE"), "no NVMe tier: it is the other way to hold the states: {text}");
     }
 }

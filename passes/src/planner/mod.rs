@@ -99,8 +99,8 @@ pub enum PlanError {
     NoNvme,
     #[error("the pins leave nothing to search: {0}")]
     Pins(String),
-    #[error("{}", explain::nothing_fits_text(.budget_bytes, .gpus, .nvme, .shortfalls))]
-    NothingFits { budget_bytes: u64, gpus: u64, nvme: bool, shortfalls: Vec<Shortfall> },
+    #[error("{}", explain::nothing_fits_text(.cluster, .shortfalls))]
+    NothingFits { cluster: explain::SearchedOn, shortfalls: Vec<Shortfall> },
 }
 
 /// The dtype GEMMs compute in under `precision`.
@@ -144,13 +144,20 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     let ((winner, step, memory_plan), beaten) = exact_best(req, &machine, &outcomes)?;
     // The fastest other choice: exact where it was compiled whole, else the
     // search's estimate (the first of equals, as the search listed them).
+    // Not the winner's twin: a choice the search predicts as the same plan
+    // (`explain::same_plan`, estimate against estimate) is no alternative.
+    let estimate = |c: evaluate::Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
+    let twin = |c: evaluate::Choice| {
+        estimate(c).zip(estimate(step.0)).is_some_and(|(e, w)| c != step.0 && explain::same_plan(e, w))
+    };
     let estimates = outcomes
         .iter()
-        .filter(|o| o.choice != step.0 && !beaten.iter().any(|(c, _)| *c == o.choice))
+        .filter(|o| o.choice != step.0 && !twin(o.choice) && !beaten.iter().any(|(c, _)| *c == o.choice))
         .filter_map(|o| o.best.as_ref());
     let fastest_first =
         |a: &&Evaluation, b: &&Evaluation| b.predicted.tokens_per_second.total_cmp(&a.predicted.tokens_per_second);
-    let runner_up = beaten.iter().map(|(_, e)| e).chain(estimates).min_by(fastest_first).map(|r| RunnerUp {
+    let exact_losers = beaten.iter().filter(|(c, _)| !twin(*c)).map(|(_, e)| e);
+    let runner_up = exact_losers.chain(estimates).min_by(fastest_first).map(|r| RunnerUp {
         strategy: r.strategy.clone(),
         peak_bytes: r.memory.peak_bytes,
         step_seconds: r.predicted.step_seconds,
