@@ -77,7 +77,12 @@ fn gb(bytes: f64) -> String {
 }
 
 fn tokens(per_second: f64) -> String {
-    if per_second >= 1e6 { format!("{:.2}M", per_second / 1e6) } else { format!("{:.1}k", per_second / 1e3) }
+    match per_second {
+        r if r >= 1e6 => format!("{:.2}M", r / 1e6),
+        r if r >= 1e3 => format!("{:.1}k", r / 1e3),
+        // A drive-bound plan (1T parameters on one node) makes tens a second.
+        r => format!("{r:.1}"),
+    }
 }
 
 /// The plan for a reader: strategy, memory, traffic, time, the
