@@ -245,9 +245,7 @@ impl<D: Device> Runner<D> {
         let fresh_zeros = runner.device.tier().is_none();
         let interp = Interpreter::new(Rounding::Native, seed);
         let skip = |name: &str, init: &Init| given.contains_key(name) || (fresh_zeros && *init == Init::Zeros);
-        interp.init_each(&runner.program.graph, init_rank, skip, |name, t| {
-            runner.set_state(&State::from([(name.to_string(), t)]))
-        })?;
+        interp.init_each(&runner.program.graph, init_rank, skip, |name, t| runner.write_state(name, &t))?;
         runner.set_state(given)?;
         Ok(runner)
     }
@@ -383,21 +381,28 @@ impl<D: Device> Runner<D> {
 
     /// Overwrites params and states by name; each must exist and match its shape.
     pub fn set_state(&self, state: &State) -> Result<(), RunError> {
-        let g = &self.program.graph;
         for (name, t) in state {
-            let fail = |message: String| RunError::State { name: name.clone(), message };
-            let n = g.node_by_name(name).ok_or_else(|| fail("the program has no such parameter or state".into()))?;
-            if !matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }) {
-                return Err(fail("not a parameter or state".into()));
-            }
-            let v = Value { node: n, output: 0 };
-            let want = concrete(&g.value_type(v).shape, &self.bindings).unwrap_or_default();
-            if t.shape() != want.as_slice() {
-                return Err(fail(format!("shape {:?}, the program's is {want:?}", t.shape())));
-            }
-            self.device.write(self.bufs[&v], t);
+            self.write_state(name, t)?;
         }
         self.check_tier()
+    }
+
+    /// Writes one parameter or state, checked against the program; the
+    /// NVMe tier's transfers are checked by the caller, once for many.
+    fn write_state(&self, name: &str, t: &Tensor) -> Result<(), RunError> {
+        let g = &self.program.graph;
+        let fail = |message: String| RunError::State { name: name.to_string(), message };
+        let n = g.node_by_name(name).ok_or_else(|| fail("the program has no such parameter or state".into()))?;
+        if !matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }) {
+            return Err(fail("not a parameter or state".into()));
+        }
+        let v = Value { node: n, output: 0 };
+        let want = concrete(&g.value_type(v).shape, &self.bindings).unwrap_or_default();
+        if t.shape() != want.as_slice() {
+            return Err(fail(format!("shape {:?}, the program's is {want:?}", t.shape())));
+        }
+        self.device.write(self.bufs[&v], t);
+        Ok(())
     }
 
     fn read(&self, v: Value) -> Tensor {
