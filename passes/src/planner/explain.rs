@@ -3,8 +3,9 @@
 //! said once ([`distinct`]): the search tries every combination, and some
 //! combinations change nothing.
 
+use rayon::prelude::*;
 use std::collections::HashMap;
-use zeroplan_ir::plan::OffloadTo;
+use zeroplan_ir::plan::{MemorySummary, OffloadTo};
 
 use super::depth::Probe;
 use super::evaluate::{Choice, Evaluation};
@@ -33,36 +34,56 @@ pub struct Shortfall {
     pub nvme_bytes_per_node: Option<u64>,
 }
 
-/// The error for a search where nothing fits.
+/// The error for a search where nothing fits. Each choice's memory at
+/// micro-batch 1 is compiled once per rank count it is asked at (a ZeRO
+/// choice at `N` and `2N` ranks, an offloading one at `N`), the distinct
+/// probes in parallel: they are most of a nothing-fits answer's time.
 pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, PlanError> {
     let world = req.cluster.world_size();
-    let mut shortfalls = Vec::new();
     // A choice's device memory does not depend on the tier its offloaded
-    // states live on: its twin on the other tier shares the fit along N.
-    let mut along_ranks: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
+    // states live on: its twin on the other tier shares the fit along N,
+    // from whichever of the two comes first.
+    let twin = |c: Choice| Choice { offload_to: OffloadTo::Cpu, ..c }.to_string();
+    let mut fitted_along_ranks: HashMap<String, Choice> = HashMap::new();
+    let mut probes: Vec<(Choice, u64)> = Vec::new();
     for o in outcomes {
+        let ranks = o.choice.data_ranks(world);
+        if o.choice.zero_stage > 0 && !fitted_along_ranks.contains_key(&twin(o.choice)) {
+            fitted_along_ranks.insert(twin(o.choice), o.choice);
+            probes.extend([(o.choice, ranks), (o.choice, 2 * ranks)]);
+        }
+        if o.choice.offload != zeroplan_ir::plan::Offload::None {
+            probes.push((o.choice, ranks));
+        }
+    }
+    probes.sort_by_key(|&(c, n)| (c.to_string(), n));
+    probes.dedup();
+    let memories: HashMap<(String, u64), MemorySummary> = probes
+        .into_par_iter()
+        .map(|(choice, n)| {
+            let micro_batches = super::search::per_rank(req, choice).max(1);
+            let memory = Probe::compile(req, choice, n, 1, micro_batches)?.memory(req, 1)?;
+            Ok(((choice.to_string(), n), memory))
+        })
+        .collect::<Result<_, PlanError>>()?;
+    let memory = |c: Choice, n: u64| &memories[&(c.to_string(), n)];
+
+    let mut shortfalls = Vec::new();
+    for o in outcomes {
+        let ranks = o.choice.data_ranks(world);
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
-        let twin = Choice { offload_to: OffloadTo::Cpu, ..o.choice }.to_string();
-        if let Some(&known) = along_ranks.get(&twin) {
-            (gpus_to_fit, floor_bytes) = known;
-        } else if o.choice.zero_stage > 0 {
+        if let Some(&fitted) = fitted_along_ranks.get(&twin(o.choice)) {
             // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
-            let (t, ranks) = (o.choice.tensor_parallel, o.choice.data_ranks(world));
-            let micro_batches = super::search::per_rank(req, o.choice).max(1);
-            let at = |n: u64| -> Result<f64, PlanError> {
-                Ok(Probe::compile(req, o.choice, n, 1, micro_batches)?.memory(req, 1)?.peak_bytes as f64)
-            };
-            let (p1, p2) = (at(ranks)?, at(2 * ranks)?);
+            let (p1, p2) = (memory(fitted, ranks).peak_bytes as f64, memory(fitted, 2 * ranks).peak_bytes as f64);
             let budget = req.cluster.budget_bytes() as f64;
+            let t = o.choice.tensor_parallel;
             let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
             gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
-            along_ranks.insert(twin, (gpus_to_fit, floor_bytes));
         }
         let (mut host_bytes_per_node, mut nvme_bytes_per_node) = (None, None);
         if o.choice.offload != zeroplan_ir::plan::Offload::None {
-            let (ranks, micro_batches) = (o.choice.data_ranks(world), super::search::per_rank(req, o.choice).max(1));
-            let memory = Probe::compile(req, o.choice, ranks, 1, micro_batches)?.memory(req, 1)?;
+            let memory = memory(o.choice, ranks);
             if !req.cluster.host_fits(memory.host_bytes) {
                 host_bytes_per_node = Some(memory.host_bytes * req.cluster.gpus_per_node);
             }
