@@ -113,7 +113,11 @@ impl Nvrtc {
             return Err(NvrtcError::Nul(name.into()));
         }
         let program = format!("{}.cu", name.replace('\0', "?"));
-        let opts = CompileOptions { options: self.options(arch), name: Some(program), ..Default::default() };
+        let mut options = self.options(arch);
+        if self.version >= AUTOMATIC_PCH {
+            options.push("--pch".into());
+        }
+        let opts = CompileOptions { options, name: Some(program), ..Default::default() };
         match cudarc::nvrtc::compile_ptx_with_opts(source, opts) {
             Ok(ptx) => Ok(ptx.to_src()),
             Err(cudarc::nvrtc::CompileError::CompileError { options, log, .. }) => {
@@ -123,6 +127,14 @@ impl Nvrtc {
         }
     }
 }
+
+/// The first NVRTC with automatic precompiled headers (`--pch`, CUDA
+/// 12.8): the first compilation in a process that includes `cuda_bf16.h`
+/// or `cuda_fp16.h` saves the parsed headers, and later ones with the same
+/// includes load them instead of parsing them again — most of a small
+/// kernel's compile time. The PTX is the same, so the flag is not part of
+/// [`Nvrtc::options`], the PTX cache's key.
+const AUTOMATIC_PCH: (i32, i32) = (12, 8);
 
 fn version() -> Result<(i32, i32), NvrtcError> {
     let (mut major, mut minor) = (0, 0);

@@ -9,6 +9,8 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::resources::{ATTENTION_FLOOR, MEMORY_BOUND_FLOOR, ResourceCheck};
 use common::{dims, fused_kernels, nvrtc, precisions, tiny_models};
@@ -23,54 +25,96 @@ fn threads_of(g: &GeneratedKernel) -> impl Fn(&str) -> u32 + '_ {
     }
 }
 
+/// One distinct source of [`every_tiny_model_kernel_compiles_for_hopper`]
+/// and what its resources are checked as.
+struct Case {
+    model: std::path::PathBuf,
+    label: &'static str,
+    dims: Vec<usize>,
+    generated: GeneratedKernel,
+    /// The family and occupancy floor its resources are recorded under;
+    /// `None`: compiled only.
+    checked: Option<(String, f64)>,
+}
+
 #[test]
 fn every_tiny_model_kernel_compiles_for_hopper() {
     let Some(nvrtc) = nvrtc() else { return };
     let device = DeviceProperties::H100_SXM;
     let arch = device.arch();
-    let (mut sources, mut failures) = (BTreeSet::new(), Vec::new());
+    let (mut sources, mut cases) = (BTreeSet::new(), Vec::new());
     let mut kernels = 0;
-    let mut resources = ResourceCheck::new(SmLimits::SM_90);
     // The tiny models at two shapes, and BERT-base in bf16 at seq 128: the
     // widths (768, 3072) the runtime launches in practice.
-    let mut cases: Vec<_> = tiny_models().into_iter().flat_map(|m| precisions().map(|p| (m.clone(), p))).collect();
-    cases.push((common::root().join("models/bert-base.ron"), precisions()[1]));
-    for (model, (label, precision)) in cases {
+    let mut models: Vec<_> = tiny_models().into_iter().flat_map(|m| precisions().map(|p| (m.clone(), p))).collect();
+    models.push((common::root().join("models/bert-base.ron"), precisions()[1]));
+    for (model, (label, precision)) in models {
         let real = !model.starts_with(common::root().join("models/tiny"));
-        {
-            for kernel in fused_kernels(&model, precision) {
-                kernels += 1;
-                // 2×5: rows of 5 keys (scalar); 3×8: attention rows of whole vectors.
-                let shapes: &[(u64, u64)] = if real { &[(8, 128)] } else { &[(2, 5), (3, 8)] };
-                for &(batch, seq) in shapes {
-                    let d = dims(&kernel, batch, seq);
-                    let g = generate(&kernel, &d, &device).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-                    if !sources.insert(g.source.clone()) {
-                        continue;
-                    }
+        for kernel in fused_kernels(&model, precision) {
+            kernels += 1;
+            // 2×5: rows of 5 keys (scalar); 3×8: attention rows of whole vectors.
+            let shapes: &[(u64, u64)] = if real { &[(8, 128)] } else { &[(2, 5), (3, 8)] };
+            for &(batch, seq) in shapes {
+                let d = dims(&kernel, batch, seq);
+                let g = generate(&kernel, &d, &device).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+                if !sources.insert(g.source.clone()) {
+                    continue;
+                }
+                // Resources at the vectorised tiny shape (spills) and at
+                // BERT-base's width (spills and occupancy: a tiny row's
+                // block of 32 threads says nothing about occupancy).
+                let checked = (real || (batch, seq) == (3, 8)).then(|| {
+                    let pattern = kernel.pattern.as_deref().unwrap_or("elementwise");
+                    let at = if real { "bert-base" } else { "tiny" };
+                    (format!("{pattern} {label} ({at})"), if real { MEMORY_BOUND_FLOOR } else { 0.0 })
+                });
+                cases.push(Case { model: model.clone(), label, dims: d, generated: g, checked });
+            }
+        }
+    }
+    // NVRTC and ptxas per source on every core: hundreds of compilations.
+    // Each worker takes the next case; resources are recorded in case order.
+    let mut resources = ResourceCheck::new(SmLimits::SM_90);
+    let (failures, assembled) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let at = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(case) = cases.get(at) else { break };
+                    let g = &case.generated;
                     match nvrtc.compile_ptx(&g.entry, &g.source, &arch) {
                         Ok(ptx) => {
                             for entry in [Some(&g.entry), g.finish_entry.as_ref()].into_iter().flatten() {
                                 assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
                             }
                             assert!(ptx.contains(".target sm_90"), "{}", &ptx[..ptx.len().min(400)]);
-                            // Resources at the vectorised tiny shape (spills) and at
-                            // BERT-base's width (spills and occupancy: a tiny row's
-                            // block of 32 threads says nothing about occupancy).
-                            if real || (batch, seq) == (3, 8) {
-                                let pattern = kernel.pattern.as_deref().unwrap_or("elementwise");
-                                let at = if real { "bert-base" } else { "tiny" };
-                                let family = format!("{pattern} {label} ({at})");
-                                let floor = if real { MEMORY_BOUND_FLOOR } else { 0.0 };
-                                resources.add(&family, &ptx, &threads_of(&g), floor);
+                            if let Some((family, _)) = &case.checked {
+                                let found = resources.assemble(family, &ptx);
+                                assembled.lock().unwrap().push((at, found));
                             }
                         }
-                        Err(e) => failures.push(format!("{} ({label}) {:?}: {e}\n{}", model.display(), d, g.source)),
+                        Err(e) => failures.lock().unwrap().push(format!(
+                            "{} ({}) {:?}: {e}\n{}",
+                            case.model.display(),
+                            case.label,
+                            case.dims,
+                            g.source
+                        )),
                     }
                 }
-            }
+            });
         }
+    });
+    let mut assembled = assembled.into_inner().unwrap();
+    assembled.sort_by_key(|&(at, _)| at);
+    for (at, found) in assembled {
+        let (case, (family, floor)) = (&cases[at], cases[at].checked.as_ref().expect("assembled only if checked"));
+        resources.record(family, found, &threads_of(&case.generated), *floor);
     }
+    let failures = failures.into_inner().unwrap();
     let (major, minor) = nvrtc.version();
     println!(
         "NVRTC {major}.{minor} compiled {} distinct sources ({kernels} kernels × 2 shapes) for {arch}",
@@ -94,6 +138,26 @@ fn a_broken_source_returns_nvrtcs_log() {
         other => panic!("expected a compile error, got {other:?}"),
     }
     assert!(matches!(nvrtc.compile_ptx("nul", "int x;\0", "compute_90"), Err(NvrtcError::Nul(_))));
+}
+
+/// Automatic precompiled headers (`--pch`, passed where NVRTC has them)
+/// only save parsing: a bf16 attention source compiles to the same PTX
+/// with them as without, so they stay out of the PTX cache's key.
+#[test]
+fn precompiled_headers_leave_the_ptx_unchanged() {
+    use zeroplan_backend_cuda::attention::{AttentionKernel, Pass};
+    use zeroplan_ir::DType;
+    let Some(nvrtc) = nvrtc() else { return };
+    let kernel = AttentionKernel { head_dim: 64, dtype: DType::BF16, mask: DType::I64, alibi: false, dropout: false };
+    let rendered = kernel.render(Pass::Forward).unwrap();
+    let name = &rendered.entries[0].1;
+    let arch = DeviceProperties::H100_SXM.arch();
+    let options = cudarc::nvrtc::CompileOptions { options: nvrtc.options(&arch), ..Default::default() };
+    let plain = cudarc::nvrtc::compile_ptx_with_opts(&rendered.source, options).unwrap().to_src();
+    // Twice: the first saves the headers, the second loads them.
+    for _ in 0..2 {
+        assert_eq!(nvrtc.compile_ptx(name, &rendered.source, &arch).unwrap(), plain);
+    }
 }
 
 #[test]

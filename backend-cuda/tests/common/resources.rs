@@ -74,9 +74,21 @@ impl ResourceCheck {
     /// Assembles `ptx` and records each entry, launched with
     /// `threads_of(entry)` threads per block and no dynamic shared memory.
     pub fn add(&mut self, family: &str, ptx: &str, threads_of: &dyn Fn(&str) -> u32, floor: f64) {
-        let Some(ptxas) = &self.ptxas else { return };
+        let found = self.assemble(family, ptx);
+        self.record(family, found, threads_of, floor);
+    }
+
+    /// What ptxas allocates to each entry of `ptx` (none without ptxas):
+    /// the slow half of [`ResourceCheck::add`], callable from many threads.
+    pub fn assemble(&self, family: &str, ptx: &str) -> Vec<Resources> {
+        let Some(ptxas) = &self.ptxas else { return Vec::new() };
         let found = ptxas.resources(ptx, self.sm.arch).unwrap_or_else(|e| panic!("{family}: {e}"));
         assert!(!found.is_empty(), "{family}: ptxas reported no entry");
+        found
+    }
+
+    /// Records entries [`ResourceCheck::assemble`] returned, as `add` does.
+    pub fn record(&mut self, family: &str, found: Vec<Resources>, threads_of: &dyn Fn(&str) -> u32, floor: f64) {
         for r in found {
             let threads = threads_of(&r.entry);
             let o = occupancy(&r, threads, 0, &self.sm);
