@@ -143,19 +143,32 @@ fn check_models(batch: u64, seq: u64, device: &DeviceProperties, dir: &Path) -> 
     cases.len()
 }
 
-#[test]
-fn every_f32_kernel_runs_correctly_under_host_emulation() {
+/// A fresh directory for one test's programs and tensors.
+fn scratch(name: &str) -> Option<std::path::PathBuf> {
     if !compiler_present() {
         eprintln!("SKIPPED: no g++ to compile the emulated kernels");
-        return;
+        return None;
     }
-    let dir = std::env::temp_dir().join(format!("zeroplan-cuda-emulation-{}", std::process::id()));
-    // seq 5: scalar rows and tails; seq 8: whole vectors.
-    let n = check_models(2, 5, &DeviceProperties::H100_SXM, &dir.join("2x5"));
+    Some(std::env::temp_dir().join(format!("zeroplan-cuda-emulation-{name}-{}", std::process::id())))
+}
+
+// Two tests, so the harness runs the two g++ builds side by side.
+
+#[test]
+fn every_f32_kernel_runs_correctly_under_host_emulation() {
+    let Some(dir) = scratch("2x5") else { return };
+    // seq 5: scalar rows and tails.
+    let n = check_models(2, 5, &DeviceProperties::H100_SXM, &dir);
     assert!(n > 50, "only {n} kernels");
-    // One multiprocessor: kernels with cross-row outputs get 2 blocks, so a
-    // block sums several rows into its partials.
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn every_f32_kernel_runs_correctly_on_one_multiprocessor() {
+    let Some(dir) = scratch("3x8") else { return };
+    // seq 8: whole vectors. One multiprocessor: kernels with cross-row
+    // outputs get 2 blocks, so a block sums several rows into its partials.
     let small = DeviceProperties { multiprocessors: 1, ..DeviceProperties::H100_SXM };
-    check_models(3, 8, &small, &dir.join("3x8"));
+    check_models(3, 8, &small, &dir);
     std::fs::remove_dir_all(&dir).unwrap();
 }
