@@ -77,7 +77,7 @@ pub fn select(
         }
         let [batch, heads, seq, head_dim] = attention.dims;
         let op = FlashAttention { scale, alibi_ranks, dropout, stream };
-        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype) else {
+        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype, gpu.properties()) else {
             leave("a head dim or dtype the template lacks: the staged host routine");
             continue;
         };
