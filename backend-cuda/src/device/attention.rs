@@ -2,11 +2,13 @@
 //!
 //! The IR's `FlashAttention` / `FlashAttentionGrad` run as
 //! `zeroplan-backend-cuda`'s FlashAttention-2-style kernels over device
-//! pointers (`attention/` there: one block per 16 rows of a head, key tiles
+//! pointers (`attention/` there: one block per 16 or 64 rows of a head, key tiles
 //! in shared memory, no `[B, H, S, S]` tensor) wherever the template covers
 //! the instruction: operands on the device, head dim 32 or 64, f32 / bf16 /
-//! f16 storage. Anything else keeps the host routine on a staging copy
-//! (`exec::staged`), so every plan still runs.
+//! f16 storage, or head dim 128 with bf16 / f16 on sm_80+ (where bf16 and
+//! f16 run on tensor cores: `FlashAttention::kernel` decides from the
+//! device's properties). Anything else keeps the host routine on a staging
+//! copy (`exec::staged`), so every plan still runs.
 //!
 //! Selection rewrites such an instruction into an [`Instr::Kernel`] whose
 //! kernel is [`CudaKernel::Attention`]: the runner's hazards and profiles
