@@ -79,10 +79,23 @@ pub fn select(
         }
         let [batch, heads, seq, head_dim] = attention.dims;
         let op = FlashAttention { scale, alibi_ranks, dropout, stream };
-        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype, gpu.properties()) else {
+        let Ok(mut kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype, gpu.properties()) else {
             leave("a head dim or dtype the template lacks: the staged host routine");
             continue;
         };
+        // The tensor-core kernels move the 16-bit tensors 16 bytes at a
+        // time (the arena is 256-byte aligned): a tensor off a 16-byte
+        // boundary takes the CUDA-core kernels, which have no head dim 128.
+        let misaligned = inputs.iter().chain(&outputs).any(|b| b.dtype.size_bytes() == 2 && b.offset % 16 != 0);
+        if kernel.tensor_cores && misaligned {
+            kernel.tensor_cores = false;
+            if kernel.check().is_err() {
+                leave(
+                    "a 16-bit tensor off a 16-byte boundary at a head dim only tensor cores serve: the staged host routine",
+                );
+                continue;
+            }
+        }
         let shape = AttentionShape { batch, heads, seq };
         let args = op.args(&kernel, shape, rank.tensor as u64, 0, 0).map_err(|e| unsupported(e.to_string()))?;
         kernel.launch(pass, shape, gpu.properties()).map_err(|e| unsupported(e.to_string()))?;
