@@ -9,24 +9,26 @@
 //! small integers make every product and sum exact, so the check is
 //! equality. Each deliberately wrong mapping in a copy of the shim (a
 //! fragment row, a column, the register order, the half order, `.trans`)
-//! must fail it. Without g++ the test says SKIPPED and passes.
+//! must fail it: the shim and its mutants are built as one program, each
+//! copy in a namespace of its own (one g++ run). Without g++ the test says
+//! SKIPPED and passes.
 
 mod common;
 
+use std::fmt::Write;
 use std::path::Path;
 
 use common::Rng;
-use common::host::{compile_and_run, gxx_present};
+use common::host::{compile_and_run, gxx_present, read_f32};
 
-/// The warp's program: A (row-major), Bᵀ (row-major, n×k) and B
-/// (row-major, k×n) staged in 16-byte-aligned static arrays; D = A·B by
-/// `ldmatrix` + `mma` three times (B from Bᵀ; B from B with `.trans`; that
-/// again with A's fragment packed by hand, as the kernels pack P), written
-/// as 3 × 256 floats.
-const PROGRAM: &str = r#"
-#include "shim.h"
+/// One variant's warp program, in the namespace of its copy of the shim:
+/// A (row-major), Bᵀ (row-major, n×k) and B (row-major, k×n) staged in
+/// 16-byte-aligned static arrays; D = A·B by `ldmatrix` + `mma` three times
+/// (B from Bᵀ; B from B with `.trans`; that again with A's fragment packed
+/// by hand, as the kernels pack P), written as `{dir}/{n}.d` (3 × 256 floats).
+const VARIANT: &str = r#"
 alignas(16) static unsigned short a_s[16 * 16], bt_s[16 * 16], b_s[16 * 16];
-static float d_rows[256], d_trans[256], d_packed[256];
+static float d[3][256];
 static void product() {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   unsigned af[4];
@@ -40,30 +42,24 @@ static void product() {
   const unsigned short* hi = lo + 8 * 16;
   const unsigned ap[4] = {lo[0] | (unsigned)lo[1] << 16, hi[0] | (unsigned)hi[1] << 16,
                           lo[8] | (unsigned)lo[9] << 16, hi[8] | (unsigned)hi[9] << 16};
-  float d[2][4] = {}, e[2][4] = {}, f[2][4] = {};
+  float acc[3][2][4] = {};
   for (int n = 0; n < 2; ++n) {
-    zp_mma_m16n8k16_bf16(d[n], af, bf[2 * n], bf[2 * n + 1]);
-    zp_mma_m16n8k16_bf16(e[n], af, bt[2 * n], bt[2 * n + 1]);
-    zp_mma_m16n8k16_bf16(f[n], ap, bt[2 * n], bt[2 * n + 1]);
+    zp_mma_m16n8k16_bf16(acc[0][n], af, bf[2 * n], bf[2 * n + 1]);
+    zp_mma_m16n8k16_bf16(acc[1][n], af, bt[2 * n], bt[2 * n + 1]);
+    zp_mma_m16n8k16_bf16(acc[2][n], ap, bt[2 * n], bt[2 * n + 1]);
   }
-  for (int n = 0; n < 2; ++n) {
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
-      d_rows[row * 16 + col] = d[n][i];
-      d_trans[row * 16 + col] = e[n][i];
-      d_packed[row * 16 + col] = f[n][i];
+  for (int v = 0; v < 3; ++v) {
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 4; ++i) d[v][(g + 8 * (i / 2)) * 16 + 8 * n + 2 * t + i % 2] = acc[v][n][i];
     }
   }
 }
-int main(int, char** argv) {
-  const std::string dir = argv[1];
+static void run(const std::string& dir, int n) {
   std::memcpy(a_s, zp_read(dir + "/a", 512), 512);
   std::memcpy(bt_s, zp_read(dir + "/bt", 512), 512);
   std::memcpy(b_s, zp_read(dir + "/b", 512), 512);
   zp_launch(1, 32, product);
-  zp_write(dir + "/d_rows", (const char*)d_rows, 1024);
-  zp_write(dir + "/d_trans", (const char*)d_trans, 1024);
-  zp_write(dir + "/d_packed", (const char*)d_packed, 1024);
+  zp_write(dir + "/" + std::to_string(n) + ".d", (const char*)d, sizeof d);
 }
 "#;
 
@@ -72,20 +68,35 @@ fn bf16_bits(values: &[f64]) -> Vec<u8> {
     values.iter().flat_map(|&x| zeroplan_ir::to_bf16(x).to_le_bytes()).collect()
 }
 
-/// Runs the program against `shim` (the real one, or a mutated copy); the
-/// products it computed: from Bᵀ's rows, from B's rows with `.trans`, and
-/// that with A packed by hand.
-fn run(dir: &Path, shim: &str, a: &[f64], b: &[f64]) -> [Vec<f64>; 3] {
+/// Runs [`VARIANT`] against each of `shims` (the real one, then mutated
+/// copies) in one program; per shim, the products it computed: from Bᵀ's
+/// rows, from B's rows with `.trans`, and that with A packed by hand.
+fn run(dir: &Path, shims: &[String], a: &[f64], b: &[f64]) -> Vec<[Vec<f64>; 3]> {
     let bt: Vec<f64> = (0..256).map(|x| b[(x % 16) * 16 + x / 16]).collect();
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("a"), bf16_bits(a)).unwrap();
     std::fs::write(dir.join("bt"), bf16_bits(&bt)).unwrap();
     std::fs::write(dir.join("b"), bf16_bits(b)).unwrap();
-    // `#include "shim.h"` finds the program's own directory first.
-    std::fs::write(dir.join("shim.h"), shim).unwrap();
-    compile_and_run(dir, PROGRAM, "-O0");
-    let read = |name: &str| common::host::read_f32(&dir.join(name));
-    ["d_rows", "d_trans", "d_packed"].map(read)
+    // The standard headers first, at global scope, so each copy's own
+    // includes of them are no-ops inside its namespace.
+    let mut program: String =
+        shims[0].lines().filter(|l| l.starts_with("#include <")).map(|l| format!("{l}\n")).collect();
+    for (n, shim) in shims.iter().enumerate() {
+        std::fs::write(dir.join(format!("shim{n}.h")), shim).unwrap();
+        let _ = writeln!(program, "namespace v{n} {{\n#include \"shim{n}.h\"\n{VARIANT}}}");
+    }
+    program.push_str("int main(int, char** argv) {\n");
+    for n in 0..shims.len() {
+        let _ = writeln!(program, "  v{n}::run(argv[1], {n});");
+    }
+    program.push_str("}\n");
+    compile_and_run(dir, &program, "-O0");
+    (0..shims.len())
+        .map(|n| {
+            let d = read_f32(&dir.join(format!("{n}.d")));
+            [0, 1, 2].map(|v| d[256 * v..256 * (v + 1)].to_vec())
+        })
+        .collect()
 }
 
 #[test]
@@ -101,12 +112,6 @@ fn tensor_core_emulation_matches_a_plain_product() {
     let want: Vec<f64> =
         (0..256).map(|x| (0..16).map(|k| a[(x / 16) * 16 + k] * b[k * 16 + x % 16]).sum::<f64>()).collect();
     let shim = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host/shim.h")).unwrap();
-    let base = std::env::temp_dir().join(format!("zeroplan-cuda-mma-{}", std::process::id()));
-
-    let [rows, trans, packed] = run(&base.join("shim"), &shim, &a, &b);
-    assert_eq!(rows, want, "ldmatrix + mma from Bᵀ's rows");
-    assert_eq!(trans, want, "ldmatrix.trans + mma from B's rows");
-    assert_eq!(packed, want, "A packed by hand, ldmatrix.trans + mma");
 
     // (what, from, to): each a wrong reading of the ISA's layouts.
     let mutations = [
@@ -131,26 +136,24 @@ fn tensor_core_emulation_matches_a_plain_product() {
         ("ldmatrix's .trans ignored", "stored_row = trans ? j : i", "stored_row = i"),
         ("the high half first", "(unsigned)e[0] | ((unsigned)e[1] << 16)", "(unsigned)e[1] | ((unsigned)e[0] << 16)"),
     ];
-    // Each mutant is its own g++ build: two at a time.
-    let mut unseen = Vec::new();
-    for pair in mutations.iter().enumerate().collect::<Vec<_>>().chunks(2) {
-        std::thread::scope(|scope| {
-            let runs: Vec<_> = pair
-                .iter()
-                .map(|&(n, &(what, from, to))| {
-                    assert!(shim.contains(from), "the mutation's `{from}` is not in the shim");
-                    let (dir, shim) = (base.join(format!("mutant{n}")), shim.replacen(from, to, 1));
-                    let (a, b) = (&a, &b);
-                    (what, scope.spawn(move || run(&dir, &shim, a, b)))
-                })
-                .collect();
-            for (what, run) in runs {
-                if run.join().unwrap().iter().all(|d| *d == want) {
-                    unseen.push(what);
-                }
-            }
-        });
+    let mut shims = vec![shim.clone()];
+    for (_, from, to) in &mutations {
+        assert!(shim.contains(from), "the mutation's `{from}` is not in the shim");
+        shims.push(shim.replacen(from, to, 1));
     }
+    let dir = std::env::temp_dir().join(format!("zeroplan-cuda-mma-{}", std::process::id()));
+    let results = run(&dir, &shims, &a, &b);
+
+    let [rows, trans, packed] = &results[0];
+    assert_eq!(*rows, want, "ldmatrix + mma from Bᵀ's rows");
+    assert_eq!(*trans, want, "ldmatrix.trans + mma from B's rows");
+    assert_eq!(*packed, want, "A packed by hand, ldmatrix.trans + mma");
+    let unseen: Vec<&str> = mutations
+        .iter()
+        .zip(&results[1..])
+        .filter(|(_, products)| products.iter().all(|d| *d == want))
+        .map(|((what, _, _), _)| *what)
+        .collect();
     assert!(unseen.is_empty(), "wrong layouts the product does not see: {unseen:?}");
-    std::fs::remove_dir_all(&base).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }
