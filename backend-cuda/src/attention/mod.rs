@@ -423,10 +423,10 @@ impl AttentionKernel {
         let (forward, backward) = if self.tensor_cores {
             // The instructions' operand type: `mma…f32.bf16.bf16.f32` or `.f16`.
             s.push_str(&MMA.replace("$MMA", self.dtype.name()));
-            (MMA_FORWARD.to_string(), MMA_BACKWARD.to_string())
+            (MMA_FORWARD, MMA_BACKWARD)
         } else {
             s.push_str(FMA);
-            (FORWARD.to_string(), BACKWARD.to_string())
+            (FORWARD, BACKWARD)
         };
         s.push('\n');
         match pass {
