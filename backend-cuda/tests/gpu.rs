@@ -16,7 +16,7 @@
 mod common;
 
 use common::adamw::{AdamWCase, reference as adamw_reference};
-use common::attention::{AttentionCase, reference};
+use common::attention::{AttentionCase, AttentionData, reference};
 use common::{dims, error, from_bytes, fused_kernels, interpret, random_inputs, tiny_models, to_bytes};
 use zeroplan_backend_cuda::attention::{AttentionKernel, BackwardTensors, ForwardTensors, LoadedAttention, Pass};
 use zeroplan_backend_cuda::gemm::{BlasLt, Epilogue, Gemm, LtGemm, LtPointers};
@@ -105,51 +105,87 @@ fn dropout_masks_are_bit_exact_on_the_gpu() {
     }
 }
 
+/// `case`'s operands on the device and its output buffers, zeroed.
+struct AttentionBuffers {
+    inputs: [cudarc::driver::CudaSlice<u8>; 5],
+    outputs: [cudarc::driver::CudaSlice<u8>; 5],
+}
+
+impl AttentionBuffers {
+    /// q, k, v, dout in the case's storage type, and the mask; out, lse,
+    /// dq, dk, dv zeroed.
+    fn new(stream: &std::sync::Arc<cudarc::driver::CudaStream>, case: &AttentionCase, x: &AttentionData) -> Self {
+        let dtype = case.kernel.dtype;
+        let storage = |values: &[f64]| -> Vec<u8> {
+            values
+                .iter()
+                .flat_map(|&v| match dtype {
+                    DType::BF16 => zeroplan_ir::to_bf16(v).to_le_bytes().to_vec(),
+                    DType::F16 => zeroplan_ir::to_f16(v).to_le_bytes().to_vec(),
+                    _ => (v as f32).to_le_bytes().to_vec(),
+                })
+                .collect()
+        };
+        let upload = |bytes: &[u8]| stream.clone_htod(bytes).unwrap();
+        let inputs = [&x.q, &x.k, &x.v, &x.dout].map(|t| upload(&storage(t)));
+        let [q, k, v, dout] = inputs;
+        let n = case.elements() * dtype.size_bytes() as usize;
+        let zeros = |bytes: usize| stream.alloc_zeros::<u8>(bytes).unwrap();
+        let outputs = [zeros(n), zeros(case.batch * case.heads * case.seq * 4), zeros(n), zeros(n), zeros(n)];
+        AttentionBuffers { inputs: [q, k, v, dout, upload(&case.mask_bytes(&x.mask))], outputs }
+    }
+
+    fn tensors(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> BackwardTensors {
+        use cudarc::driver::DevicePtr;
+        let ptr = |s: &cudarc::driver::CudaSlice<u8>| s.device_ptr(stream).0;
+        let [q, k, v, dout, mask] = &self.inputs;
+        let [out, lse, dq, dk, dv] = &self.outputs;
+        let forward = ForwardTensors { q: ptr(q), k: ptr(k), v: ptr(v), mask: ptr(mask), out: ptr(out), lse: ptr(lse) };
+        BackwardTensors { forward, dout: ptr(dout), dq: ptr(dq), dk: ptr(dk), dv: ptr(dv) }
+    }
+}
+
+/// `case`'s forward and backward compiled and loaded on `device`.
+fn load_attention(
+    device: &CudaDevice,
+    compiler: &mut CudaKernelCompiler,
+    case: &AttentionCase,
+) -> [LoadedAttention; 2] {
+    [Pass::Forward, Pass::Backward].map(|pass| {
+        let compiled = compiler.compile_attention(&case.kernel, pass).unwrap();
+        LoadedAttention::load(device, &compiled.rendered, &compiled.ptx).unwrap()
+    })
+}
+
+/// Queues the forward, then the backward on the forward's `out` and `lse`.
+fn queue_attention(
+    device: &CudaDevice,
+    stream: &cudarc::driver::CudaStream,
+    loaded: &[LoadedAttention; 2],
+    t: &BackwardTensors,
+    case: &AttentionCase,
+) {
+    let args = case.args();
+    // SAFETY: every buffer was allocated at its tensor's size (AttentionBuffers).
+    unsafe {
+        loaded[0].forward(device, stream, &t.forward, case.batch, &args).unwrap();
+        loaded[1].backward(device, stream, t, case.batch, &args).unwrap();
+    }
+}
+
 /// Runs `case` forward then backward on the GPU (the backward on the
 /// forward's own `out` and `lse`); every output against the `f64` reference.
 fn check_attention(device: &CudaDevice, compiler: &mut CudaKernelCompiler, case: &AttentionCase, tolerance: f64) {
-    use cudarc::driver::{CudaSlice, DevicePtr};
     let x = case.data(7);
     let want = reference(case, &x);
     let stream = device.context().default_stream();
+    let buffers = AttentionBuffers::new(&stream, case, &x);
+    let loaded = load_attention(device, compiler, case);
+    queue_attention(device, &stream, &loaded, &buffers.tensors(&stream), case);
     let dtype = case.kernel.dtype;
-    let storage = |values: &[f64]| -> Vec<u8> {
-        values
-            .iter()
-            .flat_map(|&v| match dtype {
-                DType::BF16 => zeroplan_ir::to_bf16(v).to_le_bytes().to_vec(),
-                DType::F16 => zeroplan_ir::to_f16(v).to_le_bytes().to_vec(),
-                _ => (v as f32).to_le_bytes().to_vec(),
-            })
-            .collect()
-    };
-    let upload = |bytes: &[u8]| -> CudaSlice<u8> { stream.clone_htod(bytes).unwrap() };
-    let (q, k, v, dout) =
-        (upload(&storage(&x.q)), upload(&storage(&x.k)), upload(&storage(&x.v)), upload(&storage(&x.dout)));
-    let mask = upload(&case.mask_bytes(&x.mask));
-    let n = case.elements() * dtype.size_bytes() as usize;
-    let zeros = |bytes: usize| stream.alloc_zeros::<u8>(bytes).unwrap();
-    let (out, lse) = (zeros(n), zeros(case.batch * case.heads * case.seq * 4));
-    let (dq, dk, dv) = (zeros(n), zeros(n), zeros(n));
-    let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
-    let forward =
-        ForwardTensors { q: ptr(&q), k: ptr(&k), v: ptr(&v), mask: ptr(&mask), out: ptr(&out), lse: ptr(&lse) };
-    let backward = BackwardTensors { forward, dout: ptr(&dout), dq: ptr(&dq), dk: ptr(&dk), dv: ptr(&dv) };
-    let args = case.args();
-    for pass in [Pass::Forward, Pass::Backward] {
-        let compiled = compiler.compile_attention(&case.kernel, pass).unwrap();
-        let loaded = LoadedAttention::load(device, &compiled.rendered, &compiled.ptx).unwrap();
-        // SAFETY: every buffer was allocated above at its tensor's size.
-        unsafe {
-            match pass {
-                Pass::Forward => loaded.forward(device, &stream, &forward, case.batch, &args),
-                Pass::Backward => loaded.backward(device, &stream, &backward, case.batch, &args),
-            }
-        }
-        .unwrap();
-    }
-    let host = |s: &CudaSlice<u8>, dt: DType| from_bytes(&stream.clone_dtoh(s).unwrap(), dt);
-    let got = [host(&out, dtype), host(&lse, DType::F32), host(&dq, dtype), host(&dk, dtype), host(&dv, dtype)];
+    let dtypes = [dtype, DType::F32, dtype, dtype, dtype];
+    let got: Vec<Vec<f64>> =
+        buffers.outputs.iter().zip(dtypes).map(|(s, dt)| from_bytes(&stream.clone_dtoh(s).unwrap(), dt)).collect();
     let errors: Vec<(&str, f64)> = want.named().iter().zip(&got).map(|((t, w), g)| (*t, error(g, w))).collect();
     println!("{}: {errors:?}", case.name);
     assert!(errors.iter().all(|e| e.1 <= tolerance), "{}: {errors:?} over {tolerance:e}", case.name);
@@ -164,7 +200,8 @@ fn fused_attention_matches_the_reference_on_the_gpu() {
             [(DType::F32, F32_TOLERANCE), (DType::BF16, BF16_TOLERANCE), (DType::F16, BF16_TOLERANCE)]
         {
             for (alibi, dropout) in [(false, false), (true, true)] {
-                let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout };
+                // The CUDA-core kernels, whatever the device.
+                let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout, tensor_cores: false };
                 for shape in [[2, 3, 77], [1, 2, 512]] {
                     let name = format!("D={head_dim} {dtype:?} alibi {alibi} dropout {dropout} {shape:?}");
                     let case = AttentionCase::new(&name, kernel, shape, 2, 1);
@@ -173,13 +210,84 @@ fn fused_attention_matches_the_reference_on_the_gpu() {
             }
         }
     }
-    let i32_mask = AttentionKernel { head_dim: 64, dtype: DType::F32, mask: DType::I32, alibi: true, dropout: true };
+    let i32_mask = AttentionKernel {
+        head_dim: 64,
+        dtype: DType::F32,
+        mask: DType::I32,
+        alibi: true,
+        dropout: true,
+        tensor_cores: false,
+    };
     check_attention(
         &device,
         &mut compiler,
         &AttentionCase::new("i32 mask", i32_mask, [2, 12, 128], 1, 0),
         F32_TOLERANCE,
     );
+}
+
+/// The tensor-core kernels (sm_80+): bf16 and f16 at head dims 32, 64 and
+/// 128, where `FlashAttention::kernel` picks them on this device, against
+/// the f64 reference at the 16-bit tolerance.
+#[test]
+#[ignore = "needs a GPU"]
+fn tensor_core_attention_matches_the_reference_on_the_gpu() {
+    let (device, mut compiler) = gpu();
+    for head_dim in [32, 64, 128] {
+        for dtype in [DType::BF16, DType::F16] {
+            for (alibi, dropout) in [(false, false), (true, true)] {
+                let device_props = device.properties();
+                let served = AttentionKernel::tensor_cores_serve(head_dim, dtype, device_props);
+                assert!(served, "sm_{:?} has no tensor-core kernels", device_props.compute_capability);
+                let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout, tensor_cores: true };
+                for shape in [[2, 3, 77], [1, 2, 512]] {
+                    let name = format!("mma D={head_dim} {dtype:?} alibi {alibi} dropout {dropout} {shape:?}");
+                    let case = AttentionCase::new(&name, kernel, shape, 2, 1);
+                    check_attention(&device, &mut compiler, &case, BF16_TOLERANCE);
+                }
+            }
+        }
+    }
+}
+
+/// Fused attention forward + backward over BERT-base's `[32, 12, 128, 64]`
+/// in bf16 (dropout 0.1, as in training), CUDA cores against tensor cores:
+/// the mean of 20 runs after 3 warm-ups, printed with the products' rate
+/// (`14·B·H·S²·D` FLOPs: `4·` forward, `10·` backward with its recomputed
+/// `Q·Kᵀ`). Prints; asserts only that the runs complete.
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_speed_bert_base() {
+    let (device, mut compiler) = gpu();
+    let stream = device.context().default_stream();
+    let flops = 14.0 * 32.0 * 12.0 * 128.0 * 128.0 * 64.0;
+    for tensor_cores in [false, true] {
+        let kernel = AttentionKernel {
+            head_dim: 64,
+            dtype: DType::BF16,
+            mask: DType::I64,
+            alibi: false,
+            dropout: true,
+            tensor_cores,
+        };
+        let case = AttentionCase::new("bert-base", kernel, [32, 12, 128], 1, 0);
+        let x = case.data(7);
+        let buffers = AttentionBuffers::new(&stream, &case, &x);
+        let t = buffers.tensors(&stream);
+        let loaded = load_attention(&device, &mut compiler, &case);
+        for _ in 0..3 {
+            queue_attention(&device, &stream, &loaded, &t, &case);
+        }
+        stream.synchronize().unwrap();
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            queue_attention(&device, &stream, &loaded, &t, &case);
+        }
+        stream.synchronize().unwrap();
+        let ms = start.elapsed().as_secs_f64() * 1e3 / 20.0;
+        let which = if tensor_cores { "tensor cores" } else { "CUDA cores" };
+        println!("attention fwd+bwd bf16 [32, 12, 128, 64], {which}: {ms:.3} ms, {:.1} TFLOP/s", flops / ms / 1e9);
+    }
 }
 
 /// One multi-tensor AdamW step on the GPU: p, m, v against the `f64`

@@ -1,6 +1,8 @@
 //! The fused attention kernels *run*, without a GPU: f32 specialisations'
 //! forward and backward sources (and one bf16 and one f16, on the shim's
-//! host bf16/f16 types) are compiled as C++ by the host's g++ against
+//! host bf16/f16 types), and the tensor-core kernels (bf16 and f16, head
+//! dims 32, 64 and 128, their `mma.sync`/`ldmatrix` emulated lane by lane
+//! from the PTX ISA's fragment layouts), are compiled as C++ by the host's g++ against
 //! `tests/host/shim.h` (threads for a block's threads, barriers for
 //! `__syncthreads`/`__syncwarp`, memory for warp shuffles) and run forward
 //! then backward (on the forward's own `out` and `lse`, as in training);
@@ -11,7 +13,9 @@
 //! partial tile, exact tiles and several tiles with a partial last one,
 //! masked keys and fully masked rows. Mutated kernels (a wrong scale, a
 //! flipped ALiBi sign, a shifted dropout index, a tile that drops its last
-//! key, a backward without its row term) must fail the same comparison.
+//! key, a backward without its row term; on tensor cores, a wrong fragment
+//! mapping: an `ldmatrix` lane address, an accumulator element's row or
+//! column, the packing order, the store) must fail the same comparison.
 //! Without g++ the test says SKIPPED and passes.
 
 mod common;
@@ -33,7 +37,11 @@ const BF16_TOLERANCE: f64 = 1e-2;
 type Mutation = (Pass, &'static str, &'static str);
 
 fn kernel(head_dim: usize, mask: DType, alibi: bool, dropout: bool) -> AttentionKernel {
-    AttentionKernel { head_dim, dtype: DType::F32, mask, alibi, dropout }
+    AttentionKernel { head_dim, dtype: DType::F32, mask, alibi, dropout, tensor_cores: false }
+}
+
+fn mma_kernel(head_dim: usize, dtype: DType, mask: DType, alibi: bool, dropout: bool) -> AttentionKernel {
+    AttentionKernel { head_dim, dtype, mask, alibi, dropout, tensor_cores: true }
 }
 
 fn half_kernel(head_dim: usize, dtype: DType) -> AttentionKernel {
@@ -147,6 +155,55 @@ fn errors(dir: &Path, i: usize, dtype: DType, want: &AttentionOutputs) -> Vec<(&
     want.named().into_iter().map(|(t, w)| (t, error(&read(t), w))).collect()
 }
 
+/// Runs `cases`, then each `(what, base case, mutation)` of `mutated` on a
+/// copy of its base case, as one program; fails unless every case is within
+/// tolerance and every mutant is not. `tag` names the run's directory.
+fn check(tag: &str, cases: &[AttentionCase], mutated: &[(&str, usize, Mutation)]) {
+    let dir = std::env::temp_dir().join(format!("zeroplan-cuda-attention-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut program = String::from("#include \"shim.h\"\n");
+    let mut runs: Vec<(String, AttentionOutputs, bool, DType)> = Vec::new();
+    let all = cases.iter().map(|c| (c.clone(), None)).chain(mutated.iter().map(|(what, base, m)| {
+        let mut c = cases[*base].clone();
+        c.name = format!("{} with {what}", c.name);
+        (c, Some(*m))
+    }));
+    for (i, (case, mutation)) in all.enumerate() {
+        let x = case.data(100 + i as u64);
+        write_inputs(&dir, i, &case, &x);
+        program.push_str(&harness(i, &case, mutation));
+        runs.push((case.name.clone(), reference(&case, &x), mutation.is_some(), case.kernel.dtype));
+    }
+    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
+    for i in 0..runs.len() {
+        let _ = writeln!(program, "  run{i}(dir);");
+    }
+    program.push_str("}\n");
+    compile_and_run(&dir, &program, "-O1");
+
+    let mut failures = Vec::new();
+    for (i, (name, want, mutated, dtype)) in runs.iter().enumerate() {
+        let tolerance = if *dtype == DType::F32 { F32_TOLERANCE } else { BF16_TOLERANCE };
+        let errs = errors(&dir, i, *dtype, want);
+        let worst = errs.iter().map(|e| e.1).fold(0.0, f64::max);
+        println!("{name}: {}", errs.iter().map(|(t, e)| format!("{t} {e:.1e}")).collect::<Vec<_>>().join(", "));
+        if !mutated && worst > tolerance {
+            failures.push(format!("{name}: {errs:?}"));
+        }
+        if *mutated && worst <= tolerance {
+            failures.push(format!("{name} passed (worst error {worst:e}): the comparison cannot see it"));
+        }
+    }
+    // Fully masked rows: lse = −∞ and out = 0 exactly (the last batch entry of case 0).
+    let seq = cases[0].seq;
+    let lse = read_f32(&dir.join("0.lse"));
+    assert!(lse[lse.len() - seq..].iter().all(|&x| x == f64::NEG_INFINITY), "{lse:?}");
+    let out = from_bytes(&std::fs::read(dir.join("0.out")).unwrap(), cases[0].kernel.dtype);
+    assert!(out.iter().rev().take(seq * cases[0].kernel.head_dim).all(|&x| x == 0.0));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn fused_attention_matches_the_reference_under_host_emulation() {
     if !gxx_present() {
@@ -194,45 +251,113 @@ fn fused_attention_matches_the_reference_under_host_emulation() {
             (Pass::Backward, "(z * zp_dot(dorow, vrow) - d_i)", "(z * zp_dot(dorow, vrow))"),
         ),
     ];
-    let dir = std::env::temp_dir().join(format!("zeroplan-cuda-attention-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut program = String::from("#include \"shim.h\"\n");
-    let mut runs: Vec<(String, AttentionOutputs, bool, DType)> = Vec::new();
-    let all = cases.iter().map(|c| (c.clone(), None)).chain(mutated.iter().map(|(what, base, m)| {
-        let mut c = cases[*base].clone();
-        c.name = format!("{} with {what}", c.name);
-        (c, Some(*m))
-    }));
-    for (i, (case, mutation)) in all.enumerate() {
-        let x = case.data(100 + i as u64);
-        write_inputs(&dir, i, &case, &x);
-        program.push_str(&harness(i, &case, mutation));
-        runs.push((case.name.clone(), reference(&case, &x), mutation.is_some(), case.kernel.dtype));
-    }
-    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
-    for i in 0..runs.len() {
-        let _ = writeln!(program, "  run{i}(dir);");
-    }
-    program.push_str("}\n");
-    compile_and_run(&dir, &program, "-O1");
+    check("fma", &cases, &mutated);
+}
 
-    let mut failures = Vec::new();
-    for (i, (name, want, mutated, dtype)) in runs.iter().enumerate() {
-        let tolerance = if *dtype == DType::F32 { F32_TOLERANCE } else { BF16_TOLERANCE };
-        let errs = errors(&dir, i, *dtype, want);
-        let worst = errs.iter().map(|e| e.1).fold(0.0, f64::max);
-        println!("{name}: {}", errs.iter().map(|(t, e)| format!("{t} {e:.1e}")).collect::<Vec<_>>().join(", "));
-        if !mutated && worst > tolerance {
-            failures.push(format!("{name}: {errs:?}"));
-        }
-        if *mutated && worst <= tolerance {
-            failures.push(format!("{name} passed (worst error {worst:e}): the comparison cannot see it"));
-        }
+/// The tensor-core kernels: both 16-bit types, head dims 32, 64 and 128
+/// (its smaller tiles and the dK/dV kernel's two walks), one block and
+/// several, one tile and several with a partial last; and mutants of their
+/// fragment mappings.
+#[test]
+fn tensor_core_attention_matches_the_reference_under_host_emulation() {
+    if !gxx_present() {
+        eprintln!("SKIPPED: no g++ to compile the emulated kernels");
+        return;
     }
-    // Fully masked rows: lse = −∞ and out = 0 exactly (the last batch entry).
-    let lse = read_f32(&dir.join("0.lse"));
-    assert!(lse[lse.len() - 5..].iter().all(|&x| x == f64::NEG_INFINITY), "{lse:?}");
-    assert!(read_f32(&dir.join("0.out")).iter().rev().take(5 * 32).all(|&x| x == 0.0));
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    std::fs::remove_dir_all(&dir).unwrap();
+    let cases = [
+        // One partial tile and block, fully masked rows in the last batch entry.
+        AttentionCase::new(
+            "mma d32 f16 plain S=5",
+            mma_kernel(32, DType::F16, DType::I64, false, false),
+            [2, 1, 5],
+            1,
+            0,
+        ),
+        // Two blocks and three key tiles, the last partial; ALiBi on rank 1 of 2.
+        AttentionCase::new(
+            "mma d64 bf16 alibi+dropout S=77",
+            mma_kernel(64, DType::BF16, DType::I64, true, true),
+            [1, 1, 77],
+            2,
+            1,
+        ),
+        // Head dim 128: tiles of 16, dV then dK.
+        AttentionCase::new(
+            "mma d128 bf16 alibi+dropout S=40",
+            mma_kernel(128, DType::BF16, DType::I64, true, true),
+            [1, 1, 40],
+            1,
+            0,
+        ),
+        // Three blocks, five key tiles.
+        AttentionCase::new(
+            "mma d64 f16 dropout i32 mask S=130",
+            mma_kernel(64, DType::F16, DType::I32, false, true),
+            [1, 1, 130],
+            1,
+            0,
+        ),
+        // The mutants' base: one block, one tile each way.
+        AttentionCase::new(
+            "mma d32 bf16 alibi+dropout S=20",
+            mma_kernel(32, DType::BF16, DType::I64, true, true),
+            [1, 1, 20],
+            1,
+            0,
+        ),
+    ];
+    let mutated: [(&str, usize, Mutation); 7] = [
+        (
+            "A's ldmatrix rows from 8 lanes",
+            4,
+            (
+                Pass::Forward,
+                "a + (lane % 16) * ZP_STRIDE + k + 8 * (lane / 16)",
+                "a + (lane % 8) * ZP_STRIDE + k + 8 * (lane / 16)",
+            ),
+        ),
+        (
+            "B's ldmatrix matrices 1 and 2 swapped (transposed)",
+            4,
+            (
+                Pass::Backward,
+                "(k + lane % 8 + 8 * (lane / 8 % 2)) * ZP_STRIDE + d + 8 * (lane / 16)",
+                "(k + lane % 8 + 8 * (lane / 16)) * ZP_STRIDE + d + 8 * (lane / 8 % 2)",
+            ),
+        ),
+        (
+            "an accumulator element's row (dropout's index)",
+            4,
+            (
+                Pass::Forward,
+                "i = row0 + lane / 4 + 8 * r, j = key0 + t;",
+                "i = row0 + lane / 4 + 8 * (1 - r), j = key0 + t;",
+            ),
+        ),
+        (
+            "an accumulator element's column",
+            4,
+            (
+                Pass::Forward,
+                "const int t = 8 * n + 2 * (lane % 4) + e % 2, i = row0",
+                "const int t = 8 * n + 2 * (lane % 4) + e / 2, i = row0",
+            ),
+        ),
+        (
+            "a key row's lanes in the dK/dV kernel",
+            4,
+            (Pass::Backward, "j = key_row0 + lane / 4 + 8 * r;", "j = key_row0 + lane % 8 + 8 * r;"),
+        ),
+        (
+            "the high half packed first",
+            4,
+            (
+                Pass::Backward,
+                "(unsigned)zp_bits(lo) | ((unsigned)zp_bits(hi) << 16)",
+                "(unsigned)zp_bits(hi) | ((unsigned)zp_bits(lo) << 16)",
+            ),
+        ),
+        ("the store's columns", 4, (Pass::Forward, "8 * d + 2 * (lane % 4));", "8 * d + 2 * (lane / 8));")),
+    ];
+    check("mma", &cases, &mutated);
 }

@@ -209,13 +209,38 @@ fn every_attention_specialisation_compiles_for_hopper() {
     for head_dim in [32, 64] {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for (alibi, dropout) in [(false, false), (true, false), (false, true), (true, true)] {
-                kernels.push(AttentionKernel { head_dim, dtype, mask: DType::I64, alibi, dropout });
+                kernels.push(AttentionKernel {
+                    head_dim,
+                    dtype,
+                    mask: DType::I64,
+                    alibi,
+                    dropout,
+                    tensor_cores: false,
+                });
             }
         }
     }
     // The mask type changes one typedef: once per storage type.
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        kernels.push(AttentionKernel { head_dim: 64, dtype, mask: DType::I32, alibi: true, dropout: true });
+        let tensor_cores = false;
+        kernels.push(AttentionKernel {
+            head_dim: 64,
+            dtype,
+            mask: DType::I32,
+            alibi: true,
+            dropout: true,
+            tensor_cores,
+        });
+    }
+    // Tensor cores: every head dim and 16-bit type, with ALiBi and dropout
+    // both off and both on (the most registers).
+    for head_dim in [32, 64, 128] {
+        for dtype in [DType::BF16, DType::F16] {
+            for on in [false, true] {
+                let mask = DType::I64;
+                kernels.push(AttentionKernel { head_dim, dtype, mask, alibi: on, dropout: on, tensor_cores: true });
+            }
+        }
     }
     let mut failures = Vec::new();
     let mut compiled = 0;
@@ -250,7 +275,12 @@ fn attention_family(
     k: &zeroplan_backend_cuda::AttentionKernel,
     pass: zeroplan_backend_cuda::attention::Pass,
 ) -> String {
-    let extras = [(k.alibi, " alibi"), (k.dropout, " dropout"), (k.mask == zeroplan_ir::DType::I32, " i32 mask")];
+    let extras = [
+        (k.alibi, " alibi"),
+        (k.dropout, " dropout"),
+        (k.mask == zeroplan_ir::DType::I32, " i32 mask"),
+        (k.tensor_cores, " mma"),
+    ];
     let extras: String = extras.iter().filter(|(on, _)| *on).map(|(_, s)| *s).collect();
     format!("attention {pass:?} d{} {:?}{extras}", k.head_dim, k.dtype)
 }
@@ -264,14 +294,36 @@ fn attention_and_adamw_fit_ampere() {
     use zeroplan_ir::DType;
     let Some(nvrtc) = nvrtc() else { return };
     let mut resources = ResourceCheck::new(SmLimits::SM_80);
+    let mut kernels = Vec::new();
     for head_dim in [32, 64] {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let kernel = AttentionKernel { head_dim, dtype, mask: DType::I64, alibi: true, dropout: true };
-            for pass in [Pass::Forward, Pass::Backward] {
-                let r = kernel.render(pass).unwrap();
-                let ptx = nvrtc.compile_ptx(&r.entries[0].1, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
-                resources.add(&attention_family(&kernel, pass), &ptx, &|_| attention::THREADS, ATTENTION_FLOOR);
-            }
+            kernels.push(AttentionKernel {
+                head_dim,
+                dtype,
+                mask: DType::I64,
+                alibi: true,
+                dropout: true,
+                tensor_cores: false,
+            });
+        }
+    }
+    for head_dim in [32, 64, 128] {
+        for dtype in [DType::BF16, DType::F16] {
+            kernels.push(AttentionKernel {
+                head_dim,
+                dtype,
+                mask: DType::I64,
+                alibi: true,
+                dropout: true,
+                tensor_cores: true,
+            });
+        }
+    }
+    for kernel in kernels {
+        for pass in [Pass::Forward, Pass::Backward] {
+            let r = kernel.render(pass).unwrap();
+            let ptx = nvrtc.compile_ptx(&r.entries[0].1, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
+            resources.add(&attention_family(&kernel, pass), &ptx, &|_| attention::THREADS, ATTENTION_FLOOR);
         }
     }
     for grad in [DType::F32, DType::BF16, DType::F16] {

@@ -121,11 +121,18 @@ fn full_source_of_a_bf16_dropout_residual_layer_norm() {
 
 /// A fused attention source from its specialisation's constants on (the
 /// template itself; the prelude's helpers above it are left out), with its
-/// launch over `[2, 12, 128, 64]`.
-fn attention_snapshot(pass: zeroplan_backend_cuda::attention::Pass) -> String {
+/// launch over `[2, 12, 128, 64]`: the CUDA-core kernels, or the tensor-core ones.
+fn attention_snapshot(pass: zeroplan_backend_cuda::attention::Pass, tensor_cores: bool) -> String {
     use zeroplan_backend_cuda::attention::AttentionKernel;
     use zeroplan_ir::DType;
-    let kernel = AttentionKernel { head_dim: 64, dtype: DType::BF16, mask: DType::I64, alibi: true, dropout: true };
+    let kernel = AttentionKernel {
+        head_dim: 64,
+        dtype: DType::BF16,
+        mask: DType::I64,
+        alibi: true,
+        dropout: true,
+        tensor_cores,
+    };
     let rendered = kernel.render(pass).unwrap();
     let launch = kernel
         .launch(
@@ -145,12 +152,22 @@ fn attention_snapshot(pass: zeroplan_backend_cuda::attention::Pass) -> String {
 
 #[test]
 fn fused_attention_forward() {
-    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Forward));
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Forward, false));
 }
 
 #[test]
 fn fused_attention_backward() {
-    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Backward));
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Backward, false));
+}
+
+#[test]
+fn tensor_core_attention_forward() {
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Forward, true));
+}
+
+#[test]
+fn tensor_core_attention_backward() {
+    insta::assert_snapshot!(attention_snapshot(zeroplan_backend_cuda::attention::Pass::Backward, true));
 }
 
 #[test]

@@ -108,7 +108,10 @@ impl LoadedAttention {
     }
 
     /// Launches each entry with `read` then its own outputs (`written`:
-    /// dq for dQ, dk and dv for dK/dV), then the scalars.
+    /// dq for dQ, dk and dv for dK/dV), then the scalars. The tensor-core
+    /// kernels stage `q, k, v, dout` 16 bytes at a time and store two
+    /// values at a time: every tensor but the mask and `lse` must start
+    /// 16-byte aligned (the planner's arenas align to 256).
     unsafe fn launch(
         &self,
         device: &CudaDevice,
@@ -126,6 +129,13 @@ impl LoadedAttention {
                 device.properties(),
             )
             .map_err(|e| self.mismatch(e.to_string()))?;
+        if self.kernel.tensor_cores {
+            // read: q, k, v, mask, out, lse[, dout]
+            let storage = read.iter().enumerate().filter(|(i, _)| !matches!(i, 3 | 5)).map(|(_, p)| p);
+            if let Some(p) = storage.chain(written).find(|&&p| p % 16 != 0) {
+                return Err(self.mismatch(format!("a tensor at {p:#x} is not 16-byte aligned")));
+            }
+        }
         for (l, (entry, function)) in shape.kernels.iter().zip(&self.functions) {
             let mut builder = stream.launch_builder(function);
             for p in read {

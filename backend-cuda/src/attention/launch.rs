@@ -1,17 +1,17 @@
 //! The attention kernels' launch shapes: plain numbers from the template's
-//! constants (`common.cu`), checked against a device's limits.
+//! constants (`fma.cu` for the CUDA-core kernels, `mma.cu` and the rendered
+//! tile for the tensor-core kernels), checked against a device's limits.
 
 use super::{AttentionError, AttentionKernel, AttentionShape, Entry, Pass};
 use crate::codegen::DeviceProperties;
 
 /// Threads per block of every attention kernel: 4 warps (`ZP_THREADS`).
 pub const THREADS: u32 = 128;
-/// The rows of one head a block owns (`ZP_ROWS`): query rows (forward, dQ)
-/// or key rows (dK/dV).
-pub const ROWS_PER_BLOCK: usize = 16;
-/// The other side's rows per shared-memory tile (`ZP_TILE`).
-const TILE: usize = 64;
 const WARPS: usize = 4;
+/// The CUDA-core kernels' other side's rows per shared-memory tile (`ZP_TILE` in `fma.cu`).
+const FMA_TILE: usize = 64;
+/// A tensor-core tile's row stride beyond the head dim, in elements (`ZP_STRIDE` in `mma.cu`).
+const MMA_PAD: usize = 8;
 /// The grid's y extent, `B·H`, is at most this (CUDA's limit on `gridDim.y`).
 pub const MAX_BLOCKS_Y: usize = 65_535;
 
@@ -20,7 +20,7 @@ pub const MAX_BLOCKS_Y: usize = 65_535;
 pub struct KernelLaunch {
     /// The kernel launched.
     pub entry: Entry,
-    /// `(⌈S/16⌉, B·H)`.
+    /// `(⌈S/rows⌉, B·H)`, rows = [`AttentionKernel::rows_per_block`].
     pub grid: (u32, u32),
     /// Threads per block: [`THREADS`].
     pub block: u32,
@@ -55,18 +55,78 @@ pub(super) fn check_shape(shape: AttentionShape) -> Result<(), AttentionError> {
 }
 
 impl AttentionKernel {
+    /// The rows of one head a block owns (`ZP_ROWS`): query rows (forward,
+    /// dQ) or key rows (dK/dV). CUDA cores: 4 a warp; tensor cores: 16 a
+    /// warp, one m16 tile.
+    pub fn rows_per_block(&self) -> usize {
+        if self.tensor_cores { 16 * WARPS } else { 16 }
+    }
+
+    /// The other side's rows per shared-memory tile (`ZP_TILE`). CUDA
+    /// cores: 64. Tensor cores: what keeps a thread within 128 registers
+    /// (`ZP_MIN_BLOCKS`) without spilling, measured with ptxas 13.0 for
+    /// sm_80 and sm_90: the forward's scores take `tile/2` registers and its
+    /// output `D/2`, so `tile = 2048/D` (64, 32, 16); the backward holds
+    /// scores and their gradients besides its accumulators: 32 at D ≤ 64,
+    /// 16 at D = 128 (which also keeps a block's two 64-row operands of
+    /// 136-element rows under 48 KiB).
+    pub fn tile(&self, pass: Pass) -> usize {
+        match (self.tensor_cores, pass) {
+            (false, _) => FMA_TILE,
+            (true, Pass::Forward) => 2048 / self.head_dim,
+            (true, Pass::Backward) => {
+                if self.head_dim <= 64 {
+                    32
+                } else {
+                    16
+                }
+            }
+        }
+    }
+
+    /// Whether the tensor-core dK/dV kernel walks the queries twice, dV
+    /// then dK (`ZP_SPLIT`): from head dim 64 the two accumulators (D/2
+    /// registers each) would not fit beside the products' operands, and
+    /// recomputing `K·Qᵀ` costs one product in five of that kernel.
+    pub fn split_dk_dv(&self) -> bool {
+        self.tensor_cores && self.head_dim >= 64
+    }
+
     /// Static shared memory of `entry`, in bytes (the arrays its source declares).
     pub fn shared_bytes(&self, entry: Entry) -> u32 {
-        let (d, pad) = (self.head_dim, self.head_dim + 1);
-        let floats = match entry {
-            // q_s[16][D], k_s[64][D+1], v_s[64][D], p_s[4][64]
-            Entry::Forward => ROWS_PER_BLOCK * d + TILE * pad + TILE * d + WARPS * TILE,
-            // q_s, do_s [16][D]; k_s, v_s [64][D+1]; ds_s[4][64]
-            Entry::BackwardDq => 2 * ROWS_PER_BLOCK * d + 2 * TILE * pad + WARPS * TILE,
-            // k_s, v_s [16][D]; q_s, do_s [64][D+1]; lse_s, d_s [64]; w_s[4][2][64]
-            Entry::BackwardDkDv => 2 * ROWS_PER_BLOCK * d + 2 * TILE * pad + 2 * TILE + 2 * WARPS * TILE,
+        let d = self.head_dim;
+        let bytes = if self.tensor_cores {
+            let (rows, stride, size) = (self.rows_per_block(), d + MMA_PAD, self.dtype.size_bytes() as usize);
+            match entry {
+                // q_s[rows], k_s, v_s[tile] rows of the storage type; live_s[tile] bool
+                Entry::Forward => {
+                    let tile = self.tile(Pass::Forward);
+                    (rows + 2 * tile) * stride * size + tile
+                }
+                // q_s, do_s[rows], k_s, v_s[tile] rows; lse_s, d_s[rows] f32; live_s[tile] bool
+                Entry::BackwardDq => {
+                    let tile = self.tile(Pass::Backward);
+                    (2 * rows + 2 * tile) * stride * size + 2 * rows * 4 + tile
+                }
+                // k_s, v_s[rows], q_s, do_s[tile] rows; lse_s, d_s[tile] f32
+                Entry::BackwardDkDv => {
+                    let tile = self.tile(Pass::Backward);
+                    (2 * rows + 2 * tile) * stride * size + 2 * tile * 4
+                }
+            }
+        } else {
+            let (rows, pad) = (self.rows_per_block(), d + 1);
+            let floats = match entry {
+                // q_s[16][D], k_s[64][D+1], v_s[64][D], p_s[4][64]
+                Entry::Forward => rows * d + FMA_TILE * pad + FMA_TILE * d + WARPS * FMA_TILE,
+                // q_s, do_s [16][D]; k_s, v_s [64][D+1]; ds_s[4][64]
+                Entry::BackwardDq => 2 * rows * d + 2 * FMA_TILE * pad + WARPS * FMA_TILE,
+                // k_s, v_s [16][D]; q_s, do_s [64][D+1]; lse_s, d_s [64]; w_s[4][2][64]
+                Entry::BackwardDkDv => 2 * rows * d + 2 * FMA_TILE * pad + 2 * FMA_TILE + 2 * WARPS * FMA_TILE,
+            };
+            floats * 4
         };
-        (floats * 4) as u32
+        bytes as u32
     }
 
     /// The launches of `pass` over tensors of `shape` on `device`.
@@ -78,7 +138,10 @@ impl AttentionKernel {
     ) -> Result<AttentionLaunch, AttentionError> {
         self.check()?;
         check_shape(shape)?;
-        let grid = (shape.seq.div_ceil(ROWS_PER_BLOCK) as u32, (shape.batch * shape.heads) as u32);
+        if self.tensor_cores && device.compute_capability < (8, 0) {
+            return Err(AttentionError::TensorCoreArch(device.compute_capability));
+        }
+        let grid = (shape.seq.div_ceil(self.rows_per_block()) as u32, (shape.batch * shape.heads) as u32);
         let kernels = pass
             .entries()
             .iter()

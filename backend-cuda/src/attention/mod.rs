@@ -14,20 +14,32 @@
 //! whose keys are all masked gives `out = 0`, `lse = −∞` and zero gradients.
 //!
 //! **What a source depends on** ([`AttentionKernel`]): the head dim (32 or
-//! 64), the storage dtype (f32, bf16, f16; arithmetic in f32), the mask's
-//! integer type, whether ALiBi and dropout are on, and the pass. Everything
+//! 64; 128 on tensor cores), the storage dtype (f32, bf16, f16; arithmetic
+//! in f32), the mask's integer type, whether ALiBi and dropout are on,
+//! whether the products run on tensor cores, and the pass. Everything
 //! else — batch, heads, sequence length, the scale, the tensor rank, the
 //! dropout probability, stream, seed and offset — is a kernel argument
 //! ([`AttentionArgs`]), so one compiled module serves every shape.
 //!
-//! **Launch** ([`AttentionKernel::launch`]): every kernel runs
-//! [`THREADS`] threads (4 warps) on a grid `(⌈S/16⌉, B·H)`; a block owns 16
-//! rows of one head (query rows for the forward and dQ, key rows for
-//! dK/dV), a warp 4 of them, and walks the other side in tiles of 64 staged
-//! in static shared memory as f32 ([`KernelLaunch::shared_bytes`]: 38,144 B
-//! forward, 42,496 B dQ, 44,032 B dK/dV at D = 64; 19,712, 22,016, 23,552 B at D = 32).
-//! The template is `common.cu`, `forward.cu`, `backward.cu` in this folder;
-//! their comments give the algorithm.
+//! **Two implementations**, chosen when the op is specialised for a device
+//! ([`FlashAttention::kernel`]): bf16 and f16 operands on sm_80 or newer run
+//! their products (`Q·Kᵀ`, `P·V`, and the backward's `dO·Vᵀ`, `dS·K`,
+//! `P·dO`, `dS·Q`) on tensor cores, `mma.sync` m16n8k16 with f32
+//! accumulation and `ldmatrix` fragment loads (`mma.cu`, `mma_forward.cu`,
+//! `mma_backward.cu`); f32 operands, and any device before sm_80, keep the
+//! CUDA-core kernels (`fma.cu`, `forward.cu`, `backward.cu`), whose f32
+//! products the tensor cores' 16-bit operands would round. `common.cu` is
+//! shared. The files' comments give the algorithms.
+//!
+//! **Launch** ([`AttentionKernel::launch`]): every kernel runs [`THREADS`]
+//! threads (4 warps) on a grid `(⌈S/rows⌉, B·H)`; a block owns `rows` rows
+//! of one head (query rows for the forward and dQ, key rows for dK/dV) and
+//! walks the other side in tiles staged in static shared memory
+//! ([`KernelLaunch::shared_bytes`]). CUDA cores: 16 rows (4 a warp), tiles
+//! of 64 as f32 (38,144 B forward, 42,496 B dQ, 44,032 B dK/dV at D = 64).
+//! Tensor cores: 64 rows (16 a warp: one m16 tile), tiles in the storage
+//! type of [`AttentionKernel::tile`] rows, sized to fit 128 registers a
+//! thread (18,464 B forward, 28,192 B dQ, 27,904 B dK/dV at D = 64).
 //!
 //! **Parameters** of every entry, in order: the tensor pointers (forward:
 //! `q, k, v, mask, out, lse`; dQ: `q, k, v, mask, out, lse, dout, dq`;
@@ -40,20 +52,29 @@ mod device;
 mod launch;
 
 pub use device::{BackwardTensors, ForwardTensors, LoadedAttention};
-pub use launch::{AttentionLaunch, KernelLaunch, MAX_BLOCKS_Y, ROWS_PER_BLOCK, THREADS};
+pub use launch::{AttentionLaunch, KernelLaunch, MAX_BLOCKS_Y, THREADS};
 use zeroplan_ir::DType;
 
 use crate::codegen::expr::c_type;
-use crate::codegen::prelude;
+use crate::codegen::{DeviceProperties, prelude};
 
 /// Why an attention kernel cannot be rendered, launched or given arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttentionError {
     /// A head dim the template has no tiles for: the dim asked for.
     #[error(
-        "fused attention supports head dims 32 and 64, not {0}: use the unfused attention (matmul, softmax, matmul) for other head sizes"
+        "fused attention supports head dims 32 and 64 (and 128 on tensor cores: bf16/f16 on sm_80+), not {0}: use the unfused attention (matmul, softmax, matmul) for other head sizes"
     )]
     HeadDim(usize),
+    /// Tensor cores asked of operands they do not take: the dtype.
+    #[error("the tensor-core attention kernels take bf16 or f16 operands, not {0:?}: f32 runs on CUDA cores")]
+    TensorCoreDtype(DType),
+    /// Tensor-core kernels launched on a device before sm_80: its `(major, minor)`.
+    #[error(
+        "the tensor-core attention kernels need sm_80 or newer (mma.sync m16n8k16 with bf16/f16), the device is sm_{}{}: specialise the op for this device",
+        .0.0, .0.1
+    )]
+    TensorCoreArch((i32, i32)),
     /// A storage dtype the template cannot load: the dtype asked for.
     #[error("fused attention stores q, k, v in f32, bf16 or f16, not {0:?}: cast the operands first")]
     Dtype(DType),
@@ -126,6 +147,10 @@ pub struct AttentionKernel {
     pub alibi: bool,
     /// Whether dropout is drawn on the probabilities (`p > 0`).
     pub dropout: bool,
+    /// Whether the products run on tensor cores (`mma.sync`, sm_80+, bf16
+    /// or f16 storage) rather than as CUDA-core FMAs: see
+    /// [`AttentionKernel::tensor_cores_serve`].
+    pub tensor_cores: bool,
 }
 
 /// Forward or backward: one source each.
@@ -221,18 +246,36 @@ pub struct AttentionArgs {
     pub offset: u64,
 }
 
-/// The template's parts, in the order they are rendered.
+/// The template's parts, in the order they are rendered: the shared
+/// helpers, then the CUDA-core kernels' or the tensor-core kernels'.
 const COMMON: &str = include_str!("common.cu");
+const FMA: &str = include_str!("fma.cu");
 const FORWARD: &str = include_str!("forward.cu");
 const BACKWARD: &str = include_str!("backward.cu");
+const MMA: &str = include_str!("mma.cu");
+const MMA_FORWARD: &str = include_str!("mma_forward.cu");
+const MMA_BACKWARD: &str = include_str!("mma_backward.cu");
 
 impl FlashAttention {
     /// The source specialisation for operands of `dtype`, head dim `head_dim`
-    /// and a `mask` of that integer type.
-    pub fn kernel(&self, head_dim: usize, dtype: DType, mask: DType) -> Result<AttentionKernel, AttentionError> {
+    /// and a `mask` of that integer type on `device`: on tensor cores where
+    /// [`AttentionKernel::tensor_cores_serve`] says so, else on CUDA cores.
+    pub fn kernel(
+        &self,
+        head_dim: usize,
+        dtype: DType,
+        mask: DType,
+        device: &DeviceProperties,
+    ) -> Result<AttentionKernel, AttentionError> {
         self.dropout_probability()?;
-        let kernel =
-            AttentionKernel { head_dim, dtype, mask, alibi: self.alibi_ranks.is_some(), dropout: self.dropout > 0.0 };
+        let kernel = AttentionKernel {
+            head_dim,
+            dtype,
+            mask,
+            alibi: self.alibi_ranks.is_some(),
+            dropout: self.dropout > 0.0,
+            tensor_cores: AttentionKernel::tensor_cores_serve(head_dim, dtype, device),
+        };
         kernel.check()?;
         Ok(kernel)
     }
@@ -294,13 +337,28 @@ impl FlashAttention {
 }
 
 impl AttentionKernel {
+    /// Whether the tensor-core kernels serve head dim `head_dim` over `dtype`
+    /// operands on `device`: bf16 or f16 (the `mma` operand types; f32 would
+    /// be rounded to them), sm_80 or newer (`mma.sync` m16n8k16 with bf16 is
+    /// Ampere's), head dim 32, 64 or 128 (whole k-steps of 16, and tiles
+    /// that fit 48 KiB of static shared memory).
+    pub fn tensor_cores_serve(head_dim: usize, dtype: DType, device: &DeviceProperties) -> bool {
+        matches!(dtype, DType::BF16 | DType::F16)
+            && device.compute_capability >= (8, 0)
+            && matches!(head_dim, 32 | 64 | 128)
+    }
+
     /// Whether the template supports this specialisation (a clear error if not).
     pub fn check(&self) -> Result<(), AttentionError> {
-        if !matches!(self.head_dim, 32 | 64) {
+        let head_dims: &[usize] = if self.tensor_cores { &[32, 64, 128] } else { &[32, 64] };
+        if !head_dims.contains(&self.head_dim) {
             return Err(AttentionError::HeadDim(self.head_dim));
         }
         if !matches!(self.dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(AttentionError::Dtype(self.dtype));
+        }
+        if self.tensor_cores && self.dtype == DType::F32 {
+            return Err(AttentionError::TensorCoreDtype(self.dtype));
         }
         if !matches!(self.mask, DType::I32 | DType::I64) {
             return Err(AttentionError::MaskDtype(self.mask));
@@ -317,7 +375,8 @@ impl AttentionKernel {
             Entry::BackwardDkDv => "bwd_dkdv",
         };
         format!(
-            "zp_flash_attention_{pass}_d{}_{}_mask_{}{}{}",
+            "zp_flash_attention_{}{pass}_d{}_{}_mask_{}{}{}",
+            if self.tensor_cores { "mma_" } else { "" },
             self.head_dim,
             self.dtype.name(),
             self.mask.name(),
@@ -332,7 +391,7 @@ impl AttentionKernel {
         self.check()?;
         let mut s = String::new();
         s.push_str(&format!(
-            "// zeroplan fused attention, {}: head dim {}, {:?} storage, {:?} mask, ALiBi {}, dropout {}.\n",
+            "// zeroplan fused attention, {}: head dim {}, {:?} storage, {:?} mask, ALiBi {}, dropout {}, {}.\n",
             match pass {
                 Pass::Forward => "forward",
                 Pass::Backward => "backward",
@@ -342,30 +401,62 @@ impl AttentionKernel {
             self.mask,
             if self.alibi { "on" } else { "off" },
             if self.dropout { "on" } else { "off" },
+            if self.tensor_cores { "tensor cores" } else { "CUDA cores" },
         ));
         s.push_str(&prelude::types_and_math(self.dtype == DType::BF16, self.dtype == DType::F16));
         s.push_str(prelude::REDUCE);
         s.push_str(prelude::PHILOX);
         s.push_str(&format!(
-            "\n// ── This specialisation ──\ntypedef {} zp_t;\ntypedef {} zp_mask_t;\nconstexpr int ZP_D = {};\nconstexpr bool ZP_ALIBI = {};\nconstexpr bool ZP_DROPOUT = {};\n\n",
+            "\n// ── This specialisation ──\ntypedef {} zp_t;\ntypedef {} zp_mask_t;\nconstexpr int ZP_D = {};\nconstexpr bool ZP_ALIBI = {};\nconstexpr bool ZP_DROPOUT = {};\n",
             c_type(self.dtype),
             c_type(self.mask),
             self.head_dim,
             self.alibi,
             self.dropout,
         ));
+        if self.tensor_cores {
+            s.push_str(&self.tensor_core_constants(pass));
+        }
+        s.push('\n');
         s.push_str(COMMON);
         s.push('\n');
+        let (forward, backward) = if self.tensor_cores {
+            // The instructions' operand type: `mma…f32.bf16.bf16.f32` or `.f16`.
+            s.push_str(&MMA.replace("$MMA", self.dtype.name()));
+            (MMA_FORWARD, MMA_BACKWARD)
+        } else {
+            s.push_str(FMA);
+            (FORWARD, BACKWARD)
+        };
+        s.push('\n');
         match pass {
-            Pass::Forward => s.push_str(&FORWARD.replace("$FORWARD", &self.symbol(Entry::Forward))),
+            Pass::Forward => s.push_str(&forward.replace("$FORWARD", &self.symbol(Entry::Forward))),
             Pass::Backward => s.push_str(
-                &BACKWARD
+                &backward
                     .replace("$BACKWARD_DQ", &self.symbol(Entry::BackwardDq))
                     .replace("$BACKWARD_DKDV", &self.symbol(Entry::BackwardDkDv)),
             ),
         }
         let entries = pass.entries().iter().map(|&e| (e, self.symbol(e))).collect();
         Ok(RenderedAttention { kernel: *self, pass, source: s, entries })
+    }
+
+    /// The tensor-core kernels' constants: the other side's tile
+    /// ([`AttentionKernel::tile`]), whether the dK/dV kernel walks the
+    /// queries twice, and the rounding of a float to the storage type's bits.
+    fn tensor_core_constants(&self, pass: Pass) -> String {
+        let (convert, bits) = match self.dtype {
+            DType::BF16 => ("__float2bfloat16_rn", "__bfloat16_as_ushort"),
+            _ => ("__float2half_rn", "__half_as_ushort"),
+        };
+        let mut s = format!("constexpr int ZP_TILE = {};\n", self.tile(pass));
+        if pass == Pass::Backward {
+            s.push_str(&format!("constexpr bool ZP_SPLIT = {};\n", self.split_dk_dv()));
+        }
+        s.push_str(&format!(
+            "__device__ __forceinline__ unsigned short zp_bits(float x) {{ return {bits}({convert}(x)); }}\n"
+        ));
+        s
     }
 }
 

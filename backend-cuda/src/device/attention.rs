@@ -2,11 +2,13 @@
 //!
 //! The IR's `FlashAttention` / `FlashAttentionGrad` run as
 //! `zeroplan-backend-cuda`'s FlashAttention-2-style kernels over device
-//! pointers (`attention/` there: one block per 16 rows of a head, key tiles
+//! pointers (`attention/` there: one block per 16 or 64 rows of a head, key tiles
 //! in shared memory, no `[B, H, S, S]` tensor) wherever the template covers
 //! the instruction: operands on the device, head dim 32 or 64, f32 / bf16 /
-//! f16 storage. Anything else keeps the host routine on a staging copy
-//! (`exec::staged`), so every plan still runs.
+//! f16 storage, or head dim 128 with bf16 / f16 on sm_80+ (where bf16 and
+//! f16 run on tensor cores: `FlashAttention::kernel` decides from the
+//! device's properties). Anything else keeps the host routine on a staging
+//! copy (`exec::staged`), so every plan still runs.
 //!
 //! Selection rewrites such an instruction into an [`Instr::Kernel`] whose
 //! kernel is [`CudaKernel::Attention`]: the runner's hazards and profiles
@@ -77,10 +79,23 @@ pub fn select(
         }
         let [batch, heads, seq, head_dim] = attention.dims;
         let op = FlashAttention { scale, alibi_ranks, dropout, stream };
-        let Ok(kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype) else {
+        let Ok(mut kernel) = op.kernel(head_dim, inputs[0].dtype, inputs[3].dtype, gpu.properties()) else {
             leave("a head dim or dtype the template lacks: the staged host routine");
             continue;
         };
+        // The tensor-core kernels move the 16-bit tensors 16 bytes at a
+        // time (the arena is 256-byte aligned): a tensor off a 16-byte
+        // boundary takes the CUDA-core kernels, which have no head dim 128.
+        let misaligned = inputs.iter().chain(&outputs).any(|b| b.dtype.size_bytes() == 2 && b.offset % 16 != 0);
+        if kernel.tensor_cores && misaligned {
+            kernel.tensor_cores = false;
+            if kernel.check().is_err() {
+                leave(
+                    "a 16-bit tensor off a 16-byte boundary at a head dim only tensor cores serve: the staged host routine",
+                );
+                continue;
+            }
+        }
         let shape = AttentionShape { batch, heads, seq };
         let args = op.args(&kernel, shape, rank.tensor as u64, 0, 0).map_err(|e| unsupported(e.to_string()))?;
         kernel.launch(pass, shape, gpu.properties()).map_err(|e| unsupported(e.to_string()))?;

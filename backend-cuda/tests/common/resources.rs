@@ -36,6 +36,12 @@ const KNOWN: &[(&str, &str, &str)] = &[
     // blocks in the A100's 164 KiB: 19% of the warp slots.
     ("sm_80", "zp_flash_attention_bwd_dq_d64_", "occupancy"),
     ("sm_80", "zp_flash_attention_bwd_dkdv_d64_", "occupancy"),
+    // Tensor-core backward at head dim 128: two 64-row operands of 136
+    // bf16/f16 a row and two 16-row tiles, 43–44 KiB a block, 3 blocks in
+    // the A100's 164 KiB: 19% (25% on sm_90). Fewer own rows a block would
+    // need warps sharing an m16 tile's rows.
+    ("sm_80", "zp_flash_attention_mma_bwd_dq_d128_", "occupancy"),
+    ("sm_80", "zp_flash_attention_mma_bwd_dkdv_d128_", "occupancy"),
     // LayerNorm backward at BERT-base's width (768: 96 threads of 8-wide
     // vectors a row): 60–72 registers, 42–47% of the warp slots.
     ("sm_90", "_norm_back0_fused", "occupancy"),
