@@ -312,12 +312,12 @@ fn free_port() -> String {
 #[test]
 fn a_multi_node_launch_needs_a_token_only_its_owner_can_read() {
     let port = free_port();
-    let node = |extra: &[&str]| {
+    let node = |extra: &[&str], env: &[(&str, Option<&str>)]| {
         let args = ["launch", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1"];
         let tail = ["--master-port", &port, "--nproc", "1", "--", "train", "models/tiny/tiny-bert.ron"];
-        [&args[..], extra, &tail].concat()
+        within_env(&[&args[..], extra, &tail].concat(), env)
     };
-    let out = within_env(&node(&[]), &NO_TOKEN);
+    let out = node(&[], &NO_TOKEN);
     let stderr = text(&out.stderr);
     assert!(!out.status.success() && !stderr.contains("[rank"), "no rank may start: {stderr}");
     assert!(stderr.contains("--nnodes 2 needs a job token") && stderr.contains("--token-file job.token"), "{stderr}");
@@ -325,10 +325,10 @@ fn a_multi_node_launch_needs_a_token_only_its_owner_can_read() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("job.token");
     std::fs::write(&file, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
-    let exposed = within_env(&node(&["--token-file", file.to_str().unwrap()]), &NO_TOKEN);
+    let exposed = node(&["--token-file", file.to_str().unwrap()], &NO_TOKEN);
     let stderr = text(&exposed.stderr);
     assert!(!exposed.status.success() && stderr.contains("chmod 600"), "a world-readable token file: {stderr}");
-    let short = within_env(&node(&[]), &[("ZEROPLAN_JOB_TOKEN", Some("hunter2"))]);
+    let short = node(&[], &[("ZEROPLAN_JOB_TOKEN", Some("hunter2"))]);
     let stderr = text(&short.stderr);
     assert!(!short.status.success() && stderr.contains("7 characters; it needs 32"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -388,7 +388,9 @@ fn two_nodes_on_a_shared_token_train_together_and_a_node_with_another_is_refused
     let out = nodes(port.clone(), [[shared(), vec![timeout]].concat(), other]);
     let (node0, node1) = (text(&out[0].stderr), text(&out[1].stderr));
     assert!(!out[1].status.success() && !node1.contains("panicked"), "{node1}");
-    let refused = format!("[rank 1] error: rank 1: the rendezvous store at 127.0.0.1:{port} did not admit this rank");
+    // (As JSON: the run logs JSON.)
+    let refused =
+        format!("[rank 1] {{\"error\":{{\"message\":\"rank 1: the rendezvous store at 127.0.0.1:{port} did not admit");
     assert!(node1.contains(&refused) && node1.contains("refused this process's job token"), "{node1}");
     assert!(node0.contains("[rank 0] warning: the rendezvous store refused a connection from 127.0.0.1:"), "{node0}");
     assert!(!out[0].status.success() && node0.contains("rank(s) 1 of the group never connected"), "{node0}");

@@ -197,12 +197,48 @@ impl World {
         let mut config = StoreConfig::new(token, self.timeout);
         config.max_connections = config.max_connections.max(self.world_size + SPARE_CONNECTIONS);
         if self.rank == 0 {
-            let bind = host_port(self.store_bind.as_deref().unwrap_or(&self.master_addr), self.master_port);
-            Store::serve(&bind, &self.master(), &config)
+            Store::serve(&self.serve_on(), &self.master(), &config)
         } else {
             Store::connect(&self.master(), &config)
         }
     }
+
+    /// Where rank 0 serves the store: [`STORE_BIND_VAR`], else
+    /// `MASTER_ADDR` — except a host name that this host resolves to its
+    /// loopback alone (`/etc/hosts` often maps its own name to 127.0.1.1),
+    /// which other nodes reach at another address: then every interface,
+    /// with a note.
+    fn serve_on(&self) -> String {
+        if let Some(bind) = &self.store_bind {
+            return host_port(bind, self.master_port);
+        }
+        let resolved: Vec<IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&self.master())
+            .map(|addrs| addrs.map(|a| a.ip()).collect())
+            .unwrap_or_default();
+        match every_interface(&self.master_addr, &resolved) {
+            Some(any) => {
+                eprintln!(
+                    "note: MASTER_ADDR={} resolves to {} on this host, a loopback address other nodes cannot \
+                     reach: serving the rendezvous on every interface (set {STORE_BIND_VAR} to choose one)",
+                    self.master_addr, resolved[0]
+                );
+                host_port(any, self.master_port)
+            }
+            None => self.master(),
+        }
+    }
+}
+
+/// The unspecified address to serve on instead of `host`, when `host` is a
+/// name (not a loopback one) that resolves to loopback addresses only.
+fn every_interface(host: &str, resolved: &[IpAddr]) -> Option<&'static str> {
+    if is_loopback(host) || host.parse::<IpAddr>().is_ok() || resolved.is_empty() {
+        return None;
+    }
+    if !resolved.iter().all(IpAddr::is_loopback) {
+        return None;
+    }
+    Some(if resolved.iter().all(IpAddr::is_ipv6) { "::" } else { "0.0.0.0" })
 }
 
 /// `host:port`, an IPv6 address in brackets.
@@ -289,6 +325,17 @@ mod tests {
         assert_eq!((w.token.unwrap().secret(), w.store_bind.as_deref()), (TOKEN, Some("0.0.0.0")));
         let e = with(&[(TOKEN_VAR, "short")]).unwrap_err();
         assert!(matches!(e, WorldError::Token(TokenError::TooShort { chars: 5, .. })), "{e:?}");
+    }
+
+    #[test]
+    fn a_host_name_that_resolves_to_loopback_here_is_served_on_every_interface() {
+        let (v4, v6): (IpAddr, IpAddr) = ("127.0.1.1".parse().unwrap(), "::1".parse().unwrap());
+        assert_eq!(every_interface("node0", &[v4]), Some("0.0.0.0"));
+        assert_eq!(every_interface("node0", &[v6]), Some("::"));
+        assert_eq!(every_interface("node0", &["10.0.0.1".parse().unwrap(), v4]), None);
+        assert_eq!(every_interface("localhost", &[v4]), None);
+        assert_eq!(every_interface("127.0.0.1", &[v4]), None);
+        assert_eq!(every_interface("node0", &[]), None);
     }
 
     #[test]

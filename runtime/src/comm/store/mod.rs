@@ -71,8 +71,8 @@ pub enum StoreError {
     Unauthenticated { addr: String, cause: String },
 }
 
-/// How long a connection may stay silent in its handshake, or in a
-/// request once begun, before it is dropped (on either end).
+/// How long a handshake may take, and a connection stay silent in the
+/// middle of a request, before it is dropped (on either end).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(10);
 /// The most connections a server holds at once, handshaking or admitted.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -85,8 +85,9 @@ pub struct StoreConfig {
     pub token: JobToken,
     /// How long a rendezvous wait may take: reaching the store, each key.
     pub timeout: Duration,
-    /// The idle timeout: how long a handshake, or a request once begun,
-    /// may take ([`DEFAULT_IDLE`]). The mesh's handshakes take it too.
+    /// The idle timeout: how long a handshake may take, and a connection
+    /// stay silent mid-request ([`DEFAULT_IDLE`]). The mesh's handshakes
+    /// take it too.
     pub idle: Duration,
     /// The most connections the server holds at once ([`DEFAULT_MAX_CONNECTIONS`]).
     pub max_connections: usize,

@@ -3,8 +3,8 @@
 //!
 //! Network input is hostile until then: at most `max_connections` are open
 //! at once (the next is told it is busy and closed), a handshake must
-//! finish within `idle`, and so must each request once its first byte has
-//! arrived; between requests an admitted rank may stay quiet as long as it
+//! finish within `idle`, and a request once begun may not fall silent for
+//! longer; between requests an admitted rank may stay quiet as long as it
 //! likes (ranks keep their connection for the whole run). A refused
 //! connection is reported naming its address, and the job goes on.
 
@@ -146,7 +146,7 @@ fn serve(conn: &TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result<()> 
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
-        // The rest of the request must follow promptly.
+        // The rest of the request must follow without a long pause.
         conn.set_read_timeout(Some(config.idle))?;
         let key = String::from_utf8_lossy(&read_bytes(&mut r)?).into_owned();
         match op {

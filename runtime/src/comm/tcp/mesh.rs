@@ -122,8 +122,12 @@ fn accept_higher(
         }
         match listener.accept() {
             Ok((conn, peer)) => {
-                if running.load(Ordering::SeqCst) >= HANDSHAKES || conn.set_nonblocking(false).is_err() {
+                if running.load(Ordering::SeqCst) >= HANDSHAKES {
                     auth::busy(&conn, &MESH);
+                    continue;
+                }
+                // Accepted from a non-blocking listener; the handshake blocks, with timeouts.
+                if conn.set_nonblocking(false).is_err() {
                     continue;
                 }
                 running.fetch_add(1, Ordering::SeqCst);
