@@ -39,8 +39,8 @@ pub enum TokenError {
     #[error("could not read the job token file {path} ({cause}): {MAKE_ONE}")]
     Unreadable { path: String, cause: String },
     #[error(
-        "the job token file {path} can be read by other users (mode {mode:o}): anyone who reads it can join the \
-         job; run `chmod 600 {path}`"
+        "the job token file {path} is open to other users (mode {mode:o}): anyone who reads it can join the job; \
+         run `chmod 600 {path}`"
     )]
     Exposed { path: String, mode: u32 },
     #[error("could not draw a job token from the operating system's random source: {0}")]
@@ -68,8 +68,9 @@ impl JobToken {
         Ok(JobToken(text.into()))
     }
 
-    /// The token in the file at `path`, which only its owner may read (as
-    /// ssh insists of a private key: a token others can read admits them).
+    /// The token in the file at `path`, which only its owner may read or
+    /// write (as ssh insists of a private key: a token others can read
+    /// admits them, one they can write is theirs).
     pub fn from_file(path: &Path) -> Result<JobToken, TokenError> {
         let shown = path.display().to_string();
         let unreadable = |e: std::io::Error| TokenError::Unreadable { path: shown.clone(), cause: e.to_string() };
