@@ -270,7 +270,7 @@ fn a_server_that_cannot_prove_it_holds_the_token_is_not_trusted() {
 
 #[test]
 fn clients_that_connect_and_stall_are_dropped_at_the_idle_timeout() {
-    let idle = Duration::from_millis(500);
+    let idle = Duration::from_secs(1);
     let limits = StoreConfig { idle, max_connections: 3, ..config(Duration::from_secs(20)) };
     let server = StoreServer::bind("127.0.0.1:0", &limits).unwrap();
     let addr = server.addr().to_string();
