@@ -640,6 +640,11 @@ pub struct LaunchArgs {
     /// The rendezvous port (default: a free one on this host; required with --nnodes > 1).
     #[arg(long, value_name = "P")]
     pub master_port: Option<u16>,
+    /// A file holding the job token, the secret that admits a rank to the rendezvous and to the other
+    /// ranks (readable by its owner only; the same on every node). Default: ZEROPLAN_JOB_TOKEN, else
+    /// the file ZEROPLAN_JOB_TOKEN_FILE names, else (one node only) a fresh one drawn for this launch.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// What every rank runs: zeroplan's arguments after `--` (e.g. `-- train SPEC --backend cpu --zero 2`).
     #[arg(last = true, required = true, value_name = "ARGS")]
     pub command: Vec<String>,

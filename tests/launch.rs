@@ -1,6 +1,9 @@
 //! `zeroplan launch`: one process per rank trains as the threaded run of
 //! the same ranks does, to the bit; a failing or killed rank ends the
-//! launch with an error naming it, never a hang.
+//! launch with an error naming it, never a hang. Two launches as two nodes
+//! of one host train together on a shared token file, a node with another
+//! token is refused naming the store, and a multi-node launch (or a rank
+//! started by hand with a store others can reach) needs a token.
 
 #[path = "../driver/tests/glue_files/mod.rs"]
 mod glue_files;
@@ -16,13 +19,19 @@ use common::{failure, root};
 
 /// Runs the binary with `args`, killing it if it has not finished in 240 s.
 fn within(args: &[&str]) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_zeroplan"))
-        .args(args)
-        .current_dir(root())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    within_env(args, &[])
+}
+
+/// As [`within`], with `env` set (`None`: removed).
+fn within_env(args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_zeroplan"));
+    for (name, value) in env {
+        match value {
+            Some(v) => command.env(name, v),
+            None => command.env_remove(name),
+        };
+    }
+    let child = command.args(args).current_dir(root()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let id = child.id();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
@@ -290,6 +299,131 @@ fn a_bad_launch_environment_is_named_with_the_fix() {
     );
     let e = failure(&["launch", "--nproc", "2"]);
     assert!(e.contains("<ARGS>"), "the command to launch is required: {e}");
+}
+
+/// The environment without any job token.
+const NO_TOKEN: [(&str, Option<&str>); 2] = [("ZEROPLAN_JOB_TOKEN", None), ("ZEROPLAN_JOB_TOKEN_FILE", None)];
+
+/// A port free on this host now.
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
+}
+
+#[test]
+fn a_multi_node_launch_needs_a_token_only_its_owner_can_read() {
+    let port = free_port();
+    let node = |extra: &[&str], env: &[(&str, Option<&str>)]| {
+        let args = ["launch", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1"];
+        let tail = ["--master-port", &port, "--nproc", "1", "--", "train", "models/tiny/tiny-bert.ron"];
+        within_env(&[&args[..], extra, &tail].concat(), env)
+    };
+    let out = node(&[], &NO_TOKEN);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("[rank"), "no rank may start: {stderr}");
+    assert!(stderr.contains("--nnodes 2 needs a job token") && stderr.contains("--token-file job.token"), "{stderr}");
+    let dir = std::env::temp_dir().join(format!("zeroplan-launch-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("job.token");
+    std::fs::write(&file, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
+    let exposed = node(&["--token-file", file.to_str().unwrap()], &NO_TOKEN);
+    let stderr = text(&exposed.stderr);
+    assert!(!exposed.status.success() && stderr.contains("chmod 600"), "a world-readable token file: {stderr}");
+    let short = node(&[], &[("ZEROPLAN_JOB_TOKEN", Some("hunter2"))]);
+    let stderr = text(&short.stderr);
+    assert!(!short.status.success() && stderr.contains("7 characters; it needs 32"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_nodes_on_a_shared_token_train_together_and_a_node_with_another_is_refused() {
+    let dir = std::env::temp_dir().join(format!("zeroplan-launch-nodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("job.token");
+    std::fs::write(&file, "fedcba9876543210fedcba9876543210fedcba9876543210\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let file = file.to_str().unwrap().to_string();
+    let train = ["models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "2", "--log-json", "--lr", "1e-2"];
+    // Two launches of one rank each, as two nodes would run them.
+    let nodes = |port: String, tokens: [Vec<(&'static str, Option<String>)>; 2]| {
+        let handles: Vec<_> = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(k, env)| {
+                let (port, node) = (port.clone(), k.to_string());
+                let args: Vec<String> = [
+                    &["launch", "--nnodes", "2", "--node-rank", &node, "--nproc", "1"][..],
+                    &["--master-addr", "127.0.0.1", "--master-port", &port, "--", "train"],
+                    &train,
+                ]
+                .concat()
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+                std::thread::spawn(move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+                    within_env(&args, &env)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    let shared = || vec![("ZEROPLAN_JOB_TOKEN", None), ("ZEROPLAN_JOB_TOKEN_FILE", Some(file.clone()))];
+    let out = nodes(free_port(), [shared(), shared()]);
+    assert!(out[1].status.success(), "node 1: {}", text(&out[1].stderr));
+    let one = [&["train"][..], &train, &["--ranks", "2"]].concat();
+    let (processes, threads) = (json_lines(&out[0], &["node 0"]), json_lines(&within(&one), &one));
+    assert_eq!(field(&processes, "loss"), field(&threads, "loss"), "two nodes train as two threads");
+
+    // Node 1 with another token: its rank is refused by the store, naming
+    // it; node 0's store names the refused connection and goes on (until
+    // its rank gives up waiting for rank 1).
+    let port = free_port();
+    let other = vec![("ZEROPLAN_JOB_TOKEN", Some("another job's token, 32 characters or more".to_string()))];
+    let timeout = ("ZEROPLAN_RENDEZVOUS_TIMEOUT", Some("3".to_string()));
+    let out = nodes(port.clone(), [[shared(), vec![timeout]].concat(), other]);
+    let (node0, node1) = (text(&out[0].stderr), text(&out[1].stderr));
+    assert!(!out[1].status.success() && !node1.contains("panicked"), "{node1}");
+    // (As JSON: the run logs JSON.)
+    let refused =
+        format!("[rank 1] {{\"error\":{{\"message\":\"rank 1: the rendezvous store at 127.0.0.1:{port} did not admit");
+    assert!(node1.contains(&refused) && node1.contains("refused this process's job token"), "{node1}");
+    assert!(node0.contains("[rank 0] warning: the rendezvous store refused a connection from 127.0.0.1:"), "{node0}");
+    assert!(!out[0].status.success() && node0.contains("rank(s) 1 of the group never connected"), "{node0}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_rank_started_by_hand_needs_a_token_unless_its_store_is_on_loopback() {
+    let port = free_port();
+    let hand = |addr: &str| {
+        let env = [
+            ("WORLD_SIZE", Some("1")),
+            ("RANK", Some("0")),
+            ("LOCAL_RANK", Some("0")),
+            ("MASTER_ADDR", Some(addr)),
+            ("MASTER_PORT", Some(port.as_str())),
+        ];
+        within_env(
+            &["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "1"],
+            &[&env[..], &NO_TOKEN].concat(),
+        )
+    };
+    let out = hand("127.0.0.1");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: rank 0: no job token (ZEROPLAN_JOB_TOKEN)"), "{stderr}");
+    // A documentation address (never contacted: refused before any connection).
+    let out = hand("192.0.2.1");
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("MASTER_ADDR=192.0.2.1 can be reached from other hosts"),
+        "{stderr}"
+    );
 }
 
 /// `launch --nproc N -- train … --backend cuda` (one GPU per rank, NCCL)

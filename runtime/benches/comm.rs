@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use zeroplan_runtime::comm::{Communicator, InProcess, Store, StoreServer, Tcp};
+use zeroplan_runtime::comm::{Communicator, InProcess, JobToken, Store, StoreConfig, StoreServer, Tcp};
 
 const ELEMENTS: usize = 22_713_216;
 const RUNS: usize = 5;
@@ -42,14 +42,15 @@ fn time<C: Communicator>(group: &[C], op: &Op) -> f64 {
 
 /// A TCP group of `ranks` over localhost, each rank with its own store connection.
 fn tcp_group(ranks: usize) -> (StoreServer, Vec<Tcp>) {
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let config = StoreConfig::new(JobToken::generate().unwrap(), Duration::from_secs(30));
+    let server = StoreServer::bind("127.0.0.1:0", &config).unwrap();
     let addr = server.addr().to_string();
     let group = std::thread::scope(|s| {
         let joining: Vec<_> = (0..ranks)
             .map(|rank| {
-                let addr = &addr;
+                let (addr, config) = (&addr, &config);
                 s.spawn(move || {
-                    let store = Store::connect(addr, Duration::from_secs(30)).unwrap();
+                    let store = Store::connect(addr, config).unwrap();
                     Tcp::join(&store, "bench", rank, ranks).unwrap()
                 })
             })

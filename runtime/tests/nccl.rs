@@ -21,11 +21,12 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use zeroplan_backend_cuda::{Nccl, nccl};
 use zeroplan_ir::DType;
-use zeroplan_runtime::comm::{CommError, Communicator, Store, StoreServer};
+use zeroplan_runtime::comm::{CommError, Communicator, JobToken, Store, StoreConfig, StoreServer};
 
 fn store() -> (StoreServer, Store) {
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
-    let store = Store::connect(&server.addr().to_string(), Duration::from_secs(5)).unwrap();
+    let config = StoreConfig::new(JobToken::generate().unwrap(), Duration::from_secs(5));
+    let server = StoreServer::bind("127.0.0.1:0", &config).unwrap();
+    let store = Store::connect(&server.addr().to_string(), &config).unwrap();
     (server, store)
 }
 

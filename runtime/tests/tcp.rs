@@ -2,24 +2,35 @@
 //! collective on random data over 2–4 ranks (threads of this test process
 //! connected over localhost, each with its own store connection and
 //! sockets, as processes would be), the tensor × data grid, and failures —
-//! mismatched programs, an aborted or vanished peer — as errors, not hangs.
+//! mismatched programs, an aborted or vanished peer — as errors, not hangs;
+//! and strangers at a rank's listener (silent, speaking the old open hello,
+//! or holding another token) refused while the group forms.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use zeroplan_runtime::comm::{CommError, Communicator, Groups, InProcess, Store, StoreServer, Tcp, all_gather_f64};
+use zeroplan_runtime::comm::{
+    CommError, Communicator, Groups, InProcess, JobToken, Store, StoreConfig, StoreServer, Tcp, all_gather_f64,
+};
+
+/// The job's store settings: its token, `timeout`, the default limits.
+fn config(timeout: Duration) -> StoreConfig {
+    StoreConfig::new(JobToken::parse("the tcp tests' job token, long enough", "the tests").unwrap(), timeout)
+}
 
 /// Runs `f` on each rank of a TCP group of `ranks` (one thread per rank)
 /// and returns the results in rank order; fails if any rank takes 60 s.
 fn on_tcp<T: Send + 'static>(ranks: usize, f: impl Fn(Tcp) -> T + Send + Sync + 'static) -> Vec<T> {
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let server = StoreServer::bind("127.0.0.1:0", &config(Duration::from_secs(20))).unwrap();
     let addr = server.addr().to_string();
     let f = Arc::new(f);
     let (tx, rx) = std::sync::mpsc::channel();
     for rank in 0..ranks {
         let (tx, f, addr) = (tx.clone(), Arc::clone(&f), addr.clone());
         std::thread::spawn(move || {
-            let store = Store::connect(&addr, Duration::from_secs(20)).unwrap();
+            let store = Store::connect(&addr, &config(Duration::from_secs(20))).unwrap();
             let comm = Tcp::join(&store, "g", rank, ranks).unwrap();
             let _ = tx.send((rank, f(comm)));
         });
@@ -139,7 +150,7 @@ fn the_bits_do_not_depend_on_timing() {
 #[test]
 fn the_tensor_by_data_grid_matches_in_process_groups() {
     let (d, t) = (2, 2);
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let server = StoreServer::bind("127.0.0.1:0", &config(Duration::from_secs(20))).unwrap();
     let addr = server.addr().to_string();
     let run = |g: &Groups| {
         let global = g.global_rank();
@@ -154,7 +165,7 @@ fn the_tensor_by_data_grid_matches_in_process_groups() {
             .map(|global| {
                 let addr = &addr;
                 s.spawn(move || {
-                    let store = Store::connect(addr, Duration::from_secs(20)).unwrap();
+                    let store = Store::connect(addr, &config(Duration::from_secs(20))).unwrap();
                     run(&Tcp::grid(&store, global, d, t).unwrap())
                 })
             })
@@ -237,8 +248,8 @@ fn a_rank_that_vanishes_mid_run_is_an_error_on_the_others() {
 
 #[test]
 fn a_rank_that_never_joins_is_a_timeout_naming_it() {
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
-    let store = Store::connect(&server.addr().to_string(), Duration::from_secs(1)).unwrap();
+    let server = StoreServer::bind("127.0.0.1:0", &config(Duration::from_secs(1))).unwrap();
+    let store = Store::connect(&server.addr().to_string(), &config(Duration::from_secs(1))).unwrap();
     // Rank 1 of 2 joins; rank 0 never publishes its address.
     let e = Tcp::join(&store, "lonely", 1, 2).err().expect("rank 0 never came");
     let text = e.to_string();
@@ -246,4 +257,71 @@ fn a_rank_that_never_joins_is_a_timeout_naming_it() {
     // Rank 0 of 2 joins; rank 1 never connects.
     let e = Tcp::join(&store, "alone", 0, 2).err().expect("rank 1 never came");
     assert!(e.to_string().contains("rank(s) 1 of the group never connected"), "{e}");
+}
+
+#[test]
+fn strangers_at_a_ranks_listener_are_refused_and_the_group_forms() {
+    let idle = Duration::from_millis(500);
+    let settings = StoreConfig { idle, ..config(Duration::from_secs(20)) };
+    let server = StoreServer::bind("127.0.0.1:0", &settings).unwrap();
+    let addr = server.addr().to_string();
+    let joining = |rank: usize| {
+        let (addr, settings) = (addr.clone(), settings.clone());
+        std::thread::spawn(move || {
+            let store = Store::connect(&addr, &settings).unwrap();
+            let comm = Tcp::join(&store, "g", rank, 2)?;
+            let mut x = [rank as f32 + 1.0];
+            comm.all_reduce(&mut x).map(|()| x[0])
+        })
+    };
+    let start = Instant::now();
+    let rank0 = joining(0);
+    // Rank 0's listener, as the store tells the job's ranks.
+    let observer = Store::connect(&addr, &settings).unwrap();
+    let listener = String::from_utf8(observer.get("tcp/g/0").unwrap()).unwrap();
+    // One says nothing; one greets as the old, open mesh did, claiming rank 1.
+    let mut silent = TcpStream::connect(&listener).unwrap();
+    let mut impostor = TcpStream::connect(&listener).unwrap();
+    impostor.write_all(b"ZPT1\x01\0\0\0\0\0\0\0g\x01\0\0\0\0\0\0\0").unwrap();
+    let rank1 = joining(1);
+    assert_eq!(rank0.join().unwrap().unwrap(), 3.0);
+    assert_eq!(rank1.join().unwrap().unwrap(), 3.0);
+    assert!(start.elapsed() < Duration::from_secs(5), "the group formed after {:?}", start.elapsed());
+    for s in [&mut silent, &mut impostor] {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        // Greeted, then closed: at the idle timeout, or at once (a reset,
+        // where the stranger's bytes were left unread).
+        match s.read_to_end(&mut got) {
+            Ok(_) => assert_eq!(got.len(), 4 + 1 + 32, "{got:?}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "kept open: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_rank_with_another_token_is_refused_naming_the_rank() {
+    // Rank 1 holds another token; to reach rank 0 at all it is handed rank
+    // 0's address through a store of its own.
+    let ours = config(Duration::from_secs(2));
+    let theirs =
+        StoreConfig::new(JobToken::parse("a token the job does not hold, 32+ chars", "t").unwrap(), ours.timeout);
+    let (server, other) =
+        (StoreServer::bind("127.0.0.1:0", &ours).unwrap(), StoreServer::bind("127.0.0.1:0", &theirs).unwrap());
+    let (addr, other_addr) = (server.addr().to_string(), other.addr().to_string());
+    let rank0 = std::thread::spawn({
+        let ours = ours.clone();
+        move || Tcp::join(&Store::connect(&addr, &ours).unwrap(), "g", 0, 2).err().expect("joined a stranger")
+    });
+    let store = Store::connect(&server.addr().to_string(), &ours).unwrap();
+    let listener = store.get("tcp/g/0").unwrap();
+    let own = Store::connect(&other_addr, &theirs).unwrap();
+    own.set("tcp/g/0", &listener).unwrap();
+    let e = Tcp::join(&own, "g", 1, 2).err().expect("rank 0 admitted another token");
+    let text = e.to_string();
+    let listener = String::from_utf8(listener).unwrap();
+    assert!(text.contains(&format!("could not join rank 0 of the group at {listener}")), "{text}");
+    assert!(text.contains("refused this process's job token"), "{text}");
+    let e = rank0.join().unwrap().to_string();
+    assert!(e.contains("rank(s) 1 of the group never connected") && e.contains("1 connection(s)"), "{e}");
 }

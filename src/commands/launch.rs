@@ -9,6 +9,12 @@
 //! fail in turn) and the launch exits non-zero naming the failed rank.
 //! Across nodes, run one launch per node with `--nnodes`, `--node-rank`
 //! and the same `--master-addr` and `--master-port`.
+//!
+//! The children also get the job token (`ZEROPLAN_JOB_TOKEN`), the secret
+//! that admits a rank to the rendezvous store and to the other ranks: a
+//! one-node launch draws a fresh one, and a multi-node launch, whose nodes
+//! must share it, takes it from `--token-file` or the environment and will
+//! not start without one.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -16,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cli::LaunchArgs;
-use zeroplan_runtime::comm::world;
+use zeroplan_runtime::comm::{JobToken, token, world};
 
 pub fn run(args: &LaunchArgs) -> Result<(), String> {
     let nproc = args.nproc as usize;
@@ -40,6 +46,7 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
             ));
         }
     }
+    let token = job_token(args, nnodes)?;
     let addr = args.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into());
     let port = match args.master_port {
         Some(p) => p,
@@ -59,6 +66,8 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
             .env(world::WORLD_SIZE, world_size.to_string())
             .env(world::LOCAL_RANK, local.to_string())
             .env(world::LOCAL_WORLD_SIZE, nproc.to_string())
+            .env(token::TOKEN_VAR, token.secret())
+            .env_remove(token::TOKEN_FILE_VAR)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -98,6 +107,27 @@ pub fn run(args: &LaunchArgs) -> Result<(), String> {
                 describe(status)
             ))
         }
+    }
+}
+
+/// The job token for this launch's ranks: `--token-file`, else the
+/// environment's, else (one node) a fresh one. The nodes of a multi-node
+/// job cannot share a draw, so there it must be given.
+fn job_token(args: &LaunchArgs, nnodes: usize) -> Result<JobToken, String> {
+    let given = match &args.token_file {
+        Some(path) => JobToken::from_file(path).map(Some),
+        None => JobToken::from_vars(|name| std::env::var(name).ok()),
+    };
+    match given.map_err(|e| format!("error: {e}"))? {
+        Some(token) => Ok(token),
+        None if nnodes == 1 => JobToken::generate().map_err(|e| format!("error: {e}")),
+        None => Err(format!(
+            "error: --nnodes {nnodes} needs a job token, the same on every node, so that only the job's ranks can \
+             join its rendezvous: make one with `openssl rand -hex 32 > job.token && chmod 600 job.token`, copy it \
+             to every node, and pass `--token-file job.token` (or set {} or {})",
+            token::TOKEN_VAR,
+            token::TOKEN_FILE_VAR
+        )),
     }
 }
 

@@ -7,8 +7,9 @@
 //! [`Communicator`] without knowing what is behind it: [`InProcess`] (ranks
 //! as threads of this process, for the host runtime and the tests), [`Tcp`]
 //! (ranks as processes, on one node or many, met through the rendezvous
-//! [`Store`] that the torchrun environment ([`World`]) points to) and the
-//! CUDA backend's `Nccl` (ranks as processes on GPUs).
+//! [`Store`] that the torchrun environment ([`World`]) points to, every
+//! connection opened by a challenge–response over the job's [`JobToken`]:
+//! `auth`) and the CUDA backend's `Nccl` (ranks as processes on GPUs).
 //! Payloads are `f32` — the host runtime widens 16-bit buffers before a
 //! collective and rounds the result once, as NCCL's f32 accumulation of
 //! bf16 would.
@@ -17,9 +18,11 @@
 //! a result that does not depend on timing: [`InProcess`] sums in rank
 //! order, in `f64`, and [`Tcp`] gives the same bits as it does.
 
+mod auth;
 mod in_process;
 pub mod store;
 mod tcp;
+pub mod token;
 mod wire;
 pub mod world;
 
@@ -28,8 +31,9 @@ use std::sync::Arc;
 pub use zeroplan_exec::comm::{CommError, Communicator, Rendezvous};
 
 pub use in_process::InProcess;
-pub use store::{Store, StoreError, StoreServer};
+pub use store::{Store, StoreConfig, StoreError, StoreServer};
 pub use tcp::{PIECE as TCP_PIECE, Tcp};
+pub use token::{JobToken, TokenError};
 pub use world::{World, WorldError};
 
 /// One rank's handles under tensor × data parallelism (Megatron-LM's
