@@ -7,7 +7,8 @@
 //! routine kernels ([`CudaKernelCompiler::compile_routine`]) share the caches.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use zeroplan_ir::kernel::Kernel;
 
@@ -17,6 +18,10 @@ use crate::cache::PtxCache;
 use crate::codegen::{self, CodegenError, DeviceProperties, GeneratedKernel};
 use crate::nvrtc::{Nvrtc, NvrtcError};
 use crate::routines::{RenderedRoutine, Routine, RoutineError};
+
+/// A row kernel's entry in the in-memory cache: its text and the dims its
+/// shape is bound to.
+type MemoryKey = (String, Vec<usize>);
 
 /// Why a kernel could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +101,7 @@ pub struct CudaKernelCompiler {
     nvrtc: Nvrtc,
     disk: Option<PtxCache>,
     /// `(kernel text, dims)` → its PTX.
-    memory: HashMap<(String, Vec<usize>), Arc<CompiledPtx>>,
+    memory: HashMap<MemoryKey, Arc<CompiledPtx>>,
     attention: HashMap<(AttentionKernel, Pass), Arc<CompiledAttention>>,
     adamw: HashMap<AdamWKernel, Arc<CompiledAdamW>>,
     routines: HashMap<Routine, Arc<CompiledRoutine>>,
@@ -132,6 +137,53 @@ impl CudaKernelCompiler {
         let compiled = Arc::new(CompiledPtx { kernel: generated, ptx, cached });
         self.memory.insert(key, Arc::clone(&compiled));
         Ok(compiled)
+    }
+
+    /// Compiles every `(kernel, dims)` not compiled yet ahead of the
+    /// [`CudaKernelCompiler::compile`] calls that will ask for them, each
+    /// distinct source once and the sources on every core: a plan's row
+    /// kernels are hundreds of NVRTC compilations, one after another the
+    /// longest part of loading it (45 s for bert-base on an H100's host).
+    /// One that fails is left out: its `compile` fails again and says so,
+    /// naming the node.
+    pub fn prepare<'k>(&mut self, wanted: impl IntoIterator<Item = (&'k Kernel, Vec<usize>)>) {
+        // Each layer's copy of a kernel is its own key (its own name, for
+        // profiles) and the same source.
+        let mut by_source: HashMap<String, Vec<(MemoryKey, GeneratedKernel)>> = HashMap::new();
+        for (kernel, dims) in wanted {
+            let key = (kernel.to_text(), dims);
+            if self.memory.contains_key(&key) {
+                continue;
+            }
+            let Ok(generated) = codegen::generate(kernel, &key.1, &self.device) else { continue };
+            let copies = by_source.entry(generated.source.clone()).or_default();
+            if copies.iter().all(|(k, _)| *k != key) {
+                copies.push((key, generated));
+            }
+        }
+        let sources: Vec<_> = by_source.into_values().collect();
+        let next = AtomicUsize::new(0);
+        let compiled = Mutex::new(HashMap::new());
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sources.len());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    while let Some(copies) = sources.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let generated = &copies[0].1;
+                        if let Ok(done) = self.ptx(&generated.entry, &generated.source) {
+                            compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(generated.source.clone(), done);
+                        }
+                    }
+                });
+            }
+        });
+        let compiled = compiled.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (key, generated) in sources.into_iter().flatten() {
+            if let Some((ptx, cached)) = compiled.get(&generated.source) {
+                let done = CompiledPtx { kernel: generated, ptx: ptx.clone(), cached: *cached };
+                self.memory.insert(key, Arc::new(done));
+            }
+        }
     }
 
     /// The PTX of one fused attention pass (one module: its entries).

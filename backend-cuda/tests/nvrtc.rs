@@ -148,7 +148,14 @@ fn precompiled_headers_leave_the_ptx_unchanged() {
     use zeroplan_backend_cuda::attention::{AttentionKernel, Pass};
     use zeroplan_ir::DType;
     let Some(nvrtc) = nvrtc() else { return };
-    let kernel = AttentionKernel { head_dim: 64, dtype: DType::BF16, mask: DType::I64, alibi: false, dropout: false };
+    let kernel = AttentionKernel {
+        head_dim: 64,
+        dtype: DType::BF16,
+        mask: DType::I64,
+        alibi: false,
+        dropout: false,
+        tensor_cores: true,
+    };
     let rendered = kernel.render(Pass::Forward).unwrap();
     let name = &rendered.entries[0].1;
     let arch = DeviceProperties::H100_SXM.arch();
@@ -157,6 +164,28 @@ fn precompiled_headers_leave_the_ptx_unchanged() {
     // Twice: the first saves the headers, the second loads them.
     for _ in 0..2 {
         assert_eq!(nvrtc.compile_ptx(name, &rendered.source, &arch).unwrap(), plain);
+    }
+}
+
+/// `prepare` compiles ahead what `compile` will ask for (on every core):
+/// afterwards each kernel is found in memory, named as its own node, with
+/// the PTX a compiler that was not prepared gives it.
+#[test]
+fn prepared_kernels_are_found_compiled() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let kernels = fused_kernels(&common::tiny_model("tiny-bert"), zeroplan_ir::spec::Precision::F32);
+    let wanted: Vec<_> = kernels.iter().take(6).map(|k| (k, dims(k, 2, 8))).collect();
+    let distinct: BTreeSet<_> = wanted.iter().map(|(k, d)| (k.to_text(), d.clone())).collect();
+    let device = DeviceProperties::H100_SXM;
+    let mut prepared = CudaKernelCompiler::new(device, nvrtc.clone(), None);
+    prepared.prepare(wanted.iter().map(|(k, d)| (*k, d.clone())));
+    assert_eq!(prepared.len(), distinct.len());
+    let mut fresh = CudaKernelCompiler::new(device, nvrtc, None);
+    for (kernel, d) in &wanted {
+        let got = prepared.compile(kernel, d).unwrap();
+        assert_eq!(prepared.len(), distinct.len(), "{} compiled again", kernel.name);
+        let want = fresh.compile(kernel, d).unwrap();
+        assert_eq!((&got.kernel.name, &got.ptx), (&want.kernel.name, &want.ptx));
     }
 }
 

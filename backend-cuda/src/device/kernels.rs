@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use crate::{CudaDevice, CudaKernelCompiler, LoadedKernel};
 use zeroplan_backend_cpu::{CompiledKernel, KernelCompiler};
-use zeroplan_ir::Place;
 use zeroplan_ir::kernel::Kernel;
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Place, Value};
 
 use zeroplan_exec::Buf;
+use zeroplan_exec::buffers::concrete;
 use zeroplan_exec::{KernelCompile, Named};
 
 /// A row kernel as a CUDA rank runs it.
@@ -98,4 +99,23 @@ impl KernelCompile for Kernels<'_> {
         self.loaded.insert(generated.source.clone(), Arc::clone(&loaded));
         Ok(CudaKernel::Gpu(loaded))
     }
+}
+
+/// The fused kernels of `order` whose outputs lie on the device, at their
+/// bound shapes: what [`Kernels::compile`] will send to NVRTC, for
+/// [`crate::CudaKernelCompiler::prepare`] to compile on every core first.
+pub fn on_device<'g>(
+    g: &'g Graph,
+    order: &'g [NodeIndex],
+    bufs: &'g HashMap<Value, Buf>,
+    bindings: &'g Bindings,
+) -> impl Iterator<Item = (&'g Kernel, Vec<usize>)> + 'g {
+    order.iter().filter_map(move |&n| {
+        let Op::Fused { kernel } = &g.node(n).op else { return None };
+        let value = Value { node: n, output: 0 };
+        if bufs.get(&value)?.place != Place::Device {
+            return None;
+        }
+        Some((&**kernel, concrete(&kernel.shape, bindings)?))
+    })
 }

@@ -146,11 +146,12 @@ impl Device for Cuda {
         let fail = |message: String| SelectError::Device(message);
         let ordinal = available().map_err(fail)?;
         let gpu = CudaDevice::open(ordinal).map_err(|e| fail(e.to_string()))?;
-        let nvrtc = CudaKernelCompiler::new(
+        let mut nvrtc = CudaKernelCompiler::new(
             *gpu.properties(),
             nvrtc().map_err(fail)?,
             PtxCache::default_dir().map(PtxCache::new),
         );
+        nvrtc.prepare(kernels::on_device(&program.graph, order, bufs, bindings));
         let mut compilers = kernels::Kernels { gpu: &gpu, nvrtc, host: None, loaded: HashMap::new(), scratch_bytes: 0 };
         let mut steps = select(&program.graph, order, bufs, bindings, rank, &mut compilers)?;
         for step in &steps {
