@@ -498,7 +498,7 @@ pub enum Backend {
     /// The host runtime: the planned program, Cranelift kernels and GEMMs, on this CPU.
     Cpu,
     /// The planned program on a GPU (`train` only): NVRTC kernels, cuBLAS GEMMs, the
-    /// plan's arena in GPU memory. Compiled, not yet run on a GPU.
+    /// plan's arena in GPU memory.
     Cuda,
 }
 

@@ -23,8 +23,8 @@
 //! asynchronous error, so a peer that dies (NCCL reports a remote error)
 //! or [`Communicator::abort`] ends the wait with an error instead of a hang.
 //!
-//! **Compiled, never run**: no GPU or NCCL on the machines this was written
-//! on (see `docs/runtime.md`, "Processes").
+//! Run on a GPU only as a group of one (`bench/RESULTS.md`); never across
+//! GPUs or nodes (see `docs/processes.md`).
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;

@@ -31,7 +31,8 @@
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
-//! **Compiled, never run on a GPU**: see `docs/runtime.md` ("The CUDA device").
+//! Run on one H100 (`bench/RESULTS.md`); what that run covered and what it
+//! did not: `docs/cuda-device.md`.
 
 pub mod adamw;
 mod attention;
