@@ -345,6 +345,24 @@ fn compile_writes_a_plan_that_inspect_reads() {
 /// `none` does not). The text lists the plan, the 8 fastest distinct
 /// candidates, identical ones on one line, then the runner-up, which is
 /// never the winner's twin; `--candidates all` lists every strategy.
+/// A candidate not compiled because the hosts cannot hold what it
+/// offloads shows no GPU figure: its GPU share (near nothing with every
+/// state offloaded) is not what fails, and `≥ 0.00 GiB` read as a bound.
+#[test]
+fn a_candidate_over_host_memory_shows_no_gpu_figure() {
+    let args = ["compile", "models/tiny/tiny-bert.ron", "--gpu", "h100-80gb-sxm", "--gpus", "2"];
+    let out = zeroplan(
+        &[&args[..], &["--global-batch", "8", "--seq", "16", "--host-memory", "1KiB", "--candidates", "all"]].concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let over: Vec<&str> = text.lines().filter(|l| l.ends_with("alone exceed --host-memory")).collect();
+    assert!(!over.is_empty(), "no candidate over --host-memory 1KiB:\n{text}");
+    for line in over {
+        assert!(line.contains(" —  does not fit") && !line.contains("GiB"), "{line}");
+    }
+}
+
 #[test]
 fn compile_lists_the_fastest_distinct_candidates_then_the_runner_up() {
     let args = [

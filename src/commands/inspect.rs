@@ -219,8 +219,15 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
                 None => "does not fit".to_string(),
             },
         };
-        let at_least = if candidate.states_exceed.is_some() { "≥ " } else { "" };
-        t += &format!("  {strategy:<width$} {:>14}  {speed}\n", format!("{at_least}{}", gib(candidate.peak_bytes)));
+        // Not compiled: a bound on the GPU's share where the GPU is what
+        // overflows; where the hosts or drives do, that share (near nothing
+        // with everything offloaded) says nothing, so no figure.
+        let peak = match candidate.states_exceed {
+            None => gib(candidate.peak_bytes),
+            Some(StatesExceed::Gpu) => format!("≥ {}", gib(candidate.peak_bytes)),
+            Some(StatesExceed::Host | StatesExceed::Nvme) => "—".to_string(),
+        };
+        t += &format!("  {strategy:<width$} {peak:>14}  {speed}\n");
     }
     t
 }
