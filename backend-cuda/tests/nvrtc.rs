@@ -323,29 +323,24 @@ fn attention_and_adamw_fit_ampere() {
     use zeroplan_ir::DType;
     let Some(nvrtc) = nvrtc() else { return };
     let mut resources = ResourceCheck::new(SmLimits::SM_80);
+    // CUDA cores: every dtype at head dims 32/64; tensor cores: 16-bit at 32/64/128.
+    let families: [(bool, &[usize], &[DType]); 2] = [
+        (false, &[32, 64], &[DType::F32, DType::BF16, DType::F16]),
+        (true, &[32, 64, 128], &[DType::BF16, DType::F16]),
+    ];
     let mut kernels = Vec::new();
-    for head_dim in [32, 64] {
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            kernels.push(AttentionKernel {
-                head_dim,
-                dtype,
-                mask: DType::I64,
-                alibi: true,
-                dropout: true,
-                tensor_cores: false,
-            });
-        }
-    }
-    for head_dim in [32, 64, 128] {
-        for dtype in [DType::BF16, DType::F16] {
-            kernels.push(AttentionKernel {
-                head_dim,
-                dtype,
-                mask: DType::I64,
-                alibi: true,
-                dropout: true,
-                tensor_cores: true,
-            });
+    for (tensor_cores, head_dims, dtypes) in families {
+        for &head_dim in head_dims {
+            for &dtype in dtypes {
+                kernels.push(AttentionKernel {
+                    head_dim,
+                    dtype,
+                    mask: DType::I64,
+                    alibi: true,
+                    dropout: true,
+                    tensor_cores,
+                });
+            }
         }
     }
     for kernel in kernels {
