@@ -20,7 +20,7 @@ use std::fmt::Write;
 
 use common::adamw::{AdamWCase, AdamWData, reference};
 use common::attention::round_to;
-use common::host::{compile_and_run, f32_bytes, gxx_present};
+use common::host::{compile_and_run_cases, f32_bytes, gxx_present};
 use common::{error, from_bytes};
 use zeroplan_backend_cuda::DeviceProperties;
 use zeroplan_backend_cuda::adamw::{AdamWKernel, AdamWTensor};
@@ -178,12 +178,7 @@ fn multi_tensor_adamw_matches_the_reference_under_host_emulation() {
         std::fs::write(dir.join(format!("{i}.table")), table).unwrap();
         expected.push((reference(&r.case, &x), a));
     }
-    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
-    for i in 0..runs.len() {
-        let _ = writeln!(program, "  run{i}(dir);");
-    }
-    program.push_str("}\n");
-    compile_and_run(&dir, &program, "-O1");
+    compile_and_run_cases(&dir, program, runs.len(), "-O1");
 
     let mut failures = Vec::new();
     for (i, (Run { case, working, mutation }, (want, a))) in runs.iter().zip(&expected).enumerate() {

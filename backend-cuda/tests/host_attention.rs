@@ -24,7 +24,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use common::attention::{AttentionCase, AttentionData, AttentionOutputs, reference};
-use common::host::{compile_and_run, f32_bytes, f32_literal, gxx_present, read_f32};
+use common::host::{compile_and_run_cases, f32_bytes, f32_literal, gxx_present, read_f32};
 use common::{error, from_bytes};
 use zeroplan_backend_cuda::DeviceProperties;
 use zeroplan_backend_cuda::attention::{AttentionKernel, Entry, Pass};
@@ -174,12 +174,7 @@ fn check(tag: &str, cases: &[AttentionCase], mutated: &[(&str, usize, Mutation)]
         program.push_str(&harness(i, &case, mutation));
         runs.push((case.name.clone(), reference(&case, &x), mutation.is_some(), case.kernel.dtype));
     }
-    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
-    for i in 0..runs.len() {
-        let _ = writeln!(program, "  run{i}(dir);");
-    }
-    program.push_str("}\n");
-    compile_and_run(&dir, &program, "-O1");
+    compile_and_run_cases(&dir, program, runs.len(), "-O1");
 
     let mut failures = Vec::new();
     for (i, (name, want, mutated, dtype)) in runs.iter().enumerate() {

@@ -114,12 +114,7 @@ fn check_models(batch: u64, seq: u64, device: &DeviceProperties, dir: &Path) -> 
             cases.push((model.clone(), kernel, inputs));
         }
     }
-    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
-    for i in 0..cases.len() {
-        let _ = writeln!(program, "  run{i}(dir);");
-    }
-    program.push_str("}\n");
-    common::host::compile_and_run(dir, &program, "-O0");
+    common::host::compile_and_run_cases(dir, program, cases.len(), "-O0");
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for (i, (model, kernel, inputs)) in cases.iter().enumerate() {

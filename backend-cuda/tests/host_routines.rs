@@ -24,7 +24,7 @@ mod common;
 
 use std::fmt::Write;
 
-use common::host::{compile_and_run, gxx_present};
+use common::host::{compile_and_run_cases, gxx_present};
 use common::routines::{Case, Random, cases, compare, mutations, reference};
 use zeroplan_backend_cuda::DeviceProperties;
 use zeroplan_backend_cuda::routines::Routine;
@@ -152,12 +152,7 @@ fn routine_kernels_match_the_host_routines_under_host_emulation() {
         program.push_str(&harness(i, case, &device));
         std::fs::write(dir.join(format!("{i}.arena")), &case.arena).unwrap();
     }
-    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
-    for i in 0..cases.len() {
-        let _ = writeln!(program, "  run{i}(dir);");
-    }
-    program.push_str("}\n");
-    compile_and_run(&dir, &program, "-O1");
+    compile_and_run_cases(&dir, program, cases.len(), "-O1");
 
     let mut failures = Vec::new();
     for (i, case) in cases.iter().enumerate() {

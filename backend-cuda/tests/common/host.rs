@@ -33,6 +33,18 @@ pub fn compile_and_run(dir: &Path, program: &str, opt: &str) {
     assert!(run.status.success(), "the emulated kernels failed: {}", String::from_utf8_lossy(&run.stderr));
 }
 
+/// Closes `program` — C++ defining `run0(dir)` … `run{cases-1}(dir)` —
+/// with a `main` that runs each in order, then compiles and runs it
+/// ([`compile_and_run`]).
+pub fn compile_and_run_cases(dir: &Path, mut program: String, cases: usize, opt: &str) {
+    program.push_str("int main(int, char** argv) {\n  const std::string dir = argv[1];\n");
+    for i in 0..cases {
+        program.push_str(&format!("  run{i}(dir);\n"));
+    }
+    program.push_str("}\n");
+    compile_and_run(dir, &program, opt);
+}
+
 /// An `f32` as a C expression with exactly its bits.
 pub fn f32_literal(x: f32) -> String {
     format!("__int_as_float(0x{:08x}u)", x.to_bits())
