@@ -8,7 +8,7 @@
 
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
-use petgraph::visit::EdgeRef;
+use petgraph::visit::{EdgeRef, NodeIndexable};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::infer::infer;
@@ -255,15 +255,19 @@ impl Graph {
     /// Nodes in a deterministic topological order: among ready nodes, the one
     /// added first goes first. `None` if the graph has a cycle.
     pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
-        let mut pending: HashMap<NodeIndex, usize> =
-            self.graph.node_indices().map(|n| (n, self.graph.edges_directed(n, Direction::Incoming).count())).collect();
+        // Operands not yet ordered, by node index (a stable graph's indices
+        // stay below its bound; a removed node's slot is never read).
+        let mut pending = vec![0usize; self.graph.node_bound()];
+        for n in self.graph.node_indices() {
+            pending[n.index()] = self.graph.edges_directed(n, Direction::Incoming).count();
+        }
         let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex>> =
-            pending.iter().filter(|(_, c)| **c == 0).map(|(n, _)| std::cmp::Reverse(*n)).collect();
-        let mut order = Vec::with_capacity(pending.len());
+            self.graph.node_indices().filter(|n| pending[n.index()] == 0).map(std::cmp::Reverse).collect();
+        let mut order = Vec::with_capacity(self.graph.node_count());
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(n);
             for e in self.graph.edges_directed(n, Direction::Outgoing) {
-                let count = pending.get_mut(&e.target()).expect("edge to a live node");
+                let count = &mut pending[e.target().index()];
                 *count -= 1;
                 if *count == 0 {
                     ready.push(std::cmp::Reverse(e.target()));

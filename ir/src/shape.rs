@@ -249,6 +249,25 @@ impl Shape {
     pub fn numel(&self) -> Dim {
         self.0.iter().fold(Dim::constant(1), |acc, d| acc.product(d))
     }
+
+    /// The number of elements under `bindings`: `self.numel().eval(bindings)`
+    /// without building the monomial. The planner's memory and cost models
+    /// size every value of every candidate this way, and the symbols' strings
+    /// the product clones were most of that work.
+    pub fn numel_value(&self, bindings: &Bindings) -> Option<u64> {
+        let (mut factor, mut divisor, mut symbols) = (1u64, 1u64, 1u64);
+        for d in &self.0 {
+            // Kept in lowest terms, as `Dim::product` keeps them.
+            let (f, q) = (factor.checked_mul(d.factor)?, divisor.checked_mul(d.divisor)?);
+            let g = gcd(f, q).max(1);
+            (factor, divisor) = if f == 0 { (0, 1) } else { (f / g, q / g) };
+            for s in &d.symbols {
+                symbols = symbols.checked_mul(*bindings.get(s)?)?;
+            }
+        }
+        let whole = if factor == 0 { 0 } else { factor.checked_mul(symbols)? };
+        whole.is_multiple_of(divisor).then(|| whole / divisor)
+    }
 }
 
 impl fmt::Display for Shape {
@@ -284,7 +303,7 @@ impl TensorType {
 
     /// Bytes of the tensor under `bindings`.
     pub fn size_bytes(&self, bindings: &Bindings) -> Option<u64> {
-        self.shape.numel().eval(bindings)?.checked_mul(self.dtype.size_bytes())
+        self.shape.numel_value(bindings)?.checked_mul(self.dtype.size_bytes())
     }
 }
 
@@ -306,6 +325,29 @@ mod tests {
         let b: Bindings = [("batch".to_string(), 2), ("seq".to_string(), 5)].into();
         assert_eq!(d.eval(&b), Some(30));
         assert_eq!(Dim::symbol("x").eval(&b), None);
+    }
+
+    #[test]
+    fn an_element_count_evaluates_as_its_monomial_does() {
+        let b: Bindings = [("batch".to_string(), 6), ("seq".to_string(), 10)].into();
+        let odd: Bindings = [("batch".to_string(), 3), ("seq".to_string(), 7)].into();
+        let seq_half = Dim::symbol("seq").divided_by(2).unwrap();
+        let seq_quarter = Dim::symbol("seq").divided_by(4).unwrap();
+        let shapes = [
+            Shape(vec![]),
+            Shape(vec![Dim::constant(0), Dim::symbol("seq")]),
+            Shape(vec![Dim::symbol("batch"), Dim::symbol("seq"), Dim::constant(768)]),
+            Shape(vec![Dim::symbol("batch"), seq_half.clone(), Dim::constant(64)]),
+            Shape(vec![seq_half, Dim::constant(2), seq_quarter]),
+            Shape(vec![Dim::symbol("heads")]),
+        ];
+        for shape in &shapes {
+            for bindings in [&b, &odd] {
+                assert_eq!(shape.numel_value(bindings), shape.numel().eval(bindings), "{shape} at {bindings:?}");
+            }
+        }
+        assert_eq!(shapes[4].numel_value(&b), Some(25));
+        assert_eq!(shapes[4].numel_value(&odd), None);
     }
 
     #[test]

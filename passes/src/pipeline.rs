@@ -69,6 +69,28 @@ pub fn pass_names(target: &Target) -> Vec<&'static str> {
 
 /// Builds `model`'s graph for `target` and runs the standard passes.
 pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Result<Compiled, TrainError> {
+    compile_between(model, target, options, Resume::Build, None)
+}
+
+/// Where [`compile_between`] starts.
+pub enum Resume {
+    /// From the model: build its graph, then run the first pass.
+    Build,
+    /// From `graph`, which the passes up to and including `after` made.
+    After { graph: Graph, after: &'static str },
+}
+
+/// Runs the standard passes of `target` from `from` through the pass named
+/// `through` (to the last where `None`). The planner compiles the part of
+/// a step its choices share once ([`crate::planner::shared`]) and resumes
+/// from it for each choice.
+pub fn compile_between(
+    model: &ModelSpec,
+    target: &Target,
+    options: PassOptions,
+    from: Resume,
+    through: Option<&str>,
+) -> Result<Compiled, TrainError> {
     let known = pass_names(target);
     let unknown: Vec<&str> = options
         .disabled
@@ -76,6 +98,11 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
         .chain(&options.dump_after)
         .chain(&options.explain)
         .map(String::as_str)
+        .chain(through)
+        .chain(match &from {
+            Resume::Build => None,
+            Resume::After { after, .. } => Some(*after),
+        })
         .filter(|name| !known.contains(name))
         .collect();
     if !unknown.is_empty() {
@@ -87,13 +114,31 @@ pub fn compile(model: &ModelSpec, target: &Target, options: PassOptions) -> Resu
     }
     let passes = passes(target, &options);
     let passes: Vec<&dyn Pass> = passes.iter().map(Box::as_ref).collect();
+    let position = |name: &str| passes.iter().position(|p| p.name() == name);
     let mut cx = PassContext::new(options);
-    let graph = match target {
-        Target::Forward(dtype) => build::forward(model, &BuildOptions::new(*dtype))?,
-        Target::Training(train) => {
-            training_forward(model, train, cx.options.tensor_parallel.unwrap_or(1), cx.options.sequence_parallel)?
+    let (graph, first) = match from {
+        Resume::Build => {
+            let graph = match target {
+                Target::Forward(dtype) => build::forward(model, &BuildOptions::new(*dtype))?,
+                Target::Training(train) => training_forward(
+                    model,
+                    train,
+                    cx.options.tensor_parallel.unwrap_or(1),
+                    cx.options.sequence_parallel,
+                )?,
+            };
+            (graph, 0)
+        }
+        Resume::After { graph, after } => {
+            let at = position(after).ok_or_else(|| TrainError::Spec(format!("pass {after} does not run here")))?;
+            (graph, at + 1)
         }
     };
-    let (graph, records) = run_passes(graph, &passes, &mut cx).map_err(|e| TrainError::Pass(Box::new(e)))?;
+    let last = match through {
+        Some(name) => position(name).ok_or_else(|| TrainError::Spec(format!("pass {name} does not run here")))? + 1,
+        None => passes.len(),
+    };
+    let (graph, records) =
+        run_passes(graph, &passes[first..last.max(first)], &mut cx).map_err(|e| TrainError::Pass(Box::new(e)))?;
     Ok(Compiled { graph, records, explanations: cx.explanations })
 }

@@ -45,6 +45,7 @@ fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u
         global_batch,
         pins: Pins::default(),
         extrapolate_depth: true,
+        shared: Default::default(),
     }
 }
 

@@ -34,7 +34,7 @@ pub fn whole_elements(graph: &Graph, value: Value, bindings: &Bindings) -> Optio
         Op::AllGather { .. } | Op::SequenceAllGather { .. } => value,
         _ => graph.operands(value.node)[0],
     };
-    graph.value_type(whole).shape.numel().eval(bindings)
+    graph.value_type(whole).shape.numel_value(bindings)
 }
 
 /// Traffic of one collective kind over a step.

@@ -113,7 +113,7 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
     let node = graph.node(n);
     let operands = graph.operands(n);
     let size = |v: Value| graph.value_type(v).size_bytes(bindings);
-    let numel = |v: Value| graph.value_type(v).shape.numel().eval(bindings);
+    let numel = |v: Value| graph.value_type(v).shape.numel_value(bindings);
     let outputs: Vec<Value> = (0..node.outputs.len() as u32).map(|output| Value { node: n, output }).collect();
     let mut bytes = 0u64;
     for v in operands.iter().chain(&outputs) {
@@ -161,7 +161,7 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
         Op::Softmax | Op::SoftmaxGrad | Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => work.flops *= 5.0,
         Op::AdamW { .. } => work.flops *= 12.0,
         Op::Fused { kernel } => {
-            work.flops = out_elements.max(kernel.shape.numel().eval(bindings)? as f64) * kernel.body.len() as f64;
+            work.flops = out_elements.max(kernel.shape.numel_value(bindings)? as f64) * kernel.body.len() as f64;
             // A GEMM epilogue reads the product from registers, not memory.
             if let Some(matmul) = &kernel.epilogue_of {
                 for v in &operands {

@@ -8,11 +8,12 @@ use zeroplan_ir::plan::{
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
+use super::shared::SHARED_THROUGH;
 use super::{PlanError, Request};
 use crate::cost::{self, Machine};
 use crate::manager::PassOptions;
 use crate::memory::{self, Category, MemoryPlan};
-use crate::pipeline::{Target, compile};
+use crate::pipeline::{Resume, Target, compile, compile_between};
 use crate::recompute::Policy;
 
 /// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
@@ -101,6 +102,25 @@ impl Step {
         hint_batch: u64,
         micro_batches: u64,
     ) -> Result<Step, PlanError> {
+        let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
+        let shared =
+            req.shared.prefix(model, &train, &options).map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?;
+        let from = Resume::After { graph: (*shared).clone(), after: SHARED_THROUGH };
+        let graph = compile_between(model, &Target::Training(&train), options, from, None)
+            .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
+            .graph;
+        let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
+        Ok(Step { graph, order, offload_to: choice.offload_to })
+    }
+
+    /// The training spec and pass options [`Step::compile`] compiles with.
+    pub fn options(
+        req: &Request,
+        choice: Choice,
+        ranks: u64,
+        hint_batch: u64,
+        micro_batches: u64,
+    ) -> (TrainingSpec, PassOptions) {
         let train = TrainingSpec { micro_batches, ..req.train.clone() };
         let options = PassOptions {
             recompute: choice.recompute,
@@ -111,11 +131,7 @@ impl Step {
             tiles: (choice.tiles > 1).then_some(choice.tiles),
             ..PassOptions::default()
         };
-        let graph = compile(model, &Target::Training(&train), options)
-            .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
-            .graph;
-        let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
-        Ok(Step { graph, order, offload_to: choice.offload_to })
+        (train, options)
     }
 
     /// The stored activation bytes of the whole model's step without

@@ -19,6 +19,7 @@ pub mod explain;
 pub mod floor;
 pub mod program;
 pub mod search;
+pub mod shared;
 pub mod tier;
 pub mod tiles;
 
@@ -65,6 +66,9 @@ pub struct Request<'a> {
     /// Search deep independent stacks by two short ones ([`depth`]); off,
     /// every candidate is compiled whole.
     pub extrapolate_depth: bool,
+    /// The graphs the search's choices share ([`shared`]); [`plan`] starts
+    /// with an empty store whatever this holds.
+    pub shared: shared::Shared,
 }
 
 /// Why no plan came out.
@@ -122,6 +126,7 @@ pub fn precision_name(precision: Precision) -> &'static str {
 
 /// Plans `req`: the fastest strategy that fits, compiled and placed.
 pub fn plan(req: &Request) -> Result<Plan, PlanError> {
+    let req = &Request { shared: shared::Shared::default(), ..req.clone() };
     let machine = check(req)?;
     let choices = search::choices(req);
     if choices.is_empty() && req.pins.sequence_parallel == Some(true) {

@@ -25,6 +25,7 @@ use crate::recompute::Policy;
 use zeroplan_ir::build::check_tensor_parallel;
 
 /// What the search found for one choice.
+#[derive(Clone)]
 pub struct Outcome {
     pub choice: Choice,
     /// The least memory the choice needs per GPU (its smallest micro-batch);
@@ -162,10 +163,12 @@ pub fn per_rank(req: &Request, choice: Choice) -> u64 {
 /// then every choice is, so the nothing-fits answer gives each one's least
 /// memory exactly.
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
+    let aliases = selective_aliases(req, choices)?;
+    let searched: Vec<Choice> = choices.iter().copied().filter(|c| !aliases.contains(c)).collect();
     let mut floors = Floors::default();
-    let floors: Vec<_> = choices.iter().map(|&c| Ok((c, floors.of(req, c)?))).collect::<Result<_, PlanError>>()?;
+    let floors: Vec<_> = searched.iter().map(|&c| Ok((c, floors.of(req, c)?))).collect::<Result<_, PlanError>>()?;
     // Each choice compiles on its own: one per core.
-    let mut outcomes = floors
+    let outcomes = floors
         .into_par_iter()
         .map(|(choice, (floor, exceeds))| match exceeds {
             Some(exceeds) => Ok(Outcome { choice, min_peak_bytes: floor.gpu, best: None, bounded: Some(exceeds) }),
@@ -175,15 +178,32 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
             }
         })
         .collect::<Result<Vec<_>, PlanError>>()?;
+    // In the choices' order, each alias beside its twin's outcome.
+    let mut outcomes: Vec<Outcome> = choices
+        .iter()
+        .map(|c| {
+            let twin = if aliases.contains(c) { Choice { recompute: Policy::None, ..*c } } else { *c };
+            let at = outcomes.iter().position(|o| o.choice == twin).expect("every searched choice has an outcome");
+            if aliases.contains(c) { renamed(&outcomes[at], *c) } else { outcomes[at].clone() }
+        })
+        .collect();
     if req.pins.tiles.is_none() {
         let tiled = super::tiles::tiled_outcomes(req, machine, &outcomes, search_choice)?;
         outcomes.extend(tiled);
     }
     if outcomes.iter().all(|o| o.best.is_none()) {
-        outcomes.par_iter_mut().filter(|o| o.bounded.is_some()).try_for_each(|o| -> Result<(), PlanError> {
+        let bounded = |o: &&mut Outcome| o.bounded.is_some() && !aliases.contains(&o.choice);
+        outcomes.par_iter_mut().filter(bounded).try_for_each(|o| -> Result<(), PlanError> {
             *o = Outcome { bounded: o.bounded, ..search_choice(req, machine, o.choice)? };
             Ok(())
         })?;
+        for at in 0..outcomes.len() {
+            let alias = outcomes[at].choice;
+            if aliases.contains(&alias) {
+                let twin = outcomes.iter().find(|o| o.choice == Choice { recompute: Policy::None, ..alias });
+                outcomes[at] = renamed(twin.expect("an alias's twin is searched"), alias);
+            }
+        }
         let exact: Vec<Outcome> = outcomes
             .iter_mut()
             .filter(|o| o.bounded.is_some())
@@ -207,6 +227,34 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
         (None, None) => a.min_peak_bytes.cmp(&b.min_peak_bytes),
     });
     Ok(outcomes)
+}
+
+/// The `selective` choices that plan as their `none` twins
+/// ([`super::shared`]): searched once, as the twin.
+fn selective_aliases(req: &Request, choices: &[Choice]) -> Result<Vec<Choice>, PlanError> {
+    let twin_searched = |c: &Choice| choices.contains(&Choice { recompute: Policy::None, ..*c });
+    let mut aliases = Vec::new();
+    for &c in choices.iter().filter(|c| c.recompute == Policy::Selective && twin_searched(c)) {
+        // The structure, not the size, decides: the shortest stack the
+        // search compiles, at one sequence per micro-batch.
+        let layers = if super::depth::repeats(req.model) { super::depth::SHORT } else { req.model.layers };
+        let model = zeroplan_ir::spec::ModelSpec { layers, ..req.model.clone() };
+        let (train, options) = super::evaluate::Step::options(req, c, c.data_ranks(req.cluster.world_size()), 1, 1);
+        if req.shared.selective_is_none(&model, &train, &options)? {
+            aliases.push(c);
+        }
+    }
+    Ok(aliases)
+}
+
+/// `twin`'s outcome as `alias`'s: the same plan under another name.
+fn renamed(twin: &Outcome, alias: Choice) -> Outcome {
+    let mut outcome = twin.clone();
+    outcome.choice = alias;
+    if let Some(best) = &mut outcome.best {
+        best.strategy.recompute = alias.recompute.name();
+    }
+    outcome
 }
 
 /// `optimal` recomputation for the choices where keeping every activation

@@ -174,6 +174,18 @@ impl Pass for Recompute {
         let layers = Layers::of(&graph, &order);
         let choices = self.choices(&graph, &layers, cx)?;
         let region = layers.assign(&graph, &choices);
+        // No backward node reads a value the policy would recompute (the
+        // `attention` pass fused the region `selective` recomputes): the
+        // graph stays as it is, so the plan is exactly `none`'s and the
+        // planner compiles it once for both.
+        let read_by_backward = |n: &NodeIndex| {
+            graph.node(*n).phase == Phase::Backward && graph.operands(*n).iter().any(|v| region.contains_key(&v.node))
+        };
+        if !order.iter().any(read_by_backward) {
+            cx.stat("regions recomputed", 0);
+            cx.stat("values recomputed", 0);
+            return Ok(graph);
+        }
         let mut out = Graph::new(graph.name.clone());
         let mut map = ValueMap::new();
         // Per region, the clones' values once made.
