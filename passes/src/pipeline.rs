@@ -77,7 +77,7 @@ pub enum Resume {
     /// From the model: build its graph, then run the first pass.
     Build,
     /// From `graph`, which the passes up to and including `after` made.
-    After { graph: Graph, after: &'static str },
+    After { graph: Box<Graph>, after: &'static str },
 }
 
 /// Runs the standard passes of `target` from `from` through the pass named
@@ -131,7 +131,7 @@ pub fn compile_between(
         }
         Resume::After { graph, after } => {
             let at = position(after).ok_or_else(|| TrainError::Spec(format!("pass {after} does not run here")))?;
-            (graph, at + 1)
+            (*graph, at + 1)
         }
     };
     let last = match through {

@@ -105,7 +105,7 @@ impl Step {
         let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
         let shared =
             req.shared.prefix(model, &train, &options).map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?;
-        let from = Resume::After { graph: (*shared).clone(), after: SHARED_THROUGH };
+        let from = Resume::After { graph: Box::new((*shared).clone()), after: SHARED_THROUGH };
         let graph = compile_between(model, &Target::Training(&train), options, from, None)
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
             .graph;

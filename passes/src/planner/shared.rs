@@ -110,7 +110,7 @@ impl Shared {
         }
         let prefix = self.prefix(model, train, options)?;
         let options = PassOptions { recompute: Policy::Selective, ..options.clone() };
-        let from = Resume::After { graph: (*prefix).clone(), after: SHARED_THROUGH };
+        let from = Resume::After { graph: Box::new((*prefix).clone()), after: SHARED_THROUGH };
         let target = Target::Training(train);
         let recomputed = compile_between(model, &target, options, from, Some("recompute")).map_err(compile_error)?;
         // The pass adds the clones it recomputes, and returns its input when it makes none.
