@@ -489,6 +489,11 @@ pub struct TrainArgs {
     /// Chrome trace-event JSON, the format of `inspect --trace`, and print the slowest instruction kinds.
     #[arg(long, value_name = "OUT.json")]
     pub profile: Option<PathBuf>,
+    /// `--backend cuda`: record runs of the step's instructions once as CUDA graphs and replay them
+    /// (`on`, `off`, or `auto`: on unless --profile asks for per-instruction timings). Instructions
+    /// the CPU runs or waits for (feeds, staged routines, collectives) are launched eagerly.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_graph_mode)]
+    pub cuda_graphs: zeroplan_runtime::runner::GraphMode,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -757,4 +762,8 @@ fn parse_precision(s: &str) -> Result<zeroplan_ir::spec::Precision, String> {
 
 fn parse_dtype(s: &str) -> Result<zeroplan_ir::DType, String> {
     zeroplan_ir::DType::from_name(s).ok_or_else(|| format!("`{s}` is not a dtype: use f32, bf16 or f16"))
+}
+
+fn parse_graph_mode(s: &str) -> Result<zeroplan_runtime::runner::GraphMode, String> {
+    s.parse()
 }
