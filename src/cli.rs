@@ -234,6 +234,10 @@ pub struct CompileArgs {
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
+    /// Predict the step as `train --backend cuda --cuda-graphs` runs it: instructions replayed from
+    /// CUDA graphs pay a graph node's launch cost, not an eager launch's (the plan records which).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     /// Plan a DeepSpeed configuration as given (its ZeRO stage, offload, activation checkpointing,
     /// micro-batch, precision and optimizer pinned; flags above override it) and compare it with the best
     /// plan found. `-o` writes the configuration's plan.
@@ -249,6 +253,13 @@ pub struct CompileArgs {
     /// line, e.g. `recompute none = selective`), or `all`: every candidate searched, one line each.
     #[arg(long, value_name = "N|all", default_value = "8", value_parser = parse_candidates)]
     pub candidates: Candidates,
+}
+
+impl CompileArgs {
+    /// How the predicted ranks launch their instructions.
+    pub fn launches(&self) -> zeroplan_ir::plan::Launches {
+        if self.cuda_graphs { zeroplan_ir::plan::Launches::Graphs } else { zeroplan_ir::plan::Launches::Eager }
+    }
 }
 
 /// How many of a plan's candidates its text lists (`--candidates`).

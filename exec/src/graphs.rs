@@ -201,11 +201,14 @@ fn plan_pass(
             o.close(steps, pass, why, out, keys);
         }
     };
+    // A split before a step this pass skips still splits before the next.
+    let mut split: Option<&str> = None;
     for (at, step) in steps.iter().enumerate() {
+        split = step.split_before.as_deref().or(split);
         if step.optimizer && pass == Pass::MicroBatch {
             continue;
         }
-        if let Some(why) = &step.split_before {
+        if let Some(why) = split.take() {
             close(&mut open, &mut out, why);
         }
         match &step.capture {

@@ -212,7 +212,16 @@ fn request(m: &ModelSpec, budget: u64, pins: Pins) -> Request<'_> {
     let cluster =
         Cluster { nodes: 1, gpus_per_node: 8, gpu, memory_budget: Some(budget), host_memory: None, nvme: None };
     let train = TrainingSpec { precision: Precision::Bf16, ..TrainingSpec::default() };
-    Request { model: m, train, cluster, seq: 128, global_batch: 8, pins, extrapolate_depth: true }
+    Request {
+        model: m,
+        train,
+        cluster,
+        seq: 128,
+        global_batch: 8,
+        pins,
+        extrapolate_depth: true,
+        launches: Default::default(),
+    }
 }
 
 #[test]

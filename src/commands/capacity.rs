@@ -27,8 +27,16 @@ pub fn run(args: &CapacityArgs) -> Result<(), String> {
     let cluster = cluster(&args.cluster)?;
     let pins = Pins { tensor_parallel: args.tp, zero_stage: args.zero, offload: args.offload, ..Pins::default() };
     let world = cluster.world_size();
-    let req =
-        Request { model: &family, train, cluster, seq: args.seq, global_batch: world, pins, extrapolate_depth: true };
+    let req = Request {
+        model: &family,
+        train,
+        cluster,
+        seq: args.seq,
+        global_batch: world,
+        pins,
+        extrapolate_depth: true,
+        launches: Default::default(),
+    };
     let found = capacity(&req, &LADDER).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if let (Some(path), Some(i)) = (&args.output, found.largest_planned) {
         let Some(Ok(plan)) = &found.sizes[i].full else { unreachable!("the largest planned size has its plan") };

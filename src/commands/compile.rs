@@ -122,5 +122,14 @@ pub fn request<'a>(
     global_batch: u64,
     pins: Pins,
 ) -> Request<'a> {
-    Request { model, train, cluster, seq: args.seq, global_batch, pins, extrapolate_depth: !args.whole_depth }
+    Request {
+        model,
+        train,
+        cluster,
+        seq: args.seq,
+        global_batch,
+        pins,
+        extrapolate_depth: !args.whole_depth,
+        launches: args.launches(),
+    }
 }

@@ -29,7 +29,11 @@ pub struct RngWords {
 
 impl RngWords {
     pub fn new(context: &std::sync::Arc<CudaContext>) -> Result<RngWords, DriverError> {
-        Ok(RngWords { words: DeviceArena::new(context, 16)?, queued: Mutex::new(None), recording: AtomicBool::new(false) })
+        Ok(RngWords {
+            words: DeviceArena::new(context, 16)?,
+            queued: Mutex::new(None),
+            recording: AtomicBool::new(false),
+        })
     }
 
     /// The device pointer the kernels are given.

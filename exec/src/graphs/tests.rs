@@ -51,6 +51,15 @@ fn host_work_between_steps_splits_without_making_either_eager() {
 }
 
 #[test]
+fn a_split_before_a_skipped_optimizer_step_still_splits_the_earlier_micro_batches() {
+    let mut steps = vec![rec(false), rec(false), rec(true), rec(false), rec(false)];
+    steps[2].split_before = Some("a value read back".into());
+    let p = plan(&steps, 2);
+    assert_eq!(ranges(&p.micro_batch), [0..2, 3..5]);
+    assert_eq!(ranges(&p.last), [0..2, 2..5]);
+}
+
+#[test]
 fn a_lone_instruction_is_launched_eagerly_with_what_isolated_it() {
     let steps = [breaks("staged"), rec(false), breaks("staged"), rec(false), rec(false)];
     let p = plan(&steps, 1);

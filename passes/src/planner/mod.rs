@@ -65,6 +65,8 @@ pub struct Request<'a> {
     /// Search deep independent stacks by two short ones ([`depth`]); off,
     /// every candidate is compiled whole.
     pub extrapolate_depth: bool,
+    /// How the ranks launch their instructions (the launch term's).
+    pub launches: zeroplan_ir::plan::Launches,
 }
 
 /// Why no plan came out.
@@ -275,7 +277,7 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
             instead,
         });
     }
-    Ok(Machine { cluster: req.cluster.clone(), dtype, offload_to: OffloadTo::Cpu })
+    Ok(Machine { cluster: req.cluster.clone(), dtype, offload_to: OffloadTo::Cpu, launches: req.launches })
 }
 
 /// A choice compiled and planned whole: its evaluation, the compiled step

@@ -409,8 +409,10 @@ impl<D: Device> Runner<D> {
         }
         if eager {
             if self.graph_mode == GraphMode::On {
-                tracing::warn!("--cuda-graphs on: profiling, finite checks or the NVMe tier launch every instruction \
-                                eagerly");
+                tracing::warn!(
+                    "--cuda-graphs on: profiling, finite checks or the NVMe tier launch every instruction \
+                                eagerly"
+                );
             }
             return;
         }
@@ -418,10 +420,11 @@ impl<D: Device> Runner<D> {
         // A captured value is read after the step that writes it.
         let mut read_after = vec![false; self.steps.len()];
         for v in &self.captures {
-            for (at, s) in self.steps.iter().enumerate() {
-                let moved_here = self.steps.iter().any(|m| m.node == v.node && m.written == Written::At(at));
-                if (s.node == v.node && s.written == Written::Here) || moved_here {
-                    read_after[at] = true;
+            for (at, s) in self.steps.iter().enumerate().filter(|(_, s)| s.node == v.node) {
+                match s.written {
+                    Written::Here => read_after[at] = true,
+                    Written::At(by) => read_after[by] = true,
+                    Written::Never => {}
                 }
             }
         }
@@ -493,7 +496,18 @@ impl<D: Device> Runner<D> {
         self.check_tier()?;
         self.plan_graphs();
         let Runner {
-            program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, graphs, ..
+            program,
+            bindings,
+            device,
+            steps,
+            bufs,
+            updates,
+            seed,
+            steps_done,
+            captures,
+            high_water,
+            graphs,
+            ..
         } = self;
         let tier = device.tier().zip(self.windows.as_ref());
         let (step_ends, access, groups) = (&self.step_ends, &self.access, &self.groups);
@@ -583,13 +597,12 @@ impl<D: Device> Runner<D> {
                                 // The device may record: nothing else may queue work meanwhile.
                                 finish(stream.drain(), profile)?;
                             }
-                            let offset = if segment.masks == Masks::Optimizer { cx.offset - i as u64 } else { cx.offset };
+                            let offset =
+                                if segment.masks == Masks::Optimizer { cx.offset - i as u64 } else { cx.offset };
                             let cx = Ctx { offset, ..cx };
                             let instrs: Vec<&D::Instr> =
                                 members.iter().filter_map(|&m| steps[m].instr.as_ref()).collect();
-                            device
-                                .run_segment(key, &instrs, &cx)
-                                .map_err(|(j, message)| fail(members[j], message))?;
+                            device.run_segment(key, &instrs, &cx).map_err(|(j, message)| fail(members[j], message))?;
                             launched_until = segment.steps.end;
                         } else {
                             finish(stream.wait_for(&access[at]), profile)?;
