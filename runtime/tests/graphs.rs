@@ -110,7 +110,8 @@ fn segments_are_handed_over_once_a_pass_and_give_the_host_runtimes_bits() {
     for step in 0..3 {
         let f = feeds(step, 2);
         let (got, want) = (graphs.step(&f).unwrap(), host.step(&f).unwrap());
-        assert_eq!(got.outputs, want.outputs, "step {step}");
+        assert_eq!(got.outputs.micro_batches, want.outputs.micro_batches, "step {step}");
+        assert_eq!(got.outputs.optimizer, want.outputs.optimizer, "step {step}");
     }
     assert_eq!(graphs.state(), host.state());
     let d = graphs.device();

@@ -234,6 +234,10 @@ impl Device for Cuda {
     }
 
     fn forget_graphs(&mut self) {
+        // No replay may still be running when its executable graph goes.
+        if let Err(e) = exec::settle(self) {
+            tracing::warn!("waiting for the GPU before dropping its CUDA graphs: {e}");
+        }
         self.graphs.forget();
     }
 
