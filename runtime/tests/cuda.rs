@@ -28,6 +28,7 @@ use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::runner::{Device, Runner};
 
 mod common;
+#[path = "cuda/graphs.rs"]
 mod graphs;
 
 use common::{BATCH, SEQ, batch, max_abs_diff, model};

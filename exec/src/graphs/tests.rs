@@ -16,15 +16,16 @@ fn empty() -> PlanStep {
     PlanStep { optimizer: false, capture: None, split_before: None }
 }
 
-fn ranges(p: &PassPlan) -> Vec<Range<usize>> {
-    p.segments.iter().map(|s| s.steps.clone()).collect()
+/// Each segment's steps as `(start, end)`.
+fn ranges(p: &PassPlan) -> Vec<(usize, usize)> {
+    p.segments.iter().map(|s| (s.steps.start, s.steps.end)).collect()
 }
 
 #[test]
 fn a_schedule_of_device_work_is_one_graph_and_empty_steps_break_nothing() {
     let steps = [rec(false), empty(), rec(false), rec(false), rec(true), empty()];
     let p = plan(&steps, 1);
-    assert_eq!(ranges(&p.last), [0..5]);
+    assert_eq!(ranges(&p.last), [(0, 5)]);
     assert_eq!(p.last.segments[0].launches, 4);
     assert!(p.last.eager.is_empty());
     assert_eq!(p.micro_batch, PassPlan::default(), "one micro-batch: every pass is the last");
@@ -36,7 +37,7 @@ fn a_schedule_of_device_work_is_one_graph_and_empty_steps_break_nothing() {
 fn an_instruction_the_device_cannot_record_splits_the_graph_and_runs_eagerly() {
     let steps = [rec(false), rec(false), breaks("a feed from the host"), rec(false), rec(false)];
     let p = plan(&steps, 1);
-    assert_eq!(ranges(&p.last), [0..2, 3..5]);
+    assert_eq!(ranges(&p.last), [(0, 2), (3, 5)]);
     assert_eq!(p.last.eager, [(2, "a feed from the host".to_string())]);
     assert_ne!(p.last.segments[0].key, p.last.segments[1].key);
 }
@@ -46,7 +47,7 @@ fn host_work_between_steps_splits_without_making_either_eager() {
     let mut steps = vec![rec(false), rec(false), rec(false), rec(false)];
     steps[2].split_before = Some("the micro-batch's deferred updates".into());
     let p = plan(&steps, 1);
-    assert_eq!(ranges(&p.last), [0..2, 2..4]);
+    assert_eq!(ranges(&p.last), [(0, 2), (2, 4)]);
     assert!(p.last.eager.is_empty());
 }
 
@@ -55,15 +56,15 @@ fn a_split_before_a_skipped_optimizer_step_still_splits_the_earlier_micro_batche
     let mut steps = vec![rec(false), rec(false), rec(true), rec(false), rec(false)];
     steps[2].split_before = Some("a value read back".into());
     let p = plan(&steps, 2);
-    assert_eq!(ranges(&p.micro_batch), [0..2, 3..5]);
-    assert_eq!(ranges(&p.last), [0..2, 2..5]);
+    assert_eq!(ranges(&p.micro_batch), [(0, 2), (3, 5)]);
+    assert_eq!(ranges(&p.last), [(0, 2), (2, 5)]);
 }
 
 #[test]
 fn a_lone_instruction_is_launched_eagerly_with_what_isolated_it() {
     let steps = [breaks("staged"), rec(false), breaks("staged"), rec(false), rec(false)];
     let p = plan(&steps, 1);
-    assert_eq!(ranges(&p.last), [3..5]);
+    assert_eq!(ranges(&p.last), [(3, 5)]);
     let (at, why) = &p.last.eager[1];
     assert_eq!(*at, 1);
     assert!(why.contains("alone") && why.contains("staged"), "{why}");
@@ -77,9 +78,9 @@ fn earlier_micro_batches_skip_the_optimizer_steps_and_share_graphs_without_them(
     let mut steps = vec![rec(false), rec(true), rec(false), rec(false), rec(false)];
     steps[3].split_before = Some("a value read back".into());
     let p = plan(&steps, 4);
-    assert_eq!(ranges(&p.micro_batch), [0..3, 3..5]);
+    assert_eq!(ranges(&p.micro_batch), [(0, 3), (3, 5)]);
     assert_eq!(p.micro_batch.segments[0].launches, 2, "the update is not run before the last micro-batch");
-    assert_eq!(ranges(&p.last), [0..3, 3..5]);
+    assert_eq!(ranges(&p.last), [(0, 3), (3, 5)]);
     assert_eq!(p.last.segments[0].launches, 3);
     // The first run differs between passes (the update), the second does not.
     assert_ne!(p.micro_batch.segments[0].key, p.last.segments[0].key);
@@ -94,17 +95,17 @@ fn masks_at_two_counter_words_split_a_graph_only_when_the_words_differ() {
     // Several micro-batches: the last one's steps draw at its word, the
     // optimizer's at the step's.
     let p = plan(&steps, 2);
-    assert_eq!(ranges(&p.last), [0..2, 2..4]);
+    assert_eq!(ranges(&p.last), [(0, 2), (2, 4)]);
     assert_eq!(p.last.segments[0].masks, Masks::MicroBatch);
     assert_eq!(p.last.segments[1].masks, Masks::Optimizer);
-    assert_eq!(ranges(&p.micro_batch), [0..2]);
+    assert_eq!(ranges(&p.micro_batch), [(0, 2)]);
     // One micro-batch: one word, one graph.
     let p = plan(&steps, 1);
-    assert_eq!(ranges(&p.last), [0..4]);
+    assert_eq!(ranges(&p.last), [(0, 4)]);
     assert_eq!(p.last.segments[0].masks, Masks::MicroBatch);
     // Steps that draw nothing never split.
     let p = plan(&[rec(false), drawing(true), rec(false)], 2);
-    assert_eq!(ranges(&p.last), [0..3]);
+    assert_eq!(ranges(&p.last), [(0, 3)]);
     assert_eq!(p.last.segments[0].masks, Masks::Optimizer);
 }
 
