@@ -234,6 +234,10 @@ pub struct CompileArgs {
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
+    /// Predict the step as `train --backend cuda --cuda-graphs` runs it: instructions replayed from
+    /// CUDA graphs pay a graph node's launch cost, not an eager launch's (the plan records which).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     /// Plan a DeepSpeed configuration as given (its ZeRO stage, offload, activation checkpointing,
     /// micro-batch, precision and optimizer pinned; flags above override it) and compare it with the best
     /// plan found. `-o` writes the configuration's plan.
@@ -249,6 +253,13 @@ pub struct CompileArgs {
     /// line, e.g. `recompute none = selective`), or `all`: every candidate searched, one line each.
     #[arg(long, value_name = "N|all", default_value = "8", value_parser = parse_candidates)]
     pub candidates: Candidates,
+}
+
+impl CompileArgs {
+    /// How the predicted ranks launch their instructions.
+    pub fn launches(&self) -> zeroplan_ir::plan::Launches {
+        if self.cuda_graphs { zeroplan_ir::plan::Launches::Graphs } else { zeroplan_ir::plan::Launches::Eager }
+    }
 }
 
 /// How many of a plan's candidates its text lists (`--candidates`).
@@ -489,6 +500,11 @@ pub struct TrainArgs {
     /// Chrome trace-event JSON, the format of `inspect --trace`, and print the slowest instruction kinds.
     #[arg(long, value_name = "OUT.json")]
     pub profile: Option<PathBuf>,
+    /// `--backend cuda`: record runs of the step's instructions once as CUDA graphs and replay them
+    /// (`on`, `off`, or `auto`: on unless --profile asks for per-instruction timings). Instructions
+    /// the CPU runs or waits for (feeds, staged routines, collectives) are launched eagerly.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_graph_mode)]
+    pub cuda_graphs: zeroplan_runtime::runner::GraphMode,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -757,4 +773,8 @@ fn parse_precision(s: &str) -> Result<zeroplan_ir::spec::Precision, String> {
 
 fn parse_dtype(s: &str) -> Result<zeroplan_ir::DType, String> {
     zeroplan_ir::DType::from_name(s).ok_or_else(|| format!("`{s}` is not a dtype: use f32, bf16 or f16"))
+}
+
+fn parse_graph_mode(s: &str) -> Result<zeroplan_runtime::runner::GraphMode, String> {
+    s.parse()
 }

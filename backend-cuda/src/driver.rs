@@ -162,7 +162,10 @@ impl LoadedKernel {
 
     /// Queues the kernel (and its finish kernel) on `stream` over device
     /// pointers: `inputs` and `outputs` in the kernel's operand order,
-    /// `partials` at least `launch.scratch_bytes` (cross-row outputs only).
+    /// `partials` at least `launch.scratch_bytes` (cross-row outputs only),
+    /// `rng` two `u64`s, dropout's Philox seed and counter word, which the
+    /// kernel reads when it runs (so a recorded CUDA graph draws each
+    /// replay's masks).
     ///
     /// # Safety
     /// Each pointer addresses its operand's bytes on this kernel's device,
@@ -174,8 +177,7 @@ impl LoadedKernel {
         inputs: &[sys::CUdeviceptr],
         outputs: &[sys::CUdeviceptr],
         partials: sys::CUdeviceptr,
-        seed: u64,
-        offset: u64,
+        rng: sys::CUdeviceptr,
     ) -> Result<(), DeviceError> {
         let k = &self.kernel;
         if inputs.len() != k.inputs.len() || outputs.len() != k.outputs.len() {
@@ -203,8 +205,7 @@ impl LoadedKernel {
             if k.outputs.iter().any(|b| b.cross_row) {
                 launch.arg(&partials);
             }
-            launch.arg(&seed);
-            launch.arg(&offset);
+            launch.arg(&rng);
             // SAFETY: the arguments match the generated signature (see
             // `GeneratedKernel`); the caller vouches for the pointers.
             unsafe { launch.launch(config(k.launch.grid, k.launch.block)) }?;
@@ -262,12 +263,14 @@ impl LoadedKernel {
         let outs: Vec<CudaSlice<u8>> =
             k.outputs.iter().map(|b| stream.alloc_zeros::<u8>(bytes(b).max(1))).collect::<Result<_, _>>()?;
         let partials = stream.alloc_zeros::<u8>(k.launch.scratch_bytes.max(8))?;
+        let rng = stream.clone_htod(&[seed, offset])?;
         {
             let (ins, _i): (Vec<_>, Vec<_>) = ins.iter().map(|s| s.device_ptr(stream)).unzip();
             let (outs, _o): (Vec<_>, Vec<_>) = outs.iter().map(|s| s.device_ptr(stream)).unzip();
             let (partials, _p) = partials.device_ptr(stream);
+            let (rng, _r) = rng.device_ptr(stream);
             // SAFETY: every buffer was allocated above at its operand's size.
-            unsafe { self.launch(stream, &ins, &outs, partials, seed, offset) }?;
+            unsafe { self.launch(stream, &ins, &outs, partials, rng) }?;
         }
         let mut results = Vec::with_capacity(outs.len());
         for (s, b) in outs.iter().zip(&k.outputs) {

@@ -109,6 +109,8 @@ fn dropout_masks_are_bit_exact_on_the_gpu() {
 struct AttentionBuffers {
     inputs: [cudarc::driver::CudaSlice<u8>; 5],
     outputs: [cudarc::driver::CudaSlice<u8>; 5],
+    /// Dropout's seed and counter word, which the kernels read.
+    rng: cudarc::driver::CudaSlice<u64>,
 }
 
 impl AttentionBuffers {
@@ -132,7 +134,8 @@ impl AttentionBuffers {
         let n = case.elements() * dtype.size_bytes() as usize;
         let zeros = |bytes: usize| stream.alloc_zeros::<u8>(bytes).unwrap();
         let outputs = [zeros(n), zeros(case.batch * case.heads * case.seq * 4), zeros(n), zeros(n), zeros(n)];
-        AttentionBuffers { inputs: [q, k, v, dout, upload(&case.mask_bytes(&x.mask))], outputs }
+        let rng = stream.clone_htod(&[case.seed, case.offset]).unwrap();
+        AttentionBuffers { inputs: [q, k, v, dout, upload(&case.mask_bytes(&x.mask))], outputs, rng }
     }
 
     fn tensors(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> BackwardTensors {
@@ -140,7 +143,9 @@ impl AttentionBuffers {
         let ptr = |s: &cudarc::driver::CudaSlice<u8>| s.device_ptr(stream).0;
         let [q, k, v, dout, mask] = &self.inputs;
         let [out, lse, dq, dk, dv] = &self.outputs;
-        let forward = ForwardTensors { q: ptr(q), k: ptr(k), v: ptr(v), mask: ptr(mask), out: ptr(out), lse: ptr(lse) };
+        let rng = self.rng.device_ptr(stream).0;
+        let (out, lse) = (ptr(out), ptr(lse));
+        let forward = ForwardTensors { q: ptr(q), k: ptr(k), v: ptr(v), mask: ptr(mask), out, lse, rng };
         BackwardTensors { forward, dout: ptr(dout), dq: ptr(dq), dk: ptr(dk), dv: ptr(dv) }
     }
 }

@@ -89,7 +89,7 @@ fn harness(i: usize, case: &AttentionCase, mutation: Option<Mutation>) -> String
     }
     let a = case.args();
     let scalars = format!(
-        "{}, {}, {}, {}, {}, {}u, {}, {}u, {}ULL, {}ULL",
+        "{}, {}, {}, {}, {}, {}u, {}, {}u, rng",
         a.heads,
         a.seq,
         f32_literal(a.scale),
@@ -98,8 +98,6 @@ fn harness(i: usize, case: &AttentionCase, mutation: Option<Mutation>) -> String
         a.keep_threshold,
         f32_literal(a.keep_scale),
         a.stream,
-        a.seed,
-        a.offset
     );
     let launch = case.kernel.launch(Pass::Backward, case.shape(), &DeviceProperties::H100_SXM);
     let (gx, gy) = launch.unwrap().kernels[0].grid;
@@ -110,6 +108,8 @@ fn harness(i: usize, case: &AttentionCase, mutation: Option<Mutation>) -> String
     let mask_bytes = case.batch * case.seq * case.kernel.mask.size_bytes() as usize;
     let symbol = |e| format!("{}_c{i}", case.kernel.symbol(e));
     let _ = writeln!(s, "static void run{i}(const std::string& dir) {{");
+    // Dropout's words, which the kernels read from memory.
+    let _ = writeln!(s, "  static const unsigned long long rng[2] = {{{}ULL, {}ULL}};", case.seed, case.offset);
     for t in ["q", "k", "v", "dout"] {
         let _ = writeln!(s, "  const {t_c}* {t} = (const {t_c}*)zp_read(dir + \"/{i}.{t}\", {n});");
     }

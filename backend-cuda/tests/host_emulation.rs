@@ -59,8 +59,9 @@ fn harness(i: usize, g: &GeneratedKernel) -> String {
     if g.finish_entry.is_some() {
         args.push("(double*)partials".into());
     }
-    args.push(format!("{SEED}ULL"));
-    args.push(format!("{OFFSET}ULL"));
+    // Dropout's words, which the kernel reads from memory.
+    let _ = writeln!(s, "  static const unsigned long long rng[2] = {{{SEED}ULL, {OFFSET}ULL}};");
+    args.push("rng".into());
     let l = &g.launch;
     let _ = writeln!(
         s,

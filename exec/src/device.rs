@@ -16,6 +16,7 @@ use zeroplan_ir::{Bindings, Graph, NodeIndex, Tensor, Value};
 
 use crate::buffers::{Buf, Rank, SelectError};
 use crate::comm::Communicator;
+use crate::graphs::Capture;
 use crate::nvme::Tier;
 
 /// What an instruction may need besides its buffers.
@@ -108,6 +109,30 @@ pub trait Device: Sized + Sync {
     /// Runs one instruction on the device's memory; the error says why it
     /// could not (a missing feed, a failed collective or launch).
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String>;
+
+    /// Whether `instr` can be recorded into a graph that later steps
+    /// replay ([`crate::graphs`]): asynchronous work on the device's own
+    /// streams, the same every step. The default: every instruction is
+    /// launched eagerly.
+    fn capture(&self, instr: &Self::Instr) -> Capture {
+        let _ = instr;
+        Capture::Breaks("this device launches every instruction eagerly".into())
+    }
+
+    /// Runs `instrs`, one segment of the capture plan (their steps in
+    /// schedule order), with `cx`'s dropout counter word. A device with
+    /// graphs records them as one on the first call with `key` and replays
+    /// it on later ones — falling back to eager launches, with the reason
+    /// logged, where recording is refused; the default launches each. An
+    /// error names the instruction (its index in `instrs`) and why.
+    fn run_segment(&self, key: usize, instrs: &[&Self::Instr], cx: &Ctx) -> Result<(), (usize, String)> {
+        let _ = key;
+        instrs.iter().enumerate().try_for_each(|(i, instr)| self.run(instr, cx).map_err(|e| (i, e)))
+    }
+
+    /// Drops the graphs recorded so far: the runner's plan changed, and
+    /// its keys name other segments from now on.
+    fn forget_graphs(&mut self) {}
 
     /// Waits until every instruction run so far has finished. A device that
     /// queues work (a GPU stream) returns from [`Device::run`] before the

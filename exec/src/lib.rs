@@ -16,6 +16,8 @@
 //! - [`device`]: what a machine must do to run a rank ([`Device`]), the
 //!   schedule it returns ([`Step`], [`Written`]) and the device passes that
 //!   rewrite it at load ([`StepPass`]);
+//! - [`graphs`]: which runs of the schedule a device may record once and
+//!   replay (CUDA graphs), and what breaks a run ([`graphs::plan`]);
 //! - [`comm`]: collectives between ranks ([`Communicator`]) and the store
 //!   through which a group's ranks first meet ([`Rendezvous`]);
 //! - [`nvme`]: the NVMe tier, host-placed states kept in files and brought
@@ -24,6 +26,7 @@
 pub mod buffers;
 pub mod comm;
 pub mod device;
+pub mod graphs;
 pub mod instr;
 pub mod nvme;
 pub mod select;

@@ -27,6 +27,7 @@ fn request(model: &spec::ModelSpec, gpus: u64, seq: u64, global_batch: u64) -> R
         pins: Pins::default(),
         extrapolate_depth: true,
         shared: Default::default(),
+        launches: Default::default(),
     }
 }
 

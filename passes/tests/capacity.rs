@@ -30,6 +30,7 @@ fn request(family: &zeroplan_ir::spec::ModelSpec, gpus: u64, budget: u64, pins: 
         pins,
         extrapolate_depth: false,
         shared: Default::default(),
+        launches: Default::default(),
     }
 }
 

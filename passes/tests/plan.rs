@@ -46,6 +46,7 @@ fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u
         pins: Pins::default(),
         extrapolate_depth: true,
         shared: Default::default(),
+        launches: Default::default(),
     }
 }
 
@@ -262,7 +263,12 @@ fn plan_files_round_trip() {
 fn depth_extrapolation_tracks_whole_planning() {
     let m = model("bert-base.ron");
     let req = request(&m, cluster("a100-40gb", 8, None), 128, 256);
-    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
+    let machine = Machine {
+        cluster: req.cluster.clone(),
+        dtype: DType::BF16,
+        offload_to: OffloadTo::Cpu,
+        launches: Default::default(),
+    };
     for choice in [
         Choice {
             tensor_parallel: 1,
@@ -317,8 +323,12 @@ fn depth_extrapolation_tracks_whole_planning() {
 
 #[test]
 fn gemm_efficiency_grows_with_the_shape() {
-    let machine =
-        Machine { cluster: cluster("h100-80gb-sxm", 8, None), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
+    let machine = Machine {
+        cluster: cluster("h100-80gb-sxm", 8, None),
+        dtype: DType::BF16,
+        offload_to: OffloadTo::Cpu,
+        launches: Default::default(),
+    };
     let eff = |m, n, k| machine.shape_efficiency(GemmShape { batch: 1, m, n, k });
     assert!(eff(64, 64, 64) < eff(512, 512, 512));
     assert!(eff(512, 512, 512) < eff(8192, 8192, 8192));
@@ -339,7 +349,12 @@ fn gemm_efficiency_grows_with_the_shape() {
 fn sharding_costs_time_when_memory_is_ample() {
     let m = model("bert-large.ron");
     let mut req = request(&m, cluster("a100-80gb", 16, None), 512, 256);
-    let machine = Machine { cluster: req.cluster.clone(), dtype: DType::BF16, offload_to: OffloadTo::Cpu };
+    let machine = Machine {
+        cluster: req.cluster.clone(),
+        dtype: DType::BF16,
+        offload_to: OffloadTo::Cpu,
+        launches: Default::default(),
+    };
     req.pins.micro_batch = Some(16);
     let time = |zero_stage| {
         let choice = Choice {

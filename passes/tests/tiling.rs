@@ -221,6 +221,7 @@ fn request(m: &ModelSpec, budget: u64, pins: Pins) -> Request<'_> {
         pins,
         extrapolate_depth: true,
         shared: Default::default(),
+        launches: Default::default(),
     }
 }
 

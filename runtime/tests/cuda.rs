@@ -11,6 +11,8 @@
 //!
 //! What runs everywhere: loading on a machine without a GPU is a clear
 //! error, not a panic.
+//!
+//! [`graphs`]: CUDA graphs against eager launches, bit for bit.
 
 use std::collections::BTreeSet;
 
@@ -26,6 +28,8 @@ use zeroplan_runtime::HostProgram;
 use zeroplan_runtime::runner::{Device, Runner};
 
 mod common;
+#[path = "cuda/graphs.rs"]
+mod graphs;
 
 use common::{BATCH, SEQ, batch, max_abs_diff, model};
 

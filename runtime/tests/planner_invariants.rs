@@ -186,6 +186,7 @@ fn request<'a>(model: &'a ModelSpec, d: &Draw) -> Request<'a> {
         pins: Pins { micro_batch, ..d.pins },
         extrapolate_depth: d.extrapolate_depth,
         shared: Default::default(),
+        launches: Default::default(),
     }
 }
 

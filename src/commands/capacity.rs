@@ -36,6 +36,7 @@ pub fn run(args: &CapacityArgs) -> Result<(), String> {
         pins,
         extrapolate_depth: true,
         shared: Default::default(),
+        launches: Default::default(),
     };
     let found = capacity(&req, &LADDER).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if let (Some(path), Some(i)) = (&args.output, found.largest_planned) {

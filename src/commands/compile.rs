@@ -131,5 +131,6 @@ pub fn request<'a>(
         pins,
         extrapolate_depth: !args.whole_depth,
         shared: Default::default(),
+        launches: args.launches(),
     }
 }

@@ -285,7 +285,7 @@ pub fn machine(plan: &Plan) -> Result<Machine, String> {
     };
     let dtype = DType::from_name(&plan.workload.precision)
         .ok_or_else(|| format!("error: the plan's precision `{}` is not f32, bf16 or f16", plan.workload.precision))?;
-    Ok(Machine { cluster, dtype, offload_to: plan.strategy.offload_to })
+    Ok(Machine { cluster, dtype, offload_to: plan.strategy.offload_to, launches: plan.predicted.launches })
 }
 
 /// The first micro-batch and the optimizer, instruction by instruction,

@@ -37,9 +37,10 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
     const zp_t* __restrict__ q, const zp_t* __restrict__ k, const zp_t* __restrict__ v,
     const zp_mask_t* __restrict__ mask, const zp_t* __restrict__ out, const float* __restrict__ lse,
     const zp_t* __restrict__ dout, zp_t* __restrict__ dq, int heads, int seq, float scale, int head_offset,
-    int total_heads, unsigned keep_threshold, float keep_scale, unsigned stream, unsigned long long seed,
-    unsigned long long offset)
+    int total_heads, unsigned keep_threshold, float keep_scale, unsigned stream,
+    const unsigned long long* __restrict__ zp_rng)
 {
+  const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ float q_s[ZP_ROWS][ZP_D];      // broadcast reads
   __shared__ float do_s[ZP_ROWS][ZP_D];     // broadcast reads
   __shared__ float k_s[ZP_TILE][ZP_PAD];    // lane l reads key rows l, l + 32; then dims across lanes
@@ -116,8 +117,9 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DKDV(
     const zp_mask_t* __restrict__ mask, const zp_t* __restrict__ out, const float* __restrict__ lse,
     const zp_t* __restrict__ dout, zp_t* __restrict__ dk, zp_t* __restrict__ dv, int heads, int seq, float scale,
     int head_offset, int total_heads, unsigned keep_threshold, float keep_scale, unsigned stream,
-    unsigned long long seed, unsigned long long offset)
+    const unsigned long long* __restrict__ zp_rng)
 {
+  const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ float k_s[ZP_ROWS][ZP_D];       // broadcast reads
   __shared__ float v_s[ZP_ROWS][ZP_D];       // broadcast reads
   __shared__ float q_s[ZP_TILE][ZP_PAD];     // lane l reads query rows l, l + 32; then dims across lanes

@@ -25,6 +25,10 @@ pub struct ForwardTensors {
     /// The log-sum-exp of each score row, `[B, H, S]` f32, from which the
     /// backward recomputes the probabilities.
     pub lse: CUdeviceptr,
+    /// Dropout's Philox seed and counter word, two `u64`s the kernels read
+    /// when they run (not launch arguments: a recorded CUDA graph replays
+    /// with each step's).
+    pub rng: CUdeviceptr,
 }
 
 /// The pointers of the backward: the forward's tensors and `dout` read,
@@ -51,6 +55,11 @@ pub struct LoadedAttention {
 }
 
 impl LoadedAttention {
+    /// Whether its kernels draw dropout masks (read the `rng` words).
+    pub fn draws_masks(&self) -> bool {
+        self.kernel.dropout
+    }
+
     /// Loads `ptx` (NVRTC's output for `rendered.source`) on `device`.
     pub fn load(device: &CudaDevice, rendered: &RenderedAttention, ptx: &str) -> Result<LoadedAttention, DeviceError> {
         let module = device.context().load_module(Ptx::from_src(ptx.to_string()))?;
@@ -83,7 +92,7 @@ impl LoadedAttention {
             return Err(self.mismatch("the backward's kernels were asked for the forward".into()));
         }
         // SAFETY: the caller's contract.
-        unsafe { self.launch(device, stream, &[t.q, t.k, t.v, t.mask, t.out, t.lse], &[], batch, args) }
+        unsafe { self.launch(device, stream, &[t.q, t.k, t.v, t.mask, t.out, t.lse], &[], t.rng, batch, args) }
     }
 
     /// Queues the backward (dQ, then dK/dV).
@@ -104,20 +113,22 @@ impl LoadedAttention {
         let f = &t.forward;
         let read = [f.q, f.k, f.v, f.mask, f.out, f.lse, t.dout];
         // SAFETY: the caller's contract.
-        unsafe { self.launch(device, stream, &read, &[t.dq, t.dk, t.dv], batch, args) }
+        unsafe { self.launch(device, stream, &read, &[t.dq, t.dk, t.dv], f.rng, batch, args) }
     }
 
     /// Launches each entry with `read` then its own outputs (`written`:
-    /// dq for dQ, dk and dv for dK/dV), then the scalars. The tensor-core
+    /// dq for dQ, dk and dv for dK/dV), then the scalars and `rng`. The tensor-core
     /// kernels stage `q, k, v, dout` 16 bytes at a time and store two
     /// values at a time: every tensor but the mask and `lse` must start
     /// 16-byte aligned (the planner's arenas align to 256).
+    #[allow(clippy::too_many_arguments)] // the kernels' parameters, by kind
     unsafe fn launch(
         &self,
         device: &CudaDevice,
         stream: &CudaStream,
         read: &[CUdeviceptr],
         written: &[CUdeviceptr],
+        rng: CUdeviceptr,
         batch: usize,
         a: &AttentionArgs,
     ) -> Result<(), DeviceError> {
@@ -150,7 +161,7 @@ impl LoadedAttention {
                 builder.arg(p);
             }
             builder.arg(&a.heads).arg(&a.seq).arg(&a.scale).arg(&a.head_offset).arg(&a.total_heads);
-            builder.arg(&a.keep_threshold).arg(&a.keep_scale).arg(&a.stream).arg(&a.seed).arg(&a.offset);
+            builder.arg(&a.keep_threshold).arg(&a.keep_scale).arg(&a.stream).arg(&rng);
             let config = cudarc::driver::LaunchConfig {
                 grid_dim: (l.grid.0, l.grid.1, 1),
                 block_dim: (l.block, 1, 1),

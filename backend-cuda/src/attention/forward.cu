@@ -10,8 +10,9 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $FORWARD(
     const zp_t* __restrict__ q, const zp_t* __restrict__ k, const zp_t* __restrict__ v,
     const zp_mask_t* __restrict__ mask, zp_t* __restrict__ out, float* __restrict__ lse, int heads, int seq,
     float scale, int head_offset, int total_heads, unsigned keep_threshold, float keep_scale, unsigned stream,
-    unsigned long long seed, unsigned long long offset)
+    const unsigned long long* __restrict__ zp_rng)
 {
+  const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ float q_s[ZP_ROWS][ZP_D];     // read by a whole warp at once: a broadcast
   __shared__ float k_s[ZP_TILE][ZP_PAD];   // lane l reads key rows l and l + 32
   __shared__ float v_s[ZP_TILE][ZP_D];     // lane l reads dims l, l + 32, …

@@ -14,8 +14,9 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS, ZP_MIN_BLOCKS) $FORWARD
     const zp_t* __restrict__ q, const zp_t* __restrict__ k, const zp_t* __restrict__ v,
     const zp_mask_t* __restrict__ mask, zp_t* __restrict__ out, float* __restrict__ lse, int heads, int seq,
     float scale, int head_offset, int total_heads, unsigned keep_threshold, float keep_scale, unsigned stream,
-    unsigned long long seed, unsigned long long offset)
+    const unsigned long long* __restrict__ zp_rng)
 {
+  const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ __align__(16) zp_t q_s[ZP_ROWS * ZP_STRIDE];
   __shared__ __align__(16) zp_t k_s[ZP_TILE * ZP_STRIDE];
   __shared__ __align__(16) zp_t v_s[ZP_TILE * ZP_STRIDE];

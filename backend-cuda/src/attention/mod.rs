@@ -18,8 +18,10 @@
 //! in f32), the mask's integer type, whether ALiBi and dropout are on,
 //! whether the products run on tensor cores, and the pass. Everything
 //! else — batch, heads, sequence length, the scale, the tensor rank, the
-//! dropout probability, stream, seed and offset — is a kernel argument
-//! ([`AttentionArgs`]), so one compiled module serves every shape.
+//! dropout probability and stream — is a kernel argument
+//! ([`AttentionArgs`]), so one compiled module serves every shape; the
+//! Philox seed and counter word are read from device memory (`zp_rng`),
+//! so a CUDA graph that recorded the launch draws each step's masks.
 //!
 //! **Two implementations**, chosen when the op is specialised for a device
 //! ([`FlashAttention::kernel`]): bf16 and f16 operands on sm_80 or newer run
@@ -45,8 +47,9 @@
 //! `q, k, v, mask, out, lse`; dQ: `q, k, v, mask, out, lse, dout, dq`;
 //! dK/dV: `q, k, v, mask, out, lse, dout, dk, dv`), then `int heads, int
 //! seq, float scale, int head_offset, int total_heads, unsigned
-//! keep_threshold, float keep_scale, unsigned stream, unsigned long long
-//! seed, unsigned long long offset` ([`AttentionArgs`] in that order).
+//! keep_threshold, float keep_scale, unsigned stream` ([`AttentionArgs`]
+//! in that order), `const unsigned long long* zp_rng` (dropout's seed and
+//! counter word, two words in device memory).
 
 mod device;
 mod launch;
@@ -239,11 +242,6 @@ pub struct AttentionArgs {
     pub keep_scale: f32,
     /// Dropout's Philox stream (the counter's third word).
     pub stream: u32,
-    /// The run's seed, Philox's key.
-    pub seed: u64,
-    /// Dropout's counter word for this pass, as the generated dropout
-    /// kernels use it.
-    pub offset: u64,
 }
 
 /// The template's parts, in the order they are rendered: the shared
@@ -289,15 +287,13 @@ impl FlashAttention {
     }
 
     /// The scalar arguments for tensors of `shape` on tensor rank
-    /// `tensor_rank` (0 without tensor parallelism), with dropout's Philox
-    /// `seed` and `offset`. `kernel` is what they will be passed to.
+    /// `tensor_rank` (0 without tensor parallelism). `kernel` is what they
+    /// will be passed to.
     pub fn args(
         &self,
         kernel: &AttentionKernel,
         shape: AttentionShape,
         tensor_rank: u64,
-        seed: u64,
-        offset: u64,
     ) -> Result<AttentionArgs, AttentionError> {
         let AttentionShape { batch, heads, seq } = shape;
         let p = self.dropout_probability()?;
@@ -330,8 +326,6 @@ impl FlashAttention {
             keep_threshold: crate::codegen::expr::keep_threshold(p),
             keep_scale: (1.0 / (1.0 - p)) as f32,
             stream: self.stream,
-            seed,
-            offset,
         })
     }
 }

@@ -73,19 +73,19 @@ fn the_op_decides_alibi_and_dropout() {
 fn arguments_carry_the_rank_offset_and_the_dropout_threshold() {
     let fa = FlashAttention { scale: 0.125, alibi_ranks: Some(4), dropout: 0.5, stream: 7 };
     let k = fa.kernel(64, DType::F32, DType::I64, &H100).unwrap();
-    let a = fa.args(&k, shape(2, 3, 100), 2, 42, 9).unwrap();
+    let a = fa.args(&k, shape(2, 3, 100), 2).unwrap();
     assert_eq!((a.heads, a.seq, a.head_offset, a.total_heads), (3, 100, 6, 12));
-    assert_eq!((a.keep_threshold, a.keep_scale, a.stream, a.seed, a.offset), (1 << 23, 2.0, 7, 42, 9));
+    assert_eq!((a.keep_threshold, a.keep_scale, a.stream), (1 << 23, 2.0, 7));
     assert_eq!(a.scale, 0.125);
     // Without ALiBi the rank does not matter; without dropout nothing is dropped.
     let plain = op().kernel(64, DType::F32, DType::I64, &H100).unwrap();
-    let a = op().args(&plain, shape(2, 3, 100), 0, 0, 0).unwrap();
+    let a = op().args(&plain, shape(2, 3, 100), 0).unwrap();
     assert_eq!((a.head_offset, a.total_heads, a.keep_threshold, a.keep_scale), (0, 3, 0, 1.0));
     // A rank outside the group, a kernel of another op, shapes CUDA cannot launch.
-    assert_eq!(fa.args(&k, shape(2, 3, 100), 4, 0, 0), Err(AttentionError::TensorRank { rank: 4, ranks: 4 }));
-    assert!(matches!(fa.args(&plain, shape(2, 3, 100), 0, 0, 0), Err(AttentionError::Mismatch(_))));
-    assert!(matches!(fa.args(&k, shape(0, 3, 100), 0, 0, 0), Err(AttentionError::Shape { .. })));
-    let e = fa.args(&k, shape(70_000, 1, 8), 0, 0, 0).unwrap_err();
+    assert_eq!(fa.args(&k, shape(2, 3, 100), 4), Err(AttentionError::TensorRank { rank: 4, ranks: 4 }));
+    assert!(matches!(fa.args(&plain, shape(2, 3, 100), 0), Err(AttentionError::Mismatch(_))));
+    assert!(matches!(fa.args(&k, shape(0, 3, 100), 0), Err(AttentionError::Shape { .. })));
+    let e = fa.args(&k, shape(70_000, 1, 8), 0).unwrap_err();
     assert!(e.to_string().contains("65,535"), "{e}");
 }
 

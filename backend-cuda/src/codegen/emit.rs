@@ -176,7 +176,7 @@ impl Emitter<'_> {
     }
 
     /// The main kernel's parameters: inputs, full outputs, the partials,
-    /// dropout's seed and offset.
+    /// the two words holding dropout's seed and offset.
     fn parameters(&self) -> Vec<String> {
         let mut params = Vec::new();
         for (k, (a, arg)) in self.layout.inputs.iter().zip(&self.kernel.inputs).enumerate() {
@@ -190,8 +190,7 @@ impl Emitter<'_> {
         if self.cross_rows().next().is_some() {
             params.push("double* partials".into());
         }
-        params.push("unsigned long long seed".into());
-        params.push("unsigned long long offset".into());
+        params.push("const unsigned long long* __restrict__ zp_rng".into());
         params
     }
 
@@ -204,6 +203,10 @@ impl Emitter<'_> {
             self.line(2, format!("{p}{}", if i == last { ")" } else { "," }));
         }
         self.line(0, "{");
+        if self.kernel.body.iter().any(|e| matches!(e, Expr::Keep { .. })) {
+            // Read when the kernel runs, so a replayed CUDA graph draws the step's masks.
+            self.line(1, "const unsigned long long seed = zp_rng[0], offset = zp_rng[1];");
+        }
         if self.has_reduction() {
             self.line(1, "__shared__ float zp_red[32];");
         }

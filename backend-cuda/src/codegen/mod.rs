@@ -76,8 +76,9 @@ pub struct Buffer {
 /// The main kernel's parameters, in order: one pointer per input (its
 /// dtype: `float`, `__nv_bfloat16`, `__half`, `int`, `long long`), one per
 /// output that is not cross-row, `double* partials` (the scratch, when
-/// there are cross-row outputs), `unsigned long long seed`, `unsigned long
-/// long offset` (dropout's Philox key and counter word). The finish
+/// there are cross-row outputs), `const unsigned long long* zp_rng`
+/// (dropout's Philox key and counter word, read from device memory when the
+/// kernel runs, so a replayed CUDA graph draws each step's masks). The finish
 /// kernel's: `const double* partials`, then one pointer per cross-row output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GeneratedKernel {

@@ -35,6 +35,11 @@ pub struct DeviceAttention {
 }
 
 impl DeviceAttention {
+    /// Whether it draws dropout masks.
+    pub fn draws_masks(&self) -> bool {
+        self.loaded.draws_masks()
+    }
+
     pub fn name(&self) -> &'static str {
         match self.pass {
             Pass::Forward => "flash_attention",
@@ -97,7 +102,7 @@ pub fn select(
             }
         }
         let shape = AttentionShape { batch, heads, seq };
-        let args = op.args(&kernel, shape, rank.tensor as u64, 0, 0).map_err(|e| unsupported(e.to_string()))?;
+        let args = op.args(&kernel, shape, rank.tensor as u64).map_err(|e| unsupported(e.to_string()))?;
         kernel.launch(pass, shape, gpu.properties()).map_err(|e| unsupported(e.to_string()))?;
         let loaded = match loaded.get(&(kernel, pass)) {
             Some(done) => Arc::clone(done),
@@ -119,10 +124,13 @@ pub fn select(
 }
 
 /// Queues `a` on the compute stream with the step's Philox seed and offset
-/// (the ones the generated dropout kernels get, so masks agree).
+/// in the device's words (the ones the generated dropout kernels read, so
+/// masks agree).
 pub fn run(cuda: &Cuda, a: &DeviceAttention, inputs: &[Buf], outputs: &[Buf], cx: &Ctx) -> Result<(), String> {
     let ptr = |b: &Buf| cuda.memory.device_ptr(*b);
-    let args = AttentionArgs { seed: cx.seed, offset: cx.offset, ..a.args };
+    if a.draws_masks() {
+        cuda.rng.set(&cuda.compute, cx.seed, cx.offset)?;
+    }
     let forward = ForwardTensors {
         q: ptr(&inputs[0]),
         k: ptr(&inputs[1]),
@@ -130,13 +138,14 @@ pub fn run(cuda: &Cuda, a: &DeviceAttention, inputs: &[Buf], outputs: &[Buf], cx
         mask: ptr(&inputs[3]),
         out: ptr(if a.pass == Pass::Forward { &outputs[0] } else { &inputs[4] }),
         lse: ptr(if a.pass == Pass::Forward { &outputs[1] } else { &inputs[5] }),
+        rng: cuda.rng.ptr(),
     };
     // SAFETY: selection checked every operand lies on the device with the
     // dtypes the kernel was rendered for, at the shape of its arguments; the
     // arenas outlive the stream's work.
     let queued = unsafe {
         match a.pass {
-            Pass::Forward => a.loaded.forward(&cuda.gpu, &cuda.compute, &forward, a.batch, &args),
+            Pass::Forward => a.loaded.forward(&cuda.gpu, &cuda.compute, &forward, a.batch, &a.args),
             Pass::Backward => {
                 let t = BackwardTensors {
                     forward,
@@ -145,7 +154,7 @@ pub fn run(cuda: &Cuda, a: &DeviceAttention, inputs: &[Buf], outputs: &[Buf], cx
                     dk: ptr(&outputs[1]),
                     dv: ptr(&outputs[2]),
                 };
-                a.loaded.backward(&cuda.gpu, &cuda.compute, &t, a.batch, &args)
+                a.loaded.backward(&cuda.gpu, &cuda.compute, &t, a.batch, &a.args)
             }
         }
     };

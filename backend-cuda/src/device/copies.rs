@@ -14,6 +14,7 @@
 //! - anything the CPU does waits for the copy stream too
 //!   ([`CopyStream::synchronize`], with the compute stream's).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaStream, DriverError};
@@ -39,11 +40,13 @@ pub fn must_wait(touched: &[(Buf, bool)], from: &Buf, to: &Buf) -> bool {
 pub struct CopyStream {
     stream: Arc<CudaStream>,
     pending: Mutex<Vec<Pending>>,
+    /// A CUDA graph is being recorded: its events may not be queried.
+    recording: AtomicBool,
 }
 
 impl CopyStream {
     pub fn new(stream: Arc<CudaStream>) -> CopyStream {
-        CopyStream { stream, pending: Mutex::new(Vec::new()) }
+        CopyStream { stream, pending: Mutex::new(Vec::new()), recording: AtomicBool::new(false) }
     }
 
     /// Queues `from → to` (device ↔ pinned host) after the compute
@@ -66,16 +69,37 @@ impl CopyStream {
             return Ok(());
         }
         let touched = touched();
+        // A recorded event has no status to query: kept until the join.
+        let recording = self.recording.load(Ordering::Acquire);
         let mut kept = Vec::with_capacity(pending.len());
         for p in pending.drain(..) {
             if must_wait(&touched, &p.from, &p.to) {
                 compute.wait(&p.done)?;
-            } else if !p.done.try_is_complete()? {
+            } else if recording || !p.done.try_is_complete()? {
                 kept.push(p);
             }
         }
         *pending = kept;
         Ok(())
+    }
+
+    /// Makes `compute` wait for every pending copy and forgets them: the
+    /// join a CUDA graph's recording needs at both ends (a recording may
+    /// wait only on events recorded inside it, and must end with the copy
+    /// stream's recorded work joined back into the compute stream), and
+    /// what a replay needs first (its copies assume nothing pending).
+    pub fn join(&self, compute: &CudaStream) -> Result<(), DriverError> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut result = Ok(());
+        for p in pending.drain(..) {
+            result = result.and(compute.wait(&p.done));
+        }
+        result
+    }
+
+    /// Marks a CUDA graph's recording as started or ended.
+    pub fn recording(&self, on: bool) {
+        self.recording.store(on, Ordering::Release);
     }
 
     /// Waits for every queued copy.

@@ -74,10 +74,13 @@ pub fn run(cuda: &Cuda, instr: &Instr<CudaKernel>, cx: &Ctx) -> Result<(), Strin
         Instr::Kernel { kernel: CudaKernel::Gpu(k), inputs, outputs } => {
             let ins: Vec<u64> = inputs.iter().map(|b| mem.device_ptr(*b)).collect();
             let outs: Vec<u64> = outputs.iter().map(|b| mem.device_ptr(*b)).collect();
+            if k.generated().uses_dropout {
+                cuda.rng.set(&cuda.compute, cx.seed, cx.offset)?;
+            }
             // SAFETY: loading placed every operand on the device, at its size
             // and alignment; the arenas outlive the stream's work (`Cuda` drops
             // them after synchronising in `read`, or with the context).
-            unsafe { k.launch(&cuda.compute, &ins, &outs, cuda.partials.ptr(), cx.seed, cx.offset) }
+            unsafe { k.launch(&cuda.compute, &ins, &outs, cuda.partials.ptr(), cuda.rng.ptr()) }
                 .map_err(|e| e.to_string())
         }
         Instr::Kernel { kernel: CudaKernel::Host(k), inputs, outputs } => {

@@ -155,12 +155,15 @@ impl GpuMemory {
     /// engines can do it (device↔device without overlap, device↔pinned host);
     /// `false` when the caller must copy on the host instead.
     pub fn copy_async(&self, from: Buf, to: Buf, stream: &CudaStream) -> Result<bool, DriverError> {
+        if !by_dma(from, to) {
+            return Ok(false);
+        }
         let n = from.bytes().min(to.bytes());
         let s = stream.cu_stream();
         // SAFETY: both lie in their arenas; the pinned slices live as long as `self`.
         unsafe {
             match (from.place, to.place) {
-                (Place::Device, Place::Device) if !from.overlaps(&to) => {
+                (Place::Device, Place::Device) => {
                     result::memcpy_dtod_async(self.device_ptr(to), self.device_ptr(from), n, s)?
                 }
                 (Place::Device, Place::Host) => {
@@ -175,5 +178,15 @@ impl GpuMemory {
             }
         }
         Ok(true)
+    }
+}
+
+/// Whether the DMA engines copy `from` into `to` ([`GpuMemory::copy_async`]):
+/// device↔device without overlap, device↔pinned host.
+pub fn by_dma(from: Buf, to: Buf) -> bool {
+    match (from.place, to.place) {
+        (Place::Device, Place::Device) => !from.overlaps(&to),
+        (Place::Device, Place::Host) | (Place::Host, Place::Device) => true,
+        _ => false,
     }
 }

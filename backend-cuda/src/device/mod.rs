@@ -31,6 +31,11 @@
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
+//! Runs of the schedule the runner's capture plan marks
+//! (`zeroplan_exec::graphs`) are recorded once as CUDA graphs and replayed
+//! on later steps ([`graphs`]); dropout's counter word is read from device
+//! memory ([`rng`]) so replays draw each step's masks.
+//!
 //! Run on one H100 (`bench/RESULTS.md`); what that run covered and what it
 //! did not: `docs/cuda-device.md`.
 
@@ -41,9 +46,11 @@ mod collective;
 mod copies;
 pub mod epilogue;
 mod exec;
+mod graphs;
 mod kernels;
 mod memory;
 pub mod passes;
+mod rng;
 mod routines;
 pub mod schedule;
 #[cfg(test)]
@@ -58,9 +65,11 @@ use cudarc::driver::CudaStream;
 use zeroplan_ir::plan::Program;
 use zeroplan_ir::{Bindings, DType, NodeIndex, Place, Tensor, Value};
 
+pub use graphs::GraphCounts;
 pub use kernels::CudaKernel;
 use memory::{DeviceArena, GpuMemory, PinnedArena};
 
+use zeroplan_exec::graphs::Capture;
 use zeroplan_exec::{Buf, Ctx, Device, Instr, Loaded, Rank, SelectError, select};
 
 /// Where NVRTC is looked for first: a directory holding `lib/libnvrtc.so.13`
@@ -131,7 +140,19 @@ pub struct Cuda {
     copies: copies::CopyStream,
     /// The multi-tensor AdamW launches' tables.
     tables: DeviceArena,
+    /// Dropout's seed and counter word, which the kernels read ([`rng`]).
+    rng: rng::RngWords,
+    /// The recorded CUDA graphs ([`graphs`]).
+    graphs: graphs::Graphs,
     gpu: CudaDevice,
+}
+
+impl Cuda {
+    /// How the capture plan's segments ran so far (CUDA graphs recorded,
+    /// replayed, refused).
+    pub fn graph_counts(&self) -> GraphCounts {
+        self.graphs.counts()
+    }
 }
 
 impl Device for Cuda {
@@ -191,7 +212,9 @@ impl Device for Cuda {
         let tables = cx.tables.take().ok_or_else(|| fail("the multi-tensor AdamW pass did not run".into()))?;
         let partials = DeviceArena::new(context, compilers.scratch_bytes).map_err(driver)?;
         let copies = copies::CopyStream::new(copy);
-        Ok((Cuda { memory, partials, blas, lt, compute, copies, tables, gpu }, steps))
+        let rng = rng::RngWords::new(context).map_err(driver)?;
+        let graphs = graphs::Graphs::default();
+        Ok((Cuda { memory, partials, blas, lt, compute, copies, tables, rng, graphs, gpu }, steps))
     }
 
     fn run(&self, instr: &Self::Instr, cx: &Ctx) -> Result<(), String> {
@@ -200,6 +223,22 @@ impl Device for Cuda {
 
     fn synchronize(&self) -> Result<(), String> {
         exec::settle(self)
+    }
+
+    fn capture(&self, instr: &Self::Instr) -> Capture {
+        graphs::capture(instr)
+    }
+
+    fn run_segment(&self, key: usize, instrs: &[&Self::Instr], cx: &Ctx) -> Result<(), (usize, String)> {
+        graphs::run_segment(self, key, instrs, cx)
+    }
+
+    fn forget_graphs(&mut self) {
+        // No replay may still be running when its executable graph goes.
+        if let Err(e) = exec::settle(self) {
+            tracing::warn!("waiting for the GPU before dropping its CUDA graphs: {e}");
+        }
+        self.graphs.forget();
     }
 
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {

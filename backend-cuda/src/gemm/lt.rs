@@ -33,6 +33,10 @@ pub struct LtPointers {
 pub struct BlasLt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
+    /// The workspace's address, taken once: cudarc's per-use event
+    /// tracking would record and wait on events in every call, which a
+    /// CUDA graph's recording must not see (one stream uses it, in order).
+    workspace_ptr: u64,
     stream: Arc<CudaStream>,
 }
 
@@ -40,8 +44,8 @@ pub struct BlasLt {
 unsafe impl Send for BlasLt {}
 unsafe impl Sync for BlasLt {}
 
-/// cuBLASLt's recommended workspace on Hopper (32 MiB; 4 MiB before it).
-fn workspace_bytes(stream: &CudaStream) -> Result<usize, GemmError> {
+/// cuBLAS(Lt)'s recommended workspace on Hopper (32 MiB; 4 MiB before it).
+pub(super) fn workspace_bytes(stream: &CudaStream) -> Result<usize, GemmError> {
     use cudarc::driver::sys::CUdevice_attribute as A;
     let major = stream
         .context()
@@ -135,7 +139,8 @@ impl BlasLt {
         let workspace = unsafe { stream.alloc::<u8>(bytes) }
             .map_err(|e| GemmError::Unsupported(format!("allocating the cuBLASLt workspace: {e:?}")))?;
         let handle = result::create_handle()?;
-        Ok(BlasLt { handle, workspace, stream })
+        let workspace_ptr = workspace.device_ptr(&stream).0;
+        Ok(BlasLt { handle, workspace, workspace_ptr, stream })
     }
 
     /// Whether cuBLASLt has an algorithm for `g` at the alignments of `p`'s
@@ -223,8 +228,7 @@ impl BlasLt {
     /// valid until the stream ran it.
     pub unsafe fn matmul(&self, g: &LtGemm<'_>, p: &LtPointers) -> Result<(), GemmError> {
         let Prepared { desc, layouts: [a, b, d], heuristic } = self.prepare(g, p)?;
-        let (workspace, _record) = self.workspace.device_ptr(&self.stream);
-        let size = self.workspace.len();
+        let (workspace, size) = (self.workspace_ptr, self.workspace.len());
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller's contract for the pointers; C is D with beta 0.
         unsafe {

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::result::{self, CublasError};
 use cudarc::cublas::sys;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use zeroplan_ir::DType;
 
 /// Why cuBLAS is unavailable or refused a product.
@@ -105,9 +105,13 @@ impl Gemm<'_> {
     }
 }
 
-/// A cuBLAS handle bound to one stream.
+/// A cuBLAS handle bound to one stream, with a workspace of its own.
 pub struct Blas {
     handle: sys::cublasHandle_t,
+    /// cuBLAS's workspace (`cublasSetWorkspace`): without one, a GEMM
+    /// recorded into a CUDA graph may allocate through stream-ordered
+    /// memory nodes (cuBLAS's documentation, "CUDA Graphs Support").
+    _workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
 }
 
@@ -124,11 +128,18 @@ impl Blas {
             return Err(GemmError::Missing);
         }
         stream.context().bind_to_thread().map_err(|e| GemmError::Unsupported(format!("binding the context: {e:?}")))?;
+        let bytes = lt::workspace_bytes(&stream)?;
+        // SAFETY: scratch cuBLAS overwrites; never read uninitialised by us.
+        let workspace = unsafe { stream.alloc::<u8>(bytes) }
+            .map_err(|e| GemmError::Unsupported(format!("allocating the cuBLAS workspace: {e:?}")))?;
+        let workspace_ptr = workspace.device_ptr(&stream).0;
         let handle = result::create_handle()?;
-        let blas = Blas { handle, stream };
-        // SAFETY: a live handle and stream of the bound context.
+        let blas = Blas { handle, _workspace: workspace, stream };
+        // SAFETY: a live handle and stream of the bound context; the
+        // workspace lives as long as the handle.
         unsafe {
             result::set_stream(handle, blas.stream.cu_stream() as _)?;
+            sys::cublasSetWorkspace_v2(handle, workspace_ptr as *mut c_void, bytes).result()?;
             sys::cublasSetMathMode(handle, sys::cublasMath_t::CUBLAS_PEDANTIC_MATH).result()?;
         }
         Ok(blas)

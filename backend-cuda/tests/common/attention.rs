@@ -91,7 +91,7 @@ impl AttentionCase {
     }
 
     pub fn args(&self) -> AttentionArgs {
-        self.op.args(&self.kernel, self.shape(), self.rank, self.seed, self.offset).unwrap()
+        self.op.args(&self.kernel, self.shape(), self.rank).unwrap()
     }
 
     /// Random operands: q, k, v in [−2, 2), dout in [−1, 1); about a

@@ -26,7 +26,7 @@ use zeroplan_ir::plan::Program;
 use zeroplan_runtime::checkpoint::training::Cursor;
 use zeroplan_runtime::comm::InProcess;
 use zeroplan_runtime::reference::{StepLog, data_parallel_ranks, tensor_parallel_ranks};
-use zeroplan_runtime::runner::{Device, Nvme, Runner};
+use zeroplan_runtime::runner::{Device, GraphMode, Nvme, Runner};
 
 use batches::Batches;
 use checkpoints::Saver;
@@ -141,15 +141,17 @@ impl<D: Device<Instr: Send> + Send> Trainer<D> {
     }
 
     /// Before the first step: only the scalars the log needs come back
-    /// from the device (not the logits), and each instruction is timed when
-    /// `profiling`.
-    pub fn prepare(&mut self, profiling: bool) -> Result<(), String> {
+    /// from the device (not the logits), each instruction is timed when
+    /// `profiling`, and a device with graphs records and replays them as
+    /// `graphs` says (`train --cuda-graphs`).
+    pub fn prepare(&mut self, profiling: bool, graphs: GraphMode) -> Result<(), String> {
         let graph = &self.ranks[0].program().graph;
         let logged: Vec<&str> =
             StepLog::OUTPUTS.into_iter().filter(|name| graph.outputs.iter().any(|(o, _)| o == name)).collect();
         for rank in &mut self.ranks {
             rank.fetch(&logged).map_err(|e| format!("error: {e}"))?;
             rank.set_profiling(profiling);
+            rank.set_graphs(graphs);
         }
         Ok(())
     }

@@ -10,4 +10,4 @@ pub use file::{
     Workload, offload_label,
 };
 pub use strategy::{DataParallel, Offload, OffloadTo};
-pub use summary::{CollectiveTraffic, CommSummary, MemorySummary, Predicted, Reserve};
+pub use summary::{CollectiveTraffic, CommSummary, Launches, MemorySummary, Predicted, Reserve};

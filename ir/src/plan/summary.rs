@@ -91,4 +91,26 @@ pub struct Predicted {
     /// Step time in which the compute stream idles, waiting on
     /// communication, copies or the host: what overlap failed to hide.
     pub stalled_seconds: f64,
+    /// How the prediction launches device instructions (eager unless the
+    /// plan was compiled for CUDA graphs; absent from eager plans' files).
+    #[serde(default, skip_serializing_if = "Launches::is_eager")]
+    pub launches: Launches,
+}
+
+/// How a rank's device instructions are launched, which the cost model's
+/// launch term follows (`zeroplan_passes::cost::time`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Launches {
+    /// One launch per kernel, GEMM or copy.
+    #[default]
+    Eager,
+    /// Recorded once as CUDA graphs and replayed (`train --cuda-graphs`).
+    Graphs,
+}
+
+impl Launches {
+    pub fn is_eager(&self) -> bool {
+        *self == Launches::Eager
+    }
 }

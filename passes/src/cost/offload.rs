@@ -164,7 +164,7 @@ mod tests {
         let nvme = Nvme { bytes: 28 << 40, read_gbps: 25.0, write_gbps: 22.7 };
         let cluster =
             Cluster { nodes, gpus_per_node: 16, gpu, memory_budget: None, host_memory: None, nvme: Some(nvme) };
-        Machine { cluster, dtype: DType::F16, offload_to: tier }
+        Machine { cluster, dtype: DType::F16, offload_to: tier, launches: Default::default() }
     }
 
     /// From CPU memory each rank's PCIe link is its own: 16 ranks reading

@@ -140,5 +140,6 @@ pub fn simulate(
         hardware_flops,
         stalled_seconds: (step_seconds - compute).max(0.0),
         busy_seconds,
+        launches: machine.launches,
     })
 }

@@ -20,11 +20,12 @@
 //!   GPU against PCIe and the CPU, overlapped.
 //!
 //! Every other device instruction also pays [`LAUNCH_SECONDS`] (NCCL's base
-//! latency already holds a collective's launch). The constants are
+//! latency already holds a collective's launch), or [`GRAPH_NODE_SECONDS`]
+//! when the rank replays CUDA graphs ([`Launches::Graphs`]). The constants are
 //! assumptions of the model, named here so they can be calibrated against a
 //! GPU; docs/cost.md lists them with their sources.
 
-use zeroplan_ir::plan::OffloadTo;
+use zeroplan_ir::plan::{Launches, OffloadTo};
 use zeroplan_ir::spec::Cluster;
 use zeroplan_ir::{DType, Op};
 
@@ -42,8 +43,15 @@ pub const GEMM_K_HALF: f64 = 64.0;
 /// Fraction of HBM bandwidth a streaming kernel reaches.
 pub const HBM_FRACTION: f64 = 0.85;
 /// Launch overhead of one kernel, GEMM, copy or collective, seconds (eager
-/// launches; CUDA graphs would cut it).
+/// launches).
 pub const LAUNCH_SECONDS: f64 = 4e-6;
+/// What one instruction costs inside a replayed CUDA graph, seconds: CUDA.jl
+/// measured 80 small broadcast kernels at 260 µs launched one by one
+/// (3.25 µs each, near [`LAUNCH_SECONDS`]) and 70 µs as one graph, 3.5 µs
+/// of it on the CPU (<https://cuda.juliagpu.org/dev/usage/graphs/>):
+/// 0.875 µs a node, the kernels' own run included, so an upper bound.
+/// The graphs' own launches (a few per step) are not counted.
+pub const GRAPH_NODE_SECONDS: f64 = 0.875e-6;
 /// Host memory traffic of the host optimizer per rank, bytes/s: DeepSpeed's
 /// CPU-Adam (AVX-512, every core) updates on the order of 1G parameters/s
 /// per GPU's share of a node (Ren et al., ZeRO-Offload, 2021), ≈ 28 bytes
@@ -59,12 +67,22 @@ pub struct Machine {
     pub dtype: DType,
     /// Where host-placed model states live: CPU memory or the node's NVMe.
     pub offload_to: OffloadTo,
+    /// How device instructions are launched: the launch term follows it.
+    pub launches: Launches,
 }
 
 impl Machine {
     /// The same GPU with its offloaded states on `tier`.
     pub fn offloading_to(&self, tier: OffloadTo) -> Machine {
         Machine { offload_to: tier, ..self.clone() }
+    }
+
+    /// What launching one kernel, GEMM or copy costs, seconds.
+    pub fn launch_seconds(&self) -> f64 {
+        match self.launches {
+            Launches::Eager => LAUNCH_SECONDS,
+            Launches::Graphs => GRAPH_NODE_SECONDS,
+        }
     }
 
     /// Peak tensor throughput for this dtype, FLOP/s (the f32 peak where
@@ -84,10 +102,10 @@ impl Machine {
             Engine::Free => 0.0,
             Engine::Gemm => {
                 let efficiency = GEMM_PEAK_FRACTION * work.gemm.map_or(1.0, |g| self.shape_efficiency(g));
-                LAUNCH_SECONDS + (work.flops / (self.peak_flops() * efficiency)).max(work.bytes / hbm)
+                self.launch_seconds() + (work.flops / (self.peak_flops() * efficiency)).max(work.bytes / hbm)
             }
-            Engine::Kernel => LAUNCH_SECONDS + work.bytes / (hbm * HBM_FRACTION),
-            Engine::Copy => LAUNCH_SECONDS + work.bytes / (gpu.host_gbps * 1e9),
+            Engine::Kernel => self.launch_seconds() + work.bytes / (hbm * HBM_FRACTION),
+            Engine::Copy => self.launch_seconds() + work.bytes / (gpu.host_gbps * 1e9),
             Engine::Host => work.bytes / HOST_BYTES_PER_SECOND,
             Engine::Collective => {
                 // (what it computes, its ranks, the consecutive GPUs they span)
@@ -126,5 +144,35 @@ impl Machine {
         let wave_fill = tiles as f64 / (tiles.div_ceil(sms) * sms) as f64;
         let depth = g.k as f64 / (g.k as f64 + GEMM_K_HALF);
         (tile_fill * wave_fill * depth).clamp(1e-3, 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zeroplan_ir::spec::{Cluster, GpuProfile};
+
+    fn h100(launches: Launches) -> Machine {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gpus/h100-80gb-sxm.ron");
+        let gpu = GpuProfile::load(&path).unwrap();
+        let cluster = Cluster { nodes: 1, gpus_per_node: 8, gpu, memory_budget: None, host_memory: None, nvme: None };
+        Machine { cluster, dtype: DType::BF16, offload_to: OffloadTo::Cpu, launches }
+    }
+
+    /// A replayed graph's instruction pays a graph node's cost, an eager
+    /// one a launch; host work and collectives are not launched by the rank.
+    #[test]
+    fn the_launch_term_follows_the_mode() {
+        let (eager, graphs) = (h100(Launches::Eager), h100(Launches::Graphs));
+        let kernel = Work { engine: Engine::Kernel, flops: 0.0, bytes: 1e6, gemm: None };
+        let copy = Work { engine: Engine::Copy, ..kernel };
+        let host = Work { engine: Engine::Host, ..kernel };
+        let op = Op::Input;
+        for w in [kernel, copy] {
+            let saved = eager.seconds(&op, &w, 1) - graphs.seconds(&op, &w, 1);
+            assert!((saved - (LAUNCH_SECONDS - GRAPH_NODE_SECONDS)).abs() < 1e-12, "{saved}");
+        }
+        assert_eq!(eager.seconds(&op, &host, 1), graphs.seconds(&op, &host, 1));
+        assert_eq!(eager.launch_seconds(), LAUNCH_SECONDS);
     }
 }

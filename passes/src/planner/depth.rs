@@ -185,5 +185,6 @@ fn extend_predicted(s: &Predicted, l: &Predicted, extra: f64) -> Predicted {
         hardware_flops: line(s.hardware_flops, l.hardware_flops, extra),
         busy_seconds,
         stalled_seconds: line(s.stalled_seconds, l.stalled_seconds, extra),
+        launches: l.launches,
     }
 }

@@ -69,6 +69,8 @@ pub struct Request<'a> {
     /// The graphs the search's choices share ([`shared`]); [`plan`] starts
     /// with an empty store whatever this holds.
     pub shared: shared::Shared,
+    /// How the ranks launch their instructions (the launch term's).
+    pub launches: zeroplan_ir::plan::Launches,
 }
 
 /// Why no plan came out.
@@ -280,7 +282,7 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
             instead,
         });
     }
-    Ok(Machine { cluster: req.cluster.clone(), dtype, offload_to: OffloadTo::Cpu })
+    Ok(Machine { cluster: req.cluster.clone(), dtype, offload_to: OffloadTo::Cpu, launches: req.launches })
 }
 
 /// A choice compiled and planned whole: its evaluation, the compiled step

@@ -33,6 +33,7 @@
 //! current one is in use) and written back and released after it closes
 //! ([`tier`]).
 
+mod graphs;
 mod profile;
 mod stream;
 mod tier;
@@ -50,6 +51,8 @@ const PLACES: [Place; 2] = [Place::Device, Place::Host];
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
 use zeroplan_exec::buffers::{self, concrete, constant_update};
+pub use zeroplan_exec::graphs::GraphMode;
+use zeroplan_exec::graphs::{Masks, Pass};
 pub use zeroplan_exec::{Buf, Ctx, Device, Instruction, Loaded, Rank, SelectError, Step, Written};
 
 use crate::comm::{Communicator, Groups, InProcess};
@@ -129,6 +132,11 @@ pub struct Runner<D: Device> {
     fetches: Option<BTreeSet<String>>,
     /// With an NVMe tier: each slot's window over the schedule.
     windows: Option<Windows>,
+    /// Whether to record and replay graphs ([`Runner::set_graphs`]).
+    graph_mode: GraphMode,
+    /// The capture plan, made at the next step when graphs are wanted
+    /// (`None` again whenever what it depends on changes).
+    graphs: Option<graphs::Graphs>,
 }
 
 /// What a step returns: [`StepOutputs`] as the interpreter gives them, and
@@ -224,6 +232,8 @@ impl<D: Device> Runner<D> {
             groups,
             program,
             windows: None,
+            graph_mode: GraphMode::default(),
+            graphs: None,
         };
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
@@ -283,6 +293,11 @@ impl<D: Device> Runner<D> {
         self.device.tier().map(|t| t.path())
     }
 
+    /// The device the program runs on (its own counts and settings).
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
     pub fn program(&self) -> &Program {
         &self.program
     }
@@ -321,6 +336,7 @@ impl<D: Device> Runner<D> {
             }
         }
         self.captures = values;
+        self.replan();
         Ok(())
     }
 
@@ -351,11 +367,71 @@ impl<D: Device> Runner<D> {
     /// run one at a time.
     pub fn set_finite_checks(&mut self, on: bool) {
         self.check_finite = on;
+        self.replan();
     }
 
     /// Starts timing every instruction (from an empty profile), or stops.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(Profile::default);
+        self.replan();
+    }
+
+    /// Whether a device with graphs (CUDA) records runs of the schedule
+    /// once and replays them on later steps ([`zeroplan_exec::graphs`]);
+    /// `Auto` by default. Profiling, finite checks and an NVMe tier launch
+    /// every instruction eagerly whatever the mode: they need the host
+    /// between instructions. A device without graphs ignores it.
+    pub fn set_graphs(&mut self, mode: GraphMode) {
+        self.graph_mode = mode;
+        self.replan();
+    }
+
+    /// The capture plan the next step runs with (`None`: every instruction
+    /// eagerly), made now if it is due.
+    pub fn capture_plan(&mut self) -> Option<&zeroplan_exec::graphs::CapturePlan> {
+        self.plan_graphs();
+        self.graphs.as_ref().map(|g| &g.plan)
+    }
+
+    /// Drops the capture plan and the device's graphs: what they were made
+    /// for changed.
+    fn replan(&mut self) {
+        if self.graphs.take().is_some() {
+            self.device.forget_graphs();
+        }
+    }
+
+    /// Makes the capture plan if graphs are wanted and none is made.
+    fn plan_graphs(&mut self) {
+        let eager = self.profile.is_some() || self.check_finite || self.windows.is_some();
+        if self.graph_mode == GraphMode::Off || self.graphs.is_some() {
+            return;
+        }
+        if eager {
+            if self.graph_mode == GraphMode::On {
+                tracing::warn!(
+                    "--cuda-graphs on: profiling, finite checks or the NVMe tier launch every instruction \
+                                eagerly"
+                );
+            }
+            return;
+        }
+        let g = &self.program.graph;
+        // A captured value is read after the step that writes it.
+        let mut read_after = vec![false; self.steps.len()];
+        for v in &self.captures {
+            for (at, s) in self.steps.iter().enumerate().filter(|(_, s)| s.node == v.node) {
+                match s.written {
+                    Written::Here => read_after[at] = true,
+                    Written::At(by) => read_after[by] = true,
+                    Written::Never => {}
+                }
+            }
+        }
+        let updates_after =
+            self.updates.iter().any(|u| !u.optimizer).then(|| self.steps.iter().rposition(|s| !s.optimizer)).flatten();
+        let host = graphs::HostWork { read_after: &read_after, updates_after };
+        self.graphs = Some(graphs::plan(&self.device, g, &self.steps, &self.access, self.micro_batches, &host));
     }
 
     /// The timings since profiling was turned on; `None` when it is off.
@@ -418,8 +494,21 @@ impl<D: Device> Runner<D> {
             return Err(RunError::MicroBatches { count: k, expected: self.micro_batches });
         }
         self.check_tier()?;
-        let Runner { program, bindings, device, steps, bufs, updates, seed, steps_done, captures, high_water, .. } =
-            self;
+        self.plan_graphs();
+        let Runner {
+            program,
+            bindings,
+            device,
+            steps,
+            bufs,
+            updates,
+            seed,
+            steps_done,
+            captures,
+            high_water,
+            graphs,
+            ..
+        } = self;
         let tier = device.tier().zip(self.windows.as_ref());
         let (step_ends, access, groups) = (&self.step_ends, &self.access, &self.groups);
         let (comm, tensor) = (groups.data.as_ref(), groups.tensor.as_ref());
@@ -466,6 +555,9 @@ impl<D: Device> Runner<D> {
             };
             for (i, feeds) in micro_batches.iter().enumerate() {
                 let last = i + 1 == k;
+                let pass = if last { Pass::Last } else { Pass::MicroBatch };
+                // Steps before this one were launched with their segment's graph.
+                let mut launched_until = 0;
                 // Dropout counts micro-batches over the whole group, so R ranks of
                 // k micro-batches draw the masks one rank of R·k would.
                 let global = steps_done.wrapping_mul(comm.ranks() as u64) + comm.rank() as u64;
@@ -492,6 +584,26 @@ impl<D: Device> Runner<D> {
                             if check_finite {
                                 finish(stream.drain(), profile)?;
                             }
+                        } else if at < launched_until {
+                            // Queued with its segment.
+                        } else if let Some(key) =
+                            graphs.as_ref().and_then(|gr| gr.starting_at(pass, at)).map(|(s, ..)| s.key)
+                        {
+                            let gr = graphs.as_mut().expect("a capture plan");
+                            let first = gr.first_launch(key);
+                            let (segment, members, joined) = gr.starting_at(pass, at).expect("the segment");
+                            finish(stream.wait_for(joined), profile)?;
+                            if first {
+                                // The device may record: nothing else may queue work meanwhile.
+                                finish(stream.drain(), profile)?;
+                            }
+                            let offset =
+                                if segment.masks == Masks::Optimizer { cx.offset - i as u64 } else { cx.offset };
+                            let cx = Ctx { offset, ..cx };
+                            let instrs: Vec<&D::Instr> =
+                                members.iter().filter_map(|&m| steps[m].instr.as_ref()).collect();
+                            device.run_segment(key, &instrs, &cx).map_err(|(j, message)| fail(members[j], message))?;
+                            launched_until = segment.steps.end;
                         } else {
                             finish(stream.wait_for(&access[at]), profile)?;
                             let cx =

@@ -302,7 +302,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         );
         bar
     });
-    trainer.prepare(args.profile.is_some())?;
+    trainer.prepare(args.profile.is_some(), args.cuda_graphs)?;
     for step in first..args.steps {
         let _span = tracing::info_span!("step", step = step + 1).entered();
         let Stepped { log, seconds, tokens_per_s } = trainer.step()?;
