@@ -239,3 +239,23 @@ impl Memory {
         unsafe { std::ptr::copy(self.ptr(from), self.ptr(to), n) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Arena;
+
+    /// The guards see a write one byte past either end, and none inside.
+    #[test]
+    fn the_guards_catch_a_write_just_outside_the_arena() {
+        for outside in [-1isize, 100] {
+            let arena = Arena::new(100).unwrap();
+            // SAFETY: the guards belong to the same mapping, so both bytes are mapped.
+            unsafe {
+                std::ptr::write_bytes(arena.base(), 0xFF, 100);
+                assert!(arena.guards_intact());
+                arena.base().offset(outside).write(0);
+            }
+            assert!(!arena.guards_intact(), "a write at {outside} went unseen");
+        }
+    }
+}
