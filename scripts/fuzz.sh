@@ -2,23 +2,61 @@
 # Fuzzes everything zeroplan reads from disk, for a fixed budget per target:
 # model specs (RON), Hugging Face config.json, plan files (parsed and loaded
 # on the host runtime), safetensors weights and batches, and training
-# checkpoint manifests. Needs a nightly toolchain and cargo-fuzz
+# checkpoint manifests; and the structured targets, which mutate a compiled
+# plan (`plan_mutation`) and a real checkpoint directory
+# (`checkpoint_mutation`) and check that the runtime refuses each mutant or
+# runs it inside its arenas. Needs a nightly toolchain and cargo-fuzz
 # (`cargo install cargo-fuzz`). Seeds come from the repo's own files and a
-# few zeroplan runs; results are appended to fuzz/RESULTS.md, crashes kept in
-# fuzz/artifacts/TARGET/.
+# few zeroplan runs (the structured targets make their own); results are
+# appended to fuzz/RESULTS.md, crashes kept in fuzz/artifacts/TARGET/.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#   scripts/fuzz.sh 60 plan_mutation checkpoint_mutation   # the bounded run, a minute each
+#
+# The structured targets' corpora are kept in the repo (fuzz/corpus/
+# plan_mutation, checkpoint_mutation), minimised after each run
+# (`cargo fuzz cmin`). CI does not fuzz (no nightly, no minutes to spare):
+# it replays the same harness over fixed inputs (untrusted/tests/replay.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(spec hf_config plan safetensors checkpoint)
+[ ${#targets[@]} -gt 0 ] || targets=(spec hf_config plan safetensors checkpoint plan_mutation checkpoint_mutation)
+
+results=fuzz/RESULTS.md
+[ -f "$results" ] || printf '# Fuzzing results\n\n| date | target | seconds | runs | corpus | crashes |\n|---|---|---|---|---|---|\n' > "$results"
+# Runs target $1 for $seconds on its corpus and appends a row to the results.
+run() {
+  local t=$1 log="fuzz/work/$1.log" status=0
+  mkdir -p fuzz/work "fuzz/corpus/$t"
+  (cd fuzz && cargo +nightly fuzz run "$t" "../fuzz/corpus/$t" -- -max_total_time="$seconds" \
+     -rss_limit_mb=4096 -print_final_stats=1) > "$log" 2>&1 || status=$?
+  local runs crashes inputs
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  crashes=$(ls "fuzz/artifacts/$t" 2>/dev/null | wc -l)
+  inputs=$(ls "fuzz/corpus/$t" | wc -l)
+  echo "$t: ${runs:-?} runs, $inputs corpus inputs, $crashes crash files, exit $status"
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$t" "$seconds" "${runs:-?}" "$inputs" "$crashes" >> "$results"
+}
+
+# The structured targets need no seeds from zeroplan runs.
+classic=()
+for t in "${targets[@]}"; do
+  case "$t" in
+    plan_mutation|checkpoint_mutation)
+      run "$t"
+      (cd fuzz && cargo +nightly fuzz cmin "$t" "../fuzz/corpus/$t") > "fuzz/work/$t.cmin.log" 2>&1 ;;
+    *) classic+=("$t") ;;
+  esac
+done
+[ ${#classic[@]} -gt 0 ] || exit 0
+targets=("${classic[@]}")
 
 cargo build --release --quiet
 bin=target/release/zeroplan
 work=fuzz/work
-rm -rf "$work" && mkdir -p "$work"
+rm -rf "$work/save" && mkdir -p "$work"
 corpus() { mkdir -p "fuzz/corpus/$1" && echo "fuzz/corpus/$1"; }
 
 cp models/*.ron models/tiny/*.ron "$(corpus spec)/"
@@ -36,16 +74,6 @@ JSON
 cp "$work"/save/step-00000001/manifest.json "$(corpus checkpoint)/"
 export ZEROPLAN_FUZZ_SHARDS="$PWD/$work/save/step-00000001"
 
-results=fuzz/RESULTS.md
-[ -f "$results" ] || printf '# Fuzzing results\n\n| date | target | seconds | runs | corpus | crashes |\n|---|---|---|---|---|---|\n' > "$results"
 for t in "${targets[@]}"; do
-  log="$work/$t.log"
-  status=0
-  (cd fuzz && cargo +nightly fuzz run "$t" "../fuzz/corpus/$t" -- -max_total_time="$seconds" \
-     -rss_limit_mb=4096 -print_final_stats=1) > "$log" 2>&1 || status=$?
-  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  crashes=$(ls "fuzz/artifacts/$t" 2>/dev/null | wc -l)
-  inputs=$(ls "fuzz/corpus/$t" | wc -l)
-  echo "$t: ${runs:-?} runs, $inputs corpus inputs, $crashes crash files, exit $status"
-  printf '| %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$t" "$seconds" "${runs:-?}" "$inputs" "$crashes" >> "$results"
+  run "$t"
 done

@@ -1,11 +1,9 @@
 //! The plan's buffers as a rank sees them: every value's byte range in its
 //! place's arena, views placed inside what they view (a shard inside its
-//! flat buffer at this rank's slice).
+//! flat buffer at this rank's slice). [`crate::validate::buffers`] makes
+//! them from a plan, checking each.
 
-use std::collections::HashMap;
-
-use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Place, Shape, Value};
+use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Place, Shape};
 
 /// Where one tensor lives: a byte range of a place's arena, checked against
 /// the arena's size when the program is loaded.
@@ -59,10 +57,19 @@ pub enum SelectError {
     /// size): the named value.
     #[error("the plan has no buffer for `{0}`: compile the plan again")]
     NoBuffer(String),
+    /// A buffer or an instruction that breaks the load-time contract
+    /// ([`crate::validate`]): where, and what is wrong.
+    #[error("{at}: {message}")]
+    Invalid {
+        /// The buffer or step at fault, named by its value or node.
+        at: String,
+        /// What is wrong, and the fix.
+        message: String,
+    },
     /// A buffer that runs past the end of its arena.
     #[error(
         "the buffer of `{value}` ({offset}+{bytes} bytes) lies outside the {place} arena of {arena} bytes: \
-         the plan file is corrupt"
+         the plan file is corrupt or was edited: compile it again (`zeroplan compile`)"
     )]
     OutOfArena {
         /// The value whose buffer it is.
@@ -109,70 +116,22 @@ impl Rank {
     }
 }
 
-/// Each value's buffer, from the plan, with views placed inside what they view.
-pub fn buffers(
-    program: &Program,
-    order: &[NodeIndex],
-    bindings: &Bindings,
-    rank: Rank,
-) -> Result<HashMap<Value, Buf>, SelectError> {
-    let g = &program.graph;
-    let planned: HashMap<&str, &zeroplan_ir::plan::Buffer> =
-        program.buffers.iter().map(|b| (b.value.as_str(), b)).collect();
-    let mut bufs: HashMap<Value, Buf> = HashMap::new();
-    for &n in order {
-        let node = g.node(n);
-        for (i, ty) in node.outputs.iter().enumerate() {
-            let v = Value { node: n, output: i as u32 };
-            let name = g.value_ref(v);
-            let b = planned.get(name.as_str()).ok_or_else(|| SelectError::NoBuffer(name.clone()))?;
-            let len = ty
-                .shape
-                .numel()
-                .eval(bindings)
-                .ok_or_else(|| SelectError::NoBuffer(format!("{name} (its size is unbound)")))?;
-            let mut buf = Buf { place: b.place, offset: b.offset as usize, len: len as usize, dtype: ty.dtype };
-            if node.op.is_view() {
-                let of = bufs[&g.operands(n)[0]];
-                if of.place == b.place {
-                    buf.offset = of_offset(&of, &node.op, g, n, bindings, rank);
-                }
-            }
-            let arena = match b.place {
-                Place::Device => program.arena_bytes,
-                Place::Host => program.host_arena_bytes,
-            };
-            // Checked: a crafted offset must not wrap around into the arena.
-            if (buf.offset as u64).checked_add(buf.bytes() as u64).is_none_or(|end| end > arena) {
-                return Err(SelectError::OutOfArena {
-                    value: name,
-                    offset: buf.offset as u64,
-                    bytes: buf.bytes() as u64,
-                    place: if b.place == Place::Device { "device" } else { "host" },
-                    arena,
-                });
-            }
-            bufs.insert(v, buf);
-        }
-    }
-    Ok(bufs)
-}
-
-/// Where a view starts inside the buffer it views.
-pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> usize {
-    match op {
+/// Where a view starts inside the buffer it views; `None` where that
+/// overflows (a crafted plan: [`crate::validate::buffers`] refuses it).
+pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> Option<usize> {
+    let size = of.dtype.size_bytes() as usize;
+    let skipped = match op {
         Op::Slice { axis: 0, start, .. } => {
             let shape = concrete(&g.value_type(g.operands(n)[0]).shape, bindings).unwrap_or_default();
-            let row: usize = shape.iter().skip(1).product();
-            of.offset + *start as usize * row * of.dtype.size_bytes() as usize
+            let row = shape.iter().skip(1).try_fold(1usize, |r, &d| r.checked_mul(d))?;
+            usize::try_from(*start).ok()?.checked_mul(row)?
         }
         // Rank r's shard is the r-th of `ranks` equal slices of the flat buffer.
-        Op::Shard { ranks } => {
-            of.offset + rank.index * (of.len / (*ranks as usize).max(1)) * of.dtype.size_bytes() as usize
-        }
+        Op::Shard { ranks } => rank.index.checked_mul(of.len / (*ranks as usize).max(1))?,
         // Reshapes: the whole buffer.
-        _ => of.offset,
-    }
+        _ => 0,
+    };
+    skipped.checked_mul(size)?.checked_add(of.offset)
 }
 
 /// `shape` with its symbols bound.

@@ -9,6 +9,8 @@
 //!
 //! - [`buffers`]: every value's byte range in its place's arena, as the plan
 //!   placed it ([`Buf`]), and this rank among the ranks ([`Rank`]);
+//! - [`validate`]: the load-time gate every plan passes before a device runs
+//!   it — buffers inside their arenas, launches inside their buffers;
 //! - [`instr`]: the instructions a rank runs ([`Instr`]), the same for every
 //!   device, generic over the device's compiled kernel;
 //! - [`select`]: turning each scheduled node into one, with the device's
@@ -30,6 +32,7 @@ pub mod graphs;
 pub mod instr;
 pub mod nvme;
 pub mod select;
+pub mod validate;
 
 pub use buffers::{Buf, Rank, SelectError};
 pub use comm::{CommError, Communicator, Rendezvous};

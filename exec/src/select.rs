@@ -18,6 +18,7 @@ use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Value};
 use crate::buffers::{Buf, Rank, SelectError, concrete, constant_update, of_offset};
 use crate::device::{Step, Written};
 use crate::instr::{Arith, Attention, Instr, MatMulShape};
+use crate::validate;
 
 /// What compiles a row kernel for a device: the host's Cranelift compiler,
 /// or a GPU's. Selection is the same for every device; only the kernels differ.
@@ -101,7 +102,8 @@ fn instruction<C: KernelCompile>(
         op if op.is_view() => {
             // The viewed elements; a view on another place has a buffer of its own.
             let to = out(0);
-            let from = Buf { offset: of_offset(&x[0], op, g, n, bindings, rank), ..to };
+            let from = of_offset(&x[0], op, g, n, bindings, rank).ok_or("the view's start overflows")?;
+            let from = Buf { offset: from, ..to };
             let from = Buf { place: x[0].place, ..from };
             return Ok((from != to).then_some(Instr::Copy { from, to }));
         }
@@ -197,6 +199,7 @@ fn instruction<C: KernelCompile>(
         Op::Fused { kernel } => {
             let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
             let outputs: Vec<Buf> = (0..node.outputs.len() as u32).map(out).collect();
+            validate::kernel_launch(kernel, &dims, &x, &outputs)?;
             let compiled = compiler.compile(kernel, &dims, &[x.as_slice(), &outputs].concat())?;
             Instr::Kernel { kernel: compiled, inputs: x, outputs }
         }
@@ -204,6 +207,7 @@ fn instruction<C: KernelCompile>(
             let (a, b) = (operand_shape(0)?, operand_shape(1)?);
             let shape = MatMulShape::new(&a, &b, *transpose_a, *transpose_b)
                 .ok_or_else(|| format!("{a:?} and {b:?} do not multiply"))?;
+            validate::matmul(&shape, &x[0], &x[1], &out(0))?;
             Instr::MatMul { shape, a: x[0], b: x[1], out: out(0) }
         }
         Op::Embedding => Instr::Embedding { table: x[0], ids: x[1], width: dims_last(0)?, out: out(0) },
@@ -316,6 +320,7 @@ fn lone_kernel<C: KernelCompile>(
     let dims = concrete(&kernel.shape, bindings).ok_or("the kernel's shape is unbound")?;
     let inputs: Vec<Buf> = operands.iter().map(|v| bufs[v]).collect();
     let outputs: Vec<Buf> = outputs.iter().map(|v| bufs[v]).collect();
+    validate::kernel_launch(&kernel, &dims, &inputs, &outputs)?;
     let compiled = compiler.compile(&kernel, &dims, &[inputs.as_slice(), &outputs].concat())?;
     Ok(Instr::Kernel { kernel: compiled, inputs, outputs })
 }

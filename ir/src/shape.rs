@@ -105,11 +105,15 @@ impl Dim {
         &self.symbols
     }
 
+    /// `self × other`. A factor or divisor past `u64` saturates rather than
+    /// wrapping (or panicking, in a debug build): only a crafted file's
+    /// shapes get there, and loading refuses any tensor whose bound element
+    /// count overflows (`zeroplan_exec::validate`).
     pub fn product(&self, other: &Dim) -> Dim {
         let mut symbols: Vec<String> = self.symbols.iter().chain(&other.symbols).cloned().collect();
         symbols.sort();
         // Symbols are never cancelled, so a divisor keeps its symbols.
-        Dim::reduced(self.factor * other.factor, symbols, self.divisor * other.divisor)
+        Dim::reduced(self.factor.saturating_mul(other.factor), symbols, self.divisor.saturating_mul(other.divisor))
     }
 
     /// `self + other`, when the sum is again a monomial (same symbols and

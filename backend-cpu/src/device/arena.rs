@@ -12,12 +12,24 @@ use zeroplan_exec::nvme::Tier;
 /// A block of zeroed memory that never moves: an anonymous mapping, so
 /// pages no buffer ever touches (the planned place of states the NVMe tier
 /// holds) take no RAM, and page alignment covers every SIMD width.
+///
+/// A guard of [`GUARD`] bytes of [`CANARY`] lies on each side of the
+/// arena, inside the same mapping. No buffer a validated plan places can
+/// reach them (`zeroplan_exec::validate`), so a guard that changed is a
+/// write outside the arena: what the plan-mutation tests and fuzz targets
+/// check after every run ([`Arena::guards_intact`]).
 pub struct Arena {
     ptr: *mut u8,
     len: usize,
-    /// The mapping `ptr` points into; `None` for an empty arena.
-    _map: Option<MmapMut>,
+    /// The mapping `ptr` points into, guards included; `None` for an empty arena.
+    map: Option<MmapMut>,
 }
+
+/// The bytes of each guard: one page, so the arena itself stays page-aligned.
+pub const GUARD: usize = 4096;
+
+/// What a guard holds: a byte no zeroed arena and no small float starts with.
+pub const CANARY: u8 = 0xA5;
 
 // The arena is plain memory; the executor orders every access.
 unsafe impl Send for Arena {}
@@ -57,10 +69,24 @@ impl Arena {
     /// `len` zeroed bytes; an empty arena owns no allocation.
     pub fn new(len: usize) -> Result<Arena, String> {
         if len == 0 {
-            return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len, _map: None });
+            return Ok(Arena { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), len, map: None });
         }
-        let mut map = MmapMut::map_anon(len).map_err(|e| too_large(len, &e))?;
-        Ok(Arena { ptr: map.as_mut_ptr(), len, _map: Some(map) })
+        let whole =
+            len.checked_add(2 * GUARD).ok_or_else(|| format!("an arena of {len} bytes does not fit this host"))?;
+        let mut map = MmapMut::map_anon(whole).map_err(|e| too_large(len, &e))?;
+        map[..GUARD].fill(CANARY);
+        map[GUARD + len..].fill(CANARY);
+        // SAFETY: `GUARD + len` bytes lie in the mapping.
+        let ptr = unsafe { map.as_mut_ptr().add(GUARD) };
+        Ok(Arena { ptr, len, map: Some(map) })
+    }
+
+    /// Whether both guards still hold only [`CANARY`]: nothing wrote just
+    /// outside the arena.
+    pub fn guards_intact(&self) -> bool {
+        let Some(map) = &self.map else { return true };
+        let (before, after) = (&map[..GUARD], &map[GUARD + self.len..]);
+        before.iter().chain(after).all(|&b| b == CANARY)
     }
 
     /// Its size in bytes.
@@ -93,6 +119,11 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// Whether the guards around both arenas are untouched ([`Arena::guards_intact`]).
+    pub fn guards_intact(&self) -> bool {
+        self.device.guards_intact() && self.host.guards_intact()
+    }
+
     /// The arena of `place`.
     pub fn arena(&self, place: Place) -> &Arena {
         match place {
@@ -206,5 +237,25 @@ impl Memory {
         let n = from.bytes().min(to.bytes());
         // SAFETY: both lie in their arenas; `copy` allows overlap.
         unsafe { std::ptr::copy(self.ptr(from), self.ptr(to), n) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Arena;
+
+    /// The guards see a write one byte past either end, and none inside.
+    #[test]
+    fn the_guards_catch_a_write_just_outside_the_arena() {
+        for outside in [-1isize, 100] {
+            let arena = Arena::new(100).unwrap();
+            // SAFETY: the guards belong to the same mapping, so both bytes are mapped.
+            unsafe {
+                std::ptr::write_bytes(arena.base(), 0xFF, 100);
+                assert!(arena.guards_intact());
+                arena.base().offset(outside).write(0);
+            }
+            assert!(!arena.guards_intact(), "a write at {outside} went unseen");
+        }
     }
 }

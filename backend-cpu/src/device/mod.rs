@@ -98,6 +98,12 @@ impl Device for Host {
 }
 
 impl Host {
+    /// Whether the guards around the rank's arenas are untouched: no
+    /// instruction wrote outside them ([`Arena::guards_intact`]).
+    pub fn guards_intact(&self) -> bool {
+        self.memory.guards_intact()
+    }
+
     /// Runs `access` with the NVMe tier slots its buffers overlap resident
     /// (`(buffer, written)`): reads and writes outside the step's schedule
     /// (loading, checkpoints, phase-end copies) reach the states in the file.

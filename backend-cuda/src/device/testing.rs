@@ -14,7 +14,7 @@ use zeroplan_ir::{Bindings, Place, Value};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 
-use zeroplan_exec::buffers::buffers;
+use zeroplan_exec::validate::buffers;
 use zeroplan_exec::{Buf, Rank, Step};
 use zeroplan_exec::{Instr, KernelCompile, Named, select};
 

@@ -21,6 +21,12 @@ pub(super) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>,
     SafeTensors::deserialize(bytes).map_err(|e| corrupt(path, e.to_string()))
 }
 
+/// The header metadata's value of `key`, if the file has one.
+pub(super) fn tag(bytes: &[u8], key: &str) -> Option<String> {
+    let (_, metadata) = SafeTensors::read_metadata(bytes).ok()?;
+    metadata.metadata().as_ref()?.get(key).cloned()
+}
+
 pub(super) fn corrupt(path: &Path, reason: String) -> CheckpointError {
     CheckpointError::Corrupt { path: path.to_path_buf(), reason }
 }
@@ -110,10 +116,11 @@ fn encode(tensor: &Tensor, dtype: DType) -> Vec<u8> {
 }
 
 /// Writes `entries` as a safetensors file at `path` (header metadata
-/// `format: pt`, which Hugging Face's loader asks for). The bytes go to a
-/// temporary file beside `path`, which is synced and then renamed over it:
-/// `path` ends up whole or untouched, and no temporary file is left behind.
-pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>) -> Result<(), CheckpointError> {
+/// `format: pt`, which Hugging Face's loader asks for, and `tags`). The
+/// bytes go to a temporary file beside `path`, which is synced and then
+/// renamed over it: `path` ends up whole or untouched, and no temporary
+/// file is left behind.
+pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>, tags: &[(&str, String)]) -> Result<(), CheckpointError> {
     let io_error = |source: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), doing: "write", source };
     // As the safetensors crate orders them: widest dtype first, then by name,
     // so every tensor starts aligned to its element size.
@@ -130,7 +137,8 @@ pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>) -> Result<(), Chec
         infos.push((e.name.clone(), info));
         offset += len;
     }
-    let format = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut format = HashMap::from([("format".to_string(), "pt".to_string())]);
+    format.extend(tags.iter().map(|(k, v)| (k.to_string(), v.clone())));
     let metadata = Metadata::new(Some(format), infos).map_err(|e| io_error(std::io::Error::other(e.to_string())))?;
     let mut header = serde_json::to_vec(&metadata).map_err(|e| io_error(std::io::Error::other(e)))?;
     header.resize(header.len().next_multiple_of(8), b' ');

@@ -50,9 +50,10 @@ const PLACES: [Place; 2] = [Place::Device, Place::Host];
 
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
 use stream::{Access, CommStream};
-use zeroplan_exec::buffers::{self, concrete, constant_update};
+use zeroplan_exec::buffers::{concrete, constant_update};
 pub use zeroplan_exec::graphs::GraphMode;
 use zeroplan_exec::graphs::{Masks, Pass};
+use zeroplan_exec::validate;
 pub use zeroplan_exec::{Buf, Ctx, Device, Instruction, Loaded, Rank, SelectError, Step, Written};
 
 use crate::comm::{Communicator, Groups, InProcess};
@@ -209,7 +210,8 @@ impl<D: Device> Runner<D> {
         let g = &program.graph;
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
         let order = g.topo_order().ok_or_else(|| RunError::Load("the program's graph has a cycle".into()))?;
-        let bufs = buffers::buffers(&program, &order, &bindings, rank)?;
+        // The load-time gate (`zeroplan_exec::validate`): nothing reaches a device unchecked.
+        let bufs = validate::buffers(&program, &order, &bindings, rank)?;
         let (device, steps) = D::load(&program, &order, &bufs, &bindings, rank)?;
         let micro_batches = crate::reference::micro_batches(g);
         let updates = deferred_updates(g, &order, &bufs)?;
@@ -293,7 +295,8 @@ impl<D: Device> Runner<D> {
         self.device.tier().map(|t| t.path())
     }
 
-    /// The device the program runs on (its own counts and settings).
+    /// The device the program runs on: its own counts and settings, and
+    /// the host's arena guards for the plan-mutation checks.
     pub fn device(&self) -> &D {
         &self.device
     }

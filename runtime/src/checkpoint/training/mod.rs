@@ -103,6 +103,11 @@ pub fn begin(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
     Ok(at)
 }
 
+/// The shard header's metadata key holding the rank whose state it is, so
+/// that shards swapped or copied between ranks are refused (saves from
+/// before it have none, and are trusted by name).
+pub const RANK_TAG: &str = "zeroplan.rank";
+
 /// Rank `rank`'s shard file name in a step directory.
 pub fn shard_file(rank: usize) -> String {
     format!("rank-{rank:05}.safetensors")
@@ -114,7 +119,7 @@ pub fn save_rank(dir: &Path, step: u64, rank: usize, state: &State) -> Result<Sh
     let file = shard_file(rank);
     let path = step_dir(dir, step).join(&file);
     let entries = state.iter().map(|(name, t)| Entry { name: name.clone(), tensor: t, dtype: t.dtype() }).collect();
-    safetensors_io::write(&path, entries)?;
+    safetensors_io::write(&path, entries, &[(RANK_TAG, rank.to_string())])?;
     let bytes = std::fs::metadata(&path)
         .map_err(|source| CheckpointError::Io { path: path.clone(), doing: "read", source })?
         .len();
@@ -223,15 +228,27 @@ impl Checkpoint {
                 format!("manifest format {}, this zeroplan reads 1 to {FORMAT}", manifest.format),
             ));
         }
-        for f in &manifest.files {
+        let mut names = std::collections::HashSet::new();
+        for (i, f) in manifest.files.iter().enumerate() {
             // A file name, not a path: a crafted manifest must not reach outside its directory.
             let plain =
                 matches!(Path::new(&f.file).components().collect::<Vec<_>>()[..], [std::path::Component::Normal(_)]);
             if !plain {
                 return Err(invalid(&manifest_path, format!("shard file `{}` is not a file name in the save", f.file)));
             }
+            if f.rank != i || !names.insert(&f.file) {
+                return Err(invalid(
+                    &manifest_path,
+                    format!(
+                        "shard entry {i} is rank {}'s file `{}`: each rank needs its own file, in rank order; the \
+                         manifest is corrupt",
+                        f.rank, f.file
+                    ),
+                ));
+            }
             let path = dir.join(&f.file);
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            // Nor through a link: only a regular file in the save is read.
+            let bytes = std::fs::symlink_metadata(&path).ok().filter(|m| m.is_file()).map_or(0, |m| m.len());
             if bytes != f.bytes {
                 return Err(invalid(
                     &path,
@@ -244,7 +261,7 @@ impl Checkpoint {
 
     /// Every rank's saved state, in rank order.
     pub fn rank_states(&self) -> Result<Vec<State>, CheckpointError> {
-        self.manifest.files.iter().map(|f| read_state(&self.dir.join(&f.file))).collect()
+        self.manifest.files.iter().map(|f| read_state(&self.dir.join(&f.file), f.rank)).collect()
     }
 
     /// The logical, per-parameter tensors of the save.
@@ -272,7 +289,7 @@ impl Checkpoint {
             let file = self.manifest.files.get(rank).ok_or_else(|| {
                 invalid(&self.dir, format!("no rank {rank} among the save's {} ranks", self.manifest.ranks))
             })?;
-            return read_state(&self.dir.join(&file.file));
+            return read_state(&self.dir.join(&file.file), rank);
         }
         if rank >= ranks {
             return Err(invalid(&self.dir, format!("rank {rank} of a run of {ranks}")));
@@ -329,10 +346,19 @@ pub fn export(path: &Path, out: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(checkpoint)
 }
 
-/// A shard file's tensors, each in the dtype it was saved in.
-fn read_state(path: &Path) -> Result<State, CheckpointError> {
+/// Rank `rank`'s shard file's tensors, each in the dtype it was saved in;
+/// a file another rank saved (its [`RANK_TAG`] says so) is refused.
+fn read_state(path: &Path, rank: usize) -> Result<State, CheckpointError> {
     let bytes = safetensors_io::read(path)?;
     let file = safetensors_io::parse(path, &bytes)?;
+    if let Some(saved_by) = safetensors_io::tag(&bytes, RANK_TAG)
+        && saved_by != rank.to_string()
+    {
+        return Err(invalid(
+            path,
+            format!("rank {saved_by}'s shard, read as rank {rank}'s: the save's shards were swapped or copied"),
+        ));
+    }
     let mut state = State::new();
     for (name, view) in file.tensors() {
         let dtype = safetensors_io::our_dtype(view.dtype())

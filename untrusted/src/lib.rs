@@ -1,0 +1,25 @@
+//! Plan files and checkpoints are untrusted input: this crate mutates valid
+//! ones and checks that the runtime either refuses each mutant with an
+//! error or runs it without touching memory outside its arenas.
+//!
+//! The same functions serve two drivers:
+//!
+//! - the cargo-fuzz targets `fuzz/fuzz_targets/plan_mutation.rs` and
+//!   `checkpoint_mutation.rs`, where libFuzzer's bytes choose the mutations
+//!   (coverage-guided, minutes at a time: `scripts/fuzz.sh`);
+//! - `tests/replay.rs`, which replays a fixed set of byte strings through
+//!   them as an ordinary `cargo test` — what CI runs, in seconds.
+//!
+//! [`plan`] mutates a compiled tiny-bert program (buffer offsets and sizes,
+//! arena sizes, shapes, the schedule's order, operands, kernel IR) through
+//! its serialised form, so every mutant is read the way a plan file is;
+//! [`checkpoint`] mutates a real two-rank ZeRO-3 save on disk (shards
+//! swapped, truncated, resized, duplicated, linked from outside; manifest
+//! fields and paths). [`Choices`] turns the fuzzer's bytes into decisions.
+
+pub mod checkpoint;
+mod choices;
+mod json;
+pub mod plan;
+
+pub use choices::Choices;
