@@ -4,7 +4,7 @@
 use super::CheckpointError;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,10 +137,19 @@ pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>, tags: &[(&str, Str
         infos.push((e.name.clone(), info));
         offset += len;
     }
-    let mut format = HashMap::from([("format".to_string(), "pt".to_string())]);
-    format.extend(tags.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    let metadata = Metadata::new(Some(format), infos).map_err(|e| io_error(std::io::Error::other(e.to_string())))?;
-    let mut header = serde_json::to_vec(&metadata).map_err(|e| io_error(std::io::Error::other(e)))?;
+    // The `__metadata__` entry is written here, in key order: safetensors
+    // keeps it in a `HashMap`, whose order changes from run to run, and a
+    // save must be the same bytes every run.
+    let metadata = Metadata::new(None, infos).map_err(|e| io_error(std::io::Error::other(e.to_string())))?;
+    let tensors = serde_json::to_vec(&metadata).map_err(|e| io_error(std::io::Error::other(e)))?;
+    let mut keys: BTreeMap<&str, &str> = BTreeMap::from([("format", "pt")]);
+    keys.extend(tags.iter().map(|(k, v)| (*k, v.as_str())));
+    let keys = serde_json::to_string(&keys).map_err(|e| io_error(std::io::Error::other(e)))?;
+    let mut header = format!("{{\"__metadata__\":{keys}").into_bytes();
+    if tensors.len() > 2 {
+        header.push(b',');
+    }
+    header.extend_from_slice(&tensors[1..]);
     header.resize(header.len().next_multiple_of(8), b' ');
 
     atomic_write(path, |out| {
