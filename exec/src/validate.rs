@@ -58,6 +58,17 @@ pub fn buffers(
     rank: Rank,
 ) -> Result<HashMap<Value, Buf>, SelectError> {
     let g = &program.graph;
+    // A plan run on the wrong number of ranks is not corrupt: say how to run it.
+    if let Some(ranks) = order.iter().find_map(|&n| match g.node(n).op {
+        Op::Shard { ranks } if ranks as usize != rank.ranks => Some(ranks),
+        _ => None,
+    }) {
+        let message = format!(
+            "the plan runs on {ranks} data-parallel ranks, this group has {}: load it once per rank of a group of {ranks}",
+            rank.ranks
+        );
+        return Err(SelectError::Invalid { at: "the plan".into(), message });
+    }
     let mut planned: HashMap<&str, &zeroplan_ir::plan::Buffer> = HashMap::new();
     for b in &program.buffers {
         if planned.insert(b.value.as_str(), b).is_some() {
