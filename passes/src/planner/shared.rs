@@ -5,8 +5,10 @@
 //! `rewrite` pass costs its merges at — not on the ZeRO stage, the offload
 //! or the recomputation policy. The search tries 24 of those for each
 //! layout (4 ZeRO stages and offloads × 3 policies, twice with an NVMe
-//! tier), so each choice resumes from the shared graph ([`Shared::prefix`])
-//! instead of building and differentiating the model again.
+//! tier), so each choice's short stacks resume from the shared graph
+//! ([`Shared::prefix`]) instead of building and differentiating the model
+//! again. A deep model compiled whole does not: copying its graph cost more
+//! than compiling it ([`super::evaluate::Step::compile`]).
 //!
 //! Where `selective` recomputes nothing (the `attention` pass fused the
 //! region it would recompute), the `recompute` pass returns its input and a
