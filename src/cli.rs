@@ -234,6 +234,11 @@ pub struct CompileArgs {
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
+    /// Compile every strategy, also those a cheaper twin beats at every micro-batch they could use
+    /// (recomputing where keeping every activation fits, NVMe where CPU memory holds the states):
+    /// slower; for checking, and for every candidate's figures.
+    #[arg(long)]
+    pub exhaustive: bool,
     /// Predict the step as `train --backend cuda --cuda-graphs` runs it: instructions replayed from
     /// CUDA graphs pay a graph node's launch cost, not an eager launch's (the plan records which).
     #[arg(long)]

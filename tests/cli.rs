@@ -390,8 +390,11 @@ fn compile_lists_the_fastest_distinct_candidates_then_the_runner_up() {
         let rows = lines[header + 1..runner_up].iter().map(|r| r.to_string()).collect();
         (text.clone(), header, rows)
     };
-    let (text, header, rows) = table(&[]);
-    assert!(text.lines().count() <= header + 1 + 8 + 1, "{text}");
+    let (text, header, mut rows) = table(&[]);
+    // The dominated choices, not compiled, are one closing line.
+    let dominated = rows.pop().expect("rows");
+    assert!(dominated.starts_with("  and ") && dominated.contains("not compiled"), "{text}");
+    assert!(text.lines().count() <= header + 1 + 8 + 2, "{text}");
     assert_eq!(rows.len(), 8, "{text}");
     // No two lines show the same memory and speed: identical plans are merged.
     let figures: std::collections::HashSet<String> =
@@ -421,6 +424,11 @@ fn compile_lists_the_fastest_distinct_candidates_then_the_runner_up() {
     let (all, _, every) = table(&["--candidates", "all"]);
     assert_eq!(every.len(), searched, "{all}");
     assert!(every.len() > rows.len() && every.iter().all(|r| !r.contains(" = ")), "one line each: {all}");
+    let skipped: usize = dominated.trim_start_matches("  and ").split(' ').next().unwrap().parse().expect("a count");
+    let named = every.iter().filter(|r| r.contains("not compiled: ") && r.contains(" fits every micro-batch"));
+    assert_eq!(named.count(), skipped, "each dominated choice names its twin: {all}");
+    let (exhaustive, _, _) = table(&["--exhaustive", "--candidates", "all"]);
+    assert!(!exhaustive.contains("not compiled"), "{exhaustive}");
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn request(model: &spec::ModelSpec, gpus: u64, seq: u64, global_batch: u64) -> R
         global_batch,
         pins: Pins::default(),
         extrapolate_depth: true,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     }

@@ -29,6 +29,7 @@ fn request(family: &zeroplan_ir::spec::ModelSpec, gpus: u64, budget: u64, pins: 
         global_batch: gpus,
         pins,
         extrapolate_depth: false,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     }

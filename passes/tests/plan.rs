@@ -45,6 +45,7 @@ fn request<'a>(model: &'a ModelSpec, cluster: Cluster, seq: u64, global_batch: u
         global_batch,
         pins: Pins::default(),
         extrapolate_depth: true,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     }
@@ -64,7 +65,9 @@ fn the_winner_fits_and_is_the_fastest_candidate() {
     assert_eq!(s.ranks * s.micro_batch * s.micro_batches, 256);
     assert_eq!(p.candidates[0].strategy, *s, "the winner heads the candidates");
     let best = p.candidates[0].tokens_per_second.unwrap();
-    for c in &p.candidates {
+    // A dominated choice was not compiled: it has no figures
+    // (`passes/tests/pruning.rs` checks its twin is at least as fast).
+    for c in p.candidates.iter().filter(|c| c.dominated_by.is_none()) {
         assert_eq!(c.fits, c.peak_bytes <= 4 * GIB, "{c:?}");
         assert!(c.min_peak_bytes <= c.peak_bytes);
         assert!(c.tokens_per_second.is_none_or(|t| t <= best), "{c:?} beats the winner");

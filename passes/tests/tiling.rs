@@ -220,6 +220,7 @@ fn request(m: &ModelSpec, budget: u64, pins: Pins) -> Request<'_> {
         global_batch: 8,
         pins,
         extrapolate_depth: true,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     }

@@ -185,6 +185,7 @@ fn request<'a>(model: &'a ModelSpec, d: &Draw) -> Request<'a> {
         global_batch: d.per_rank * d.nodes * d.gpus_per_node,
         pins: Pins { micro_batch, ..d.pins },
         extrapolate_depth: d.extrapolate_depth,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     }

@@ -35,6 +35,7 @@ pub fn run(args: &CapacityArgs) -> Result<(), String> {
         global_batch: world,
         pins,
         extrapolate_depth: true,
+        exhaustive: false,
         shared: Default::default(),
         launches: Default::default(),
     };

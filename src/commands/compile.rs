@@ -130,6 +130,7 @@ pub fn request<'a>(
         global_batch,
         pins,
         extrapolate_depth: !args.whole_depth,
+        exhaustive: args.exhaustive,
         shared: Default::default(),
         launches: args.launches(),
     }

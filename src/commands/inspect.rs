@@ -184,6 +184,9 @@ pub fn text(plan: &Plan, shown: Candidates) -> String {
 /// The candidates table: the `shown` fastest distinct plans (identical
 /// ones on one line, naming the choices they differ in), or every one.
 fn candidates(plan: &Plan, shown: Candidates) -> String {
+    // A choice a cheaper twin dominates was not compiled: one line for all
+    // of them, unless every candidate is listed.
+    let compiled = plan.candidates.iter().filter(|c| c.dominated_by.is_none());
     let rows: Vec<(String, Vec<&Candidate>)> = match shown {
         Candidates::All => plan.candidates.iter().map(|c| (label(c), vec![c])).collect(),
         Candidates::Best(_) => {
@@ -191,9 +194,10 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
                 (a.fits, a.peak_bytes, a.tokens_per_second, a.states_exceed)
                     == (b.fits, b.peak_bytes, b.tokens_per_second, b.states_exceed)
             };
-            distinct(&plan.candidates, same_figures, label)
+            distinct(compiled, same_figures, label)
         }
     };
+    let dominated = plan.candidates.iter().filter(|c| c.dominated_by.is_some()).count();
     let listed = match shown {
         Candidates::Best(n) => n.min(rows.len()),
         Candidates::All => rows.len(),
@@ -210,9 +214,12 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
     let width = rows[..listed].iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0);
     for (strategy, members) in &rows[..listed] {
         let candidate = members[0];
-        let speed = match candidate.tokens_per_second {
-            Some(x) => format!("{} tokens/s", tokens(x)),
-            None => match candidate.states_exceed {
+        let speed = match (candidate.tokens_per_second, &candidate.dominated_by) {
+            (Some(x), _) => format!("{} tokens/s", tokens(x)),
+            (None, Some(twin)) => {
+                format!("not compiled: {} fits every micro-batch it could use, with less work", choice_name(twin))
+            }
+            (None, None) => match candidate.states_exceed {
                 Some(StatesExceed::Gpu) => "does not fit: its model states alone".to_string(),
                 Some(StatesExceed::Host) => "does not fit: its offloaded states alone exceed --host-memory".to_string(),
                 Some(StatesExceed::Nvme) => "does not fit: its offloaded states alone exceed --nvme".to_string(),
@@ -223,11 +230,18 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
         // overflows; where the hosts or drives do, that share (near nothing
         // with everything offloaded) says nothing, so no figure.
         let peak = match candidate.states_exceed {
+            _ if candidate.dominated_by.is_some() => "—".to_string(),
             None => gib(candidate.peak_bytes),
             Some(StatesExceed::Gpu) => format!("≥ {}", gib(candidate.peak_bytes)),
             Some(StatesExceed::Host | StatesExceed::Nvme) => "—".to_string(),
         };
         t += &format!("  {strategy:<width$} {peak:>14}  {speed}\n");
+    }
+    if dominated > 0 && matches!(shown, Candidates::Best(_)) {
+        t += &format!(
+            "  and {dominated} not compiled: each is beaten by a cheaper twin that fits every micro-batch it could use \
+             (keeping every activation rather than recomputing, CPU memory rather than NVMe); --exhaustive compiles them\n"
+        );
     }
     t
 }
@@ -238,7 +252,11 @@ fn label(candidate: &Candidate) -> String {
     if candidate.fits {
         return candidate.strategy.to_string();
     }
-    let s = &candidate.strategy;
+    choice_name(&candidate.strategy)
+}
+
+/// A strategy without its micro-batch.
+fn choice_name(s: &Strategy) -> String {
     let tp = s.tensor_parallel;
     let sp = if s.sequence_parallel { "+SP" } else { "" };
     format!(

@@ -168,9 +168,13 @@ pub struct RunnerUp {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     pub strategy: Strategy,
+    /// Its peak per GPU; 0 where `dominated_by` (not compiled).
     pub peak_bytes: u64,
-    /// The least memory this strategy needs (micro-batch 1).
+    /// The least memory this strategy needs (micro-batch 1); 0 where
+    /// `dominated_by`.
     pub min_peak_bytes: u64,
+    /// A micro-batch was found to fit (none was looked for where
+    /// `dominated_by`).
     pub fits: bool,
     /// For strategies that fit.
     pub tokens_per_second: Option<f64>,
@@ -178,6 +182,12 @@ pub struct Candidate {
     /// peaks are what the states need on the GPU (a lower bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub states_exceed: Option<StatesExceed>,
+    /// Not compiled: this cheaper twin (the same strategy without
+    /// recomputation, or on CPU memory rather than NVMe) fits every
+    /// micro-batch this one could use and is at least as fast at each
+    /// (`passes/src/planner/dominance.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dominated_by: Option<Strategy>,
 }
 
 /// The capacity a strategy's model states alone exceed

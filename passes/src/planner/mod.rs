@@ -14,6 +14,7 @@
 
 pub mod capacity;
 pub mod depth;
+pub mod dominance;
 pub mod evaluate;
 pub mod explain;
 pub mod floor;
@@ -66,6 +67,9 @@ pub struct Request<'a> {
     /// Search deep independent stacks by two short ones ([`depth`]); off,
     /// every candidate is compiled whole.
     pub extrapolate_depth: bool,
+    /// Compile every choice, the dominated ones ([`dominance`]) too:
+    /// slower, for checking and for every candidate's figures.
+    pub exhaustive: bool,
     /// The graphs the search's choices share ([`shared`]); [`plan`] starts
     /// with an empty store whatever this holds.
     pub shared: shared::Shared,
@@ -186,6 +190,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             fits: o.best.is_some(),
             tokens_per_second: o.best.as_ref().map(|b| b.predicted.tokens_per_second),
             states_exceed: o.bounded,
+            dominated_by: o.dominated_by.and_then(&estimate).map(|e| e.strategy.clone()),
         })
         .collect();
     let graph = step.1.graph;

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted, StatesExceed};
 
 use super::depth::Probe;
+use super::dominance;
 use super::evaluate::{Choice, Evaluation, Step};
 use super::floor::Floors;
 use super::{PlanError, Request};
@@ -36,6 +37,25 @@ pub struct Outcome {
     /// Not compiled: its model states alone ([`super::floor`]) exceed this
     /// capacity, and `min_peak_bytes` is what they need on the GPU.
     pub bounded: Option<StatesExceed>,
+    /// Every micro-batch the choice may use fits (so it dominates its
+    /// dearer twins: [`super::dominance`]).
+    pub fits_every: bool,
+    /// Not compiled: this cheaper twin fits every micro-batch it could use
+    /// and is at least as fast at each ([`super::dominance`]).
+    pub dominated_by: Option<Choice>,
+}
+
+impl Outcome {
+    /// A choice that was not compiled: `bounded` by its states, or
+    /// `dominated_by` a twin.
+    fn not_compiled(choice: Choice, min_peak_bytes: u64, bounded: Option<StatesExceed>) -> Outcome {
+        Outcome { choice, min_peak_bytes, best: None, bounded, fits_every: false, dominated_by: None }
+    }
+
+    /// A compiled choice's outcome.
+    fn compiled(choice: Choice, min_peak_bytes: u64, best: Option<Evaluation>, fits_every: bool) -> Outcome {
+        Outcome { choice, min_peak_bytes, best, bounded: None, fits_every, dominated_by: None }
+    }
 }
 
 /// The tensor-parallel degrees the search tries: the pinned one, or each
@@ -167,17 +187,26 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
     let searched: Vec<Choice> = choices.iter().copied().filter(|c| !aliases.contains(c)).collect();
     let mut floors = Floors::default();
     let floors: Vec<_> = searched.iter().map(|&c| Ok((c, floors.of(req, c)?))).collect::<Result<_, PlanError>>()?;
-    // Each choice compiles on its own: one per core.
-    let outcomes = floors
-        .into_par_iter()
-        .map(|(choice, (floor, exceeds))| match exceeds {
-            Some(exceeds) => Ok(Outcome { choice, min_peak_bytes: floor.gpu, best: None, bounded: Some(exceeds) }),
-            None => {
+    // Each choice compiles on its own: one per core; the cheaper twins
+    // first, so the dearer ones they dominate are not compiled.
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(floors.len());
+    for wave in 0..dominance::WAVES {
+        let this_wave: Vec<_> = floors.iter().filter(|(c, _)| dominance::wave(c) == wave).collect();
+        let found = this_wave
+            .into_par_iter()
+            .map(|&(choice, (floor, exceeds))| {
+                if let Some(exceeds) = exceeds {
+                    return Ok(Outcome::not_compiled(choice, floor.gpu, Some(exceeds)));
+                }
+                if let Some(twin) = dominance::dominator(choice, &outcomes).filter(|_| !req.exhaustive) {
+                    return Ok(Outcome { dominated_by: Some(twin), ..Outcome::not_compiled(choice, 0, None) });
+                }
                 let _span = tracing::debug_span!("plan.choice", ?choice).entered();
                 search_choice(req, machine, choice)
-            }
-        })
-        .collect::<Result<Vec<_>, PlanError>>()?;
+            })
+            .collect::<Result<Vec<_>, PlanError>>()?;
+        outcomes.extend(found);
+    }
     // In the choices' order, each alias beside its twin's outcome.
     let mut outcomes: Vec<Outcome> = choices
         .iter()
@@ -209,7 +238,7 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
             .filter(|o| o.bounded.is_some())
             .map(|o| {
                 o.bounded = None;
-                Outcome { choice: o.choice, min_peak_bytes: o.min_peak_bytes, best: None, bounded: None }
+                Outcome::not_compiled(o.choice, o.min_peak_bytes, None)
             })
             .collect();
         if req.pins.tiles.is_none() {
@@ -224,7 +253,8 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
         (Some(x), Some(y)) => y.predicted.tokens_per_second.total_cmp(&x.predicted.tokens_per_second),
         (Some(_), None) => std::cmp::Ordering::Less,
         (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.min_peak_bytes.cmp(&b.min_peak_bytes),
+        // Dominated choices, not compiled, last.
+        (None, None) => (a.dominated_by.is_some(), a.min_peak_bytes).cmp(&(b.dominated_by.is_some(), b.min_peak_bytes)),
     });
     Ok(outcomes)
 }
@@ -302,7 +332,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
-                return Ok(Some(Outcome { choice, min_peak_bytes, best, bounded: None }));
+                return Ok(Some(Outcome::compiled(choice, min_peak_bytes, best, false)));
             }
             if memory.peak_bytes <= budget {
                 break; // It is the host or NVMe that does not fit: recomputing more cannot help.
@@ -358,8 +388,9 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
             fitting.extend(&accumulating[..lo]);
         }
         let best = best_of(req, machine, &probe, choice, &fitting, per_rank, &memory)?;
+        let every_accumulating = fitting.len() == accumulating.len();
         if whole.is_empty() {
-            return Ok(Outcome { choice, min_peak_bytes, best, bounded: None });
+            return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating));
         }
         let rest = search_whole(req, machine, choice, per_rank)?;
         min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
@@ -367,7 +398,7 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
             .into_iter()
             .flatten()
             .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
-        return Ok(Outcome { choice, min_peak_bytes, best, bounded: None });
+        return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating && rest.fits_every));
     }
     if whole.is_empty() {
         return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
@@ -384,7 +415,7 @@ fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64)
     let cache = HashMap::from([(per_rank, memory)]);
     let sizes: &[u64] = if fits { &[per_rank] } else { &[] };
     let best = best_of(req, machine, &probe, choice, sizes, per_rank, &cache)?;
-    Ok(Outcome { choice, min_peak_bytes, best, bounded: None })
+    Ok(Outcome::compiled(choice, min_peak_bytes, best, fits))
 }
 
 /// The fastest of the micro-batches `sizes` (all known to fit); `memory`

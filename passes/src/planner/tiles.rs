@@ -59,7 +59,8 @@ pub fn tiled_outcomes(
     let budget = req.cluster.budget_bytes();
     let untiled: Vec<&Outcome> = outcomes
         .iter()
-        .filter(|o| o.best.is_none() && o.bounded.is_none() && o.choice.zero_stage == 3 && o.choice.tiles == 1)
+        .filter(|o| o.best.is_none() && o.bounded.is_none() && o.dominated_by.is_none())
+        .filter(|o| o.choice.zero_stage == 3 && o.choice.tiles == 1)
         .filter(|o| o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) <= budget)
         .collect();
     // Each choice's tile counts are searched on their own: one per core.
