@@ -58,11 +58,21 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
     }
     probes.sort_by_key(|&(c, n)| (c.to_string(), n));
     probes.dedup();
+    // At the cluster's own ranks the search measured most of them already.
+    let searched = |c: Choice, n: u64| {
+        let at_one = outcomes.iter().find(|o| o.choice == c).and_then(|o| o.at_one.as_ref());
+        at_one.filter(|_| n == c.data_ranks(world)).cloned()
+    };
     let memories: HashMap<(String, u64), MemorySummary> = probes
         .into_par_iter()
         .map(|(choice, n)| {
-            let micro_batches = super::search::per_rank(req, choice).max(1);
-            let memory = Probe::compile(req, choice, n, 1, micro_batches)?.memory(req, 1)?;
+            let memory = match searched(choice, n) {
+                Some(memory) => memory,
+                None => {
+                    let micro_batches = super::search::per_rank(req, choice).max(1);
+                    Probe::compile(req, choice, n, 1, micro_batches)?.memory(req, 1)?
+                }
+            };
             Ok(((choice.to_string(), n), memory))
         })
         .collect::<Result<_, PlanError>>()?;

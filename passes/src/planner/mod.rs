@@ -150,6 +150,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         search::search(req, &machine, &choices)?
     };
     if outcomes.iter().all(|o| o.best.is_none()) {
+        let _span = tracing::info_span!("plan.nothing_fits").entered();
         return Err(explain::nothing_fits(req, &outcomes)?);
     }
     let ((winner, step, memory_plan), beaten) = exact_best(req, &machine, &outcomes)?;

@@ -43,18 +43,27 @@ pub struct Outcome {
     /// Not compiled: this cheaper twin fits every micro-batch it could use
     /// and is at least as fast at each ([`super::dominance`]).
     pub dominated_by: Option<Choice>,
+    /// Its memory at one sequence per micro-batch (accumulating the rest),
+    /// where the search measured it: what the nothing-fits answer starts
+    /// from ([`super::explain`]).
+    pub at_one: Option<MemorySummary>,
 }
 
 impl Outcome {
     /// A choice that was not compiled: `bounded` by its states, or
     /// `dominated_by` a twin.
     fn not_compiled(choice: Choice, min_peak_bytes: u64, bounded: Option<StatesExceed>) -> Outcome {
-        Outcome { choice, min_peak_bytes, best: None, bounded, fits_every: false, dominated_by: None }
+        Outcome { choice, min_peak_bytes, best: None, bounded, fits_every: false, dominated_by: None, at_one: None }
     }
 
     /// A compiled choice's outcome.
     fn compiled(choice: Choice, min_peak_bytes: u64, best: Option<Evaluation>, fits_every: bool) -> Outcome {
-        Outcome { choice, min_peak_bytes, best, bounded: None, fits_every, dominated_by: None }
+        Outcome { choice, min_peak_bytes, best, bounded: None, fits_every, dominated_by: None, at_one: None }
+    }
+
+    /// With its memory at one sequence per micro-batch, if `memory` holds it.
+    fn measured_at_one(self, memory: &HashMap<u64, MemorySummary>) -> Outcome {
+        Outcome { at_one: memory.get(&1).cloned(), ..self }
     }
 }
 
@@ -390,7 +399,7 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
         let best = best_of(req, machine, &probe, choice, &fitting, per_rank, &memory)?;
         let every_accumulating = fitting.len() == accumulating.len();
         if whole.is_empty() {
-            return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating));
+            return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating).measured_at_one(&memory));
         }
         let rest = search_whole(req, machine, choice, per_rank)?;
         min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
@@ -398,7 +407,8 @@ fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Out
             .into_iter()
             .flatten()
             .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
-        return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating && rest.fits_every));
+        let outcome = Outcome::compiled(choice, min_peak_bytes, best, every_accumulating && rest.fits_every);
+        return Ok(outcome.measured_at_one(&memory));
     }
     if whole.is_empty() {
         return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
@@ -415,7 +425,7 @@ fn search_whole(req: &Request, machine: &Machine, choice: Choice, per_rank: u64)
     let cache = HashMap::from([(per_rank, memory)]);
     let sizes: &[u64] = if fits { &[per_rank] } else { &[] };
     let best = best_of(req, machine, &probe, choice, sizes, per_rank, &cache)?;
-    Ok(Outcome::compiled(choice, min_peak_bytes, best, fits))
+    Ok(Outcome::compiled(choice, min_peak_bytes, best, fits).measured_at_one(&cache))
 }
 
 /// The fastest of the micro-batches `sizes` (all known to fit); `memory`
