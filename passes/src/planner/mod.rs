@@ -176,24 +176,40 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         tokens_per_second: r.predicted.tokens_per_second,
         reason: explain::why_slower(&winner, r),
     });
-    // The winner heads the candidates (a choice compiled whole may have
-    // beaten estimates listed above it); the rest keep the search's order.
-    let winner_first =
-        outcomes.iter().filter(|o| o.choice == step.0).chain(outcomes.iter().filter(|o| o.choice != step.0));
-    let candidates = winner_first
+    // Each candidate with its figures: exact for the winner, its twins and
+    // the choices compiled whole to check it, else the search's estimate.
+    let figures = |o: &Outcome| -> Option<(u64, f64)> {
+        let exact = if o.choice == step.0 || twin(o.choice) {
+            Some(&winner)
+        } else {
+            beaten.iter().find(|(c, _)| *c == o.choice).map(|(_, e)| e)
+        };
+        exact.or(o.best.as_ref()).map(|e| (e.memory.peak_bytes, e.predicted.tokens_per_second))
+    };
+    let mut candidates: Vec<Candidate> = outcomes
+        .iter()
         .map(|o| Candidate {
             strategy: o
                 .best
                 .as_ref()
                 .map_or_else(|| o.choice.strategy(req.cluster.world_size(), 1, 0), |b| b.strategy.clone()),
-            peak_bytes: o.best.as_ref().map_or(o.min_peak_bytes, |b| b.memory.peak_bytes),
+            peak_bytes: figures(o).map_or(o.min_peak_bytes, |(peak, _)| peak),
             min_peak_bytes: o.min_peak_bytes,
             fits: o.best.is_some(),
-            tokens_per_second: o.best.as_ref().map(|b| b.predicted.tokens_per_second),
+            tokens_per_second: figures(o).map(|(_, speed)| speed),
             states_exceed: o.bounded,
             dominated_by: o.dominated_by.and_then(&estimate).map(|e| e.strategy.clone()),
         })
         .collect();
+    // The winner first, then the fastest; those that do not fit keep the
+    // search's order (least memory first).
+    let at = outcomes.iter().position(|o| o.choice == step.0).expect("the winner is a candidate");
+    let first = candidates.remove(at);
+    candidates.sort_by(|a, b| match (a.tokens_per_second, b.tokens_per_second) {
+        (Some(x), Some(y)) => y.total_cmp(&x),
+        (x, y) => y.is_some().cmp(&x.is_some()),
+    });
+    candidates.insert(0, first);
     let graph = step.1.graph;
     Ok(Plan {
         format: PLAN_FORMAT,
