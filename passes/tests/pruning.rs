@@ -3,7 +3,8 @@
 //! (`passes/src/planner/dominance.rs`) and with every choice compiled
 //! (`--exhaustive`) gives the same winner with the same figures, and no
 //! skipped choice is faster, in the exhaustive search, than the twin said
-//! to dominate it.
+//! to dominate it. The same holds for the `optimal` choices bounded out
+//! (`search::optimal_outcomes`).
 
 #[path = "../../ir/tests/common/mod.rs"]
 mod common;
@@ -136,7 +137,7 @@ fn find<'p>(plan: &'p Plan, strategy: &Strategy) -> &'p Candidate {
 
 #[test]
 fn pruning_keeps_the_exhaustive_winner_on_a_grid_of_cases() {
-    let (mut skipped, mut recomputing_winners, mut nvme_skipped) = (0, 0, 0);
+    let (mut skipped, mut recomputing_winners, mut nvme_skipped, mut optimal_skipped) = (0, 0, 0, 0);
     for c in &GRID {
         let m = model(c.model);
         let what = format!(
@@ -160,6 +161,9 @@ fn pruning_keeps_the_exhaustive_winner_on_a_grid_of_cases() {
         assert_eq!(pruned.memory, exhaustive.memory, "{what}: the winner's memory changed");
         assert!(exhaustive.candidates.iter().all(|x| x.dominated_by.is_none()), "{what}: --exhaustive skipped one");
         recomputing_winners += usize::from(pruned.strategy.recompute != Policy::None.name());
+        // `optimal` choices bounded below the fastest plan are not compiled.
+        let optimal = |p: &Plan| p.candidates.iter().filter(|x| x.strategy.recompute.starts_with("optimal:")).count();
+        optimal_skipped += optimal(&exhaustive) - optimal(&pruned);
         for d in pruned.candidates.iter().filter(|x| x.dominated_by.is_some()) {
             skipped += 1;
             let twin = d.dominated_by.as_ref().expect("filtered");
@@ -179,4 +183,5 @@ fn pruning_keeps_the_exhaustive_winner_on_a_grid_of_cases() {
     assert!(skipped > 100, "only {skipped} choices skipped over the grid");
     assert!(nvme_skipped > 0, "no NVMe choice skipped for its CPU-memory twin");
     assert!(recomputing_winners > 0, "no case where the winner recomputes");
+    assert!(optimal_skipped > 0, "no optimal choice bounded out");
 }

@@ -302,9 +302,17 @@ fn renamed(twin: &Outcome, alias: Choice) -> Outcome {
 /// corrected by the measured overshoot until the whole plan fits (a few
 /// tries). It recomputes the least that fits, so at that micro-batch it is
 /// never slower than `full`.
+///
+/// Nor is it faster than keeping every activation at that micro-batch
+/// ([`super::dominance`]'s argument), which the short stacks estimate
+/// cheaply; a choice whose bound is [`OPTIMAL_MARGIN`] below the fastest
+/// plan found is not compiled: `optimal`'s probes compile the whole stack
+/// (its budget is for all layers), bert-32t's 400 layers, tiled, 186k nodes.
 fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<Vec<Outcome>, PlanError> {
     let world = req.cluster.world_size();
     let budget = req.cluster.budget_bytes();
+    let fastest =
+        outcomes.iter().filter_map(|o| o.best.as_ref()).map(|e| e.predicted.tokens_per_second).fold(0.0, f64::max);
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
     let stored_none: Mutex<HashMap<(u64, bool, u64), u64>> = Mutex::new(HashMap::new());
     let full: Vec<&Outcome> = outcomes.iter().filter(|o| o.choice.recompute == Policy::Full).collect();
@@ -317,7 +325,12 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             return Ok(None);
         }
         let micro_batches = per_rank / b;
-        let peak_none = Probe::compile(req, keep, ranks, b, micro_batches)?.memory(req, b)?.peak_bytes;
+        let none = Probe::compile(req, keep, ranks, b, micro_batches)?;
+        let bound = none.predict(req, machine, b, micro_batches)?.1.tokens_per_second;
+        if bound < (1.0 - OPTIMAL_MARGIN) * fastest && !req.exhaustive {
+            return Ok(None);
+        }
+        let peak_none = none.memory(req, b)?.peak_bytes;
         let key = (o.choice.tensor_parallel, o.choice.sequence_parallel, b);
         let known = stored_none.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
         let stored = match known {
@@ -354,6 +367,12 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
     });
     Ok(found.collect::<Result<Vec<_>, PlanError>>()?.into_iter().flatten().collect())
 }
+
+/// How far below the fastest plan found an `optimal` choice's bound must
+/// be for it to be skipped: the bound is a short-stack estimate, which
+/// `passes/tests/plan.rs` holds to 3% of whole planning; the margin keeps
+/// that error from skipping a choice that would have won.
+const OPTIMAL_MARGIN: f64 = 0.05;
 
 /// Whether a plan's memory fits: its peak on each GPU, and what it
 /// offloads on each node's host and NVMe.
