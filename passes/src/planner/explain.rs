@@ -44,13 +44,25 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
     // states live on: its twin on the other tier shares the fit along N,
     // from whichever of the two comes first.
     let twin = |c: Choice| Choice { offload_to: OffloadTo::Cpu, ..c }.to_string();
+    // Tiling changes what is gathered, not what is sharded: a tiled
+    // choice's peak falls with the ranks as its untiled twin's does (to
+    // within 1%, where the arena places the tiles around the shards
+    // differently: `passes/tests/tiling.rs`), so it takes the fall from `N`
+    // to `2N` ranks from the twin rather than compiling its many tiles again
+    // (transformer-100t: 64 tiles, 20k-node graphs, most of the answer's
+    // time).
+    let untiled = |c: Choice| Choice { tiles: 1, ..c };
+    let has_untiled_twin = |c: Choice| c.tiles > 1 && outcomes.iter().any(|o| twin(o.choice) == twin(untiled(c)));
     let mut fitted_along_ranks: HashMap<String, Choice> = HashMap::new();
     let mut probes: Vec<(Choice, u64)> = Vec::new();
     for o in outcomes {
         let ranks = o.choice.data_ranks(world);
         if o.choice.zero_stage > 0 && !fitted_along_ranks.contains_key(&twin(o.choice)) {
             fitted_along_ranks.insert(twin(o.choice), o.choice);
-            probes.extend([(o.choice, ranks), (o.choice, 2 * ranks)]);
+            probes.push((o.choice, ranks));
+            if !has_untiled_twin(o.choice) {
+                probes.push((o.choice, 2 * ranks));
+            }
         }
         if o.choice.offload != zeroplan_ir::plan::Offload::None {
             probes.push((o.choice, ranks));
@@ -84,7 +96,12 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
         if let Some(&fitted) = fitted_along_ranks.get(&twin(o.choice)) {
             // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
-            let (p1, p2) = (memory(fitted, ranks).peak_bytes as f64, memory(fitted, 2 * ranks).peak_bytes as f64);
+            let fall = |c: Choice| memory(c, ranks).peak_bytes as f64 - memory(c, 2 * ranks).peak_bytes as f64;
+            let p1 = memory(fitted, ranks).peak_bytes as f64;
+            let p2 = match fitted_along_ranks.get(&twin(untiled(fitted))) {
+                Some(&flat) if has_untiled_twin(fitted) => p1 - fall(flat),
+                _ => memory(fitted, 2 * ranks).peak_bytes as f64,
+            };
             let budget = req.cluster.budget_bytes() as f64;
             let t = o.choice.tensor_parallel;
             let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
