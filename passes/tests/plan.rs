@@ -560,3 +560,30 @@ fn the_runner_up_is_never_faster_than_the_winner() {
         assert_eq!(p.candidates[0].strategy.to_string(), p.strategy.to_string(), "the winner heads the candidates");
     }
 }
+
+/// On one GPU the nothing-fits answer fits what more GPUs would do from two
+/// ranks up: one rank has no NCCL buffers (nor gathers to run), so its peak
+/// is no point of the line `A + B/N`, and fitted through it `A`, what stays
+/// on each GPU, came out above what two GPUs need.
+#[test]
+fn on_one_gpu_what_stays_on_each_is_fitted_from_two_ranks_up() {
+    let m = model("bert-large.ron");
+    let answer = |gpus: u64| {
+        let mut req = request(&m, cluster("a100-40gb", gpus, Some(600 << 20)), 512, 8);
+        req.pins.tensor_parallel = Some(1);
+        match plan(&req) {
+            Err(PlanError::NothingFits { shortfalls, .. }) => shortfalls,
+            other => panic!("bert-large fits in 600 MiB on {gpus}: {:?}", other.map(|p| p.strategy)),
+        }
+    };
+    let (one, two) = (answer(1), answer(2));
+    for s in one.iter().filter(|s| s.choice.starts_with("ZeRO-3")) {
+        let on_two = two.iter().find(|t| t.choice == s.choice).expect("the same choices").min_peak_bytes;
+        let floor = s.floor_bytes.expect("a sharded choice has a floor");
+        assert!(floor <= on_two + on_two / 100, "{}: {floor} bytes stay on each, {on_two} on two GPUs", s.choice);
+    }
+    let mut req = request(&m, cluster("a100-40gb", 1, Some(600 << 20)), 512, 8);
+    req.pins.tensor_parallel = Some(1);
+    let message = plan(&req).unwrap_err().to_string();
+    assert!(message.contains("with NCCL's buffers"), "{message}");
+}

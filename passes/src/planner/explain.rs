@@ -53,15 +53,18 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
     // time).
     let untiled = |c: Choice| Choice { tiles: 1, ..c };
     let has_untiled_twin = |c: Choice| c.tiles > 1 && outcomes.iter().any(|o| twin(o.choice) == twin(untiled(c)));
+    // The line `peak(N) = A + B/N` is fitted from two data-parallel ranks
+    // up: one rank has no NCCL buffers, so from one to two the peak rises.
+    let fit_from = |c: Choice| c.data_ranks(world).max(2);
     let mut fitted_along_ranks: HashMap<String, Choice> = HashMap::new();
     let mut probes: Vec<(Choice, u64)> = Vec::new();
     for o in outcomes {
         let ranks = o.choice.data_ranks(world);
         if o.choice.zero_stage > 0 && !fitted_along_ranks.contains_key(&twin(o.choice)) {
             fitted_along_ranks.insert(twin(o.choice), o.choice);
-            probes.push((o.choice, ranks));
+            probes.push((o.choice, fit_from(o.choice)));
             if !has_untiled_twin(o.choice) {
-                probes.push((o.choice, 2 * ranks));
+                probes.push((o.choice, 2 * fit_from(o.choice)));
             }
         }
         if o.choice.offload != zeroplan_ir::plan::Offload::None {
@@ -96,16 +99,17 @@ pub fn nothing_fits(req: &Request, outcomes: &[Outcome]) -> Result<PlanError, Pl
         let (mut gpus_to_fit, mut floor_bytes) = (None, None);
         if let Some(&fitted) = fitted_along_ranks.get(&twin(o.choice)) {
             // ZeRO shards over the data-parallel ranks: fit `peak(N)` along them.
-            let fall = |c: Choice| memory(c, ranks).peak_bytes as f64 - memory(c, 2 * ranks).peak_bytes as f64;
-            let p1 = memory(fitted, ranks).peak_bytes as f64;
+            let n = fit_from(fitted);
+            let fall = |c: Choice| memory(c, n).peak_bytes as f64 - memory(c, 2 * n).peak_bytes as f64;
+            let p1 = memory(fitted, n).peak_bytes as f64;
             let p2 = match fitted_along_ranks.get(&twin(untiled(fitted))) {
                 Some(&flat) if has_untiled_twin(fitted) => p1 - fall(flat),
-                _ => memory(fitted, 2 * ranks).peak_bytes as f64,
+                _ => memory(fitted, 2 * n).peak_bytes as f64,
             };
             let budget = req.cluster.budget_bytes() as f64;
             let t = o.choice.tensor_parallel;
             let replicas_per_node = (req.cluster.gpus_per_node / t).max(1);
-            gpus_to_fit = gpus_for_budget(p1, p2, ranks, budget, replicas_per_node).map(|replicas| replicas * t);
+            gpus_to_fit = gpus_for_budget(p1, p2, n, budget, replicas_per_node).map(|replicas| replicas * t);
             floor_bytes = Some((2.0 * p2 - p1).max(0.0) as u64);
         }
         let (mut host_bytes_per_node, mut nvme_bytes_per_node) = (None, None);
@@ -201,6 +205,10 @@ pub fn nothing_fits_text(on: &SearchedOn, shortfalls: &[Shortfall]) -> String {
         let mut more = match (s.gpus_to_fit, s.floor_bytes) {
             _ if s.min_peak_bytes <= budget => "fits the GPU".into(),
             (Some(n), _) => format!("fits on ≥ {n} GPUs"),
+            // One GPU has no NCCL buffers; every GPU of several has them.
+            (None, Some(floor)) if gpus == 1 => {
+                format!("more GPUs do not help: with NCCL's buffers {:.1} GiB stays on each", gib(floor))
+            }
             (None, Some(floor)) => format!("more GPUs do not help: {:.1} GiB stays on each", gib(floor)),
             (None, None) => "more GPUs do not help: ZeRO-0 replicates every state".into(),
         };
