@@ -2,7 +2,8 @@
 //! with the highest predicted throughput that fits in memory.
 //!
 //! [`search`] tries every choice of ZeRO stage × offload × recomputation
-//! (less what the user pinned) at the micro-batches that fit, and [`tiles`]
+//! (less what the user pinned, and less what [`dominance`] shows cannot
+//! win) at the micro-batches that fit, and [`tiles`]
 //! the tile counts of ZeRO-3 choices whose gathered operators do not fit, judging
 //! memory with the memory pass and time with the cost model; [`depth`]
 //! makes that cheap for deep models by planning each distinct layer once.

@@ -8,7 +8,9 @@
 //! the one micro-batch without accumulation (all of a rank's sequences at
 //! once) is checked on its own. Every micro-batch that fits is then timed
 //! by the cost model — the largest is usually but not always the fastest
-//! (wave quantisation, per-micro-batch collectives).
+//! (wave quantisation, per-micro-batch collectives). A choice that a
+//! cheaper twin beats at every micro-batch it could use is not compiled
+//! ([`super::dominance`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
