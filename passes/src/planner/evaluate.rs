@@ -13,7 +13,7 @@ use super::{PlanError, Request};
 use crate::cost::{self, Machine};
 use crate::manager::PassOptions;
 use crate::memory::{self, Category, MemoryPlan};
-use crate::pipeline::{Resume, Target, compile, compile_between};
+use crate::pipeline::{Resume, Target, compile_between};
 use crate::recompute::Policy;
 
 /// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
@@ -81,6 +81,9 @@ pub struct Evaluation {
     pub predicted: Predicted,
 }
 
+/// The pass the `recompute` pass follows.
+const BEFORE_RECOMPUTE: &str = "training-step";
+
 /// A training step compiled for one choice, in schedule order.
 pub struct Step {
     pub graph: Graph,
@@ -114,7 +117,50 @@ impl Step {
         } else {
             Resume::Build
         };
-        let graph = compile_between(model, &Target::Training(&train), options, from, None)
+        Step::resume(model, choice, &train, options, from)
+    }
+
+    /// The whole model's step for `choice` up to the `recompute` pass: what
+    /// an `optimal` policy weighs ([`crate::recompute::optimal::step_costs`])
+    /// and [`Step::after_training_step`] continues from.
+    pub fn before_recompute(
+        req: &Request,
+        choice: Choice,
+        ranks: u64,
+        hint_batch: u64,
+        micro_batches: u64,
+    ) -> Result<Graph, PlanError> {
+        let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
+        compile_between(req.model, &Target::Training(&train), options, Resume::Build, Some(BEFORE_RECOMPUTE))
+            .map(|compiled| compiled.graph)
+            .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))
+    }
+
+    /// The whole model's step for `choice` from `graph`, which
+    /// [`Step::before_recompute`] made with the same arguments but the
+    /// recomputation policy.
+    pub fn after_training_step(
+        req: &Request,
+        choice: Choice,
+        ranks: u64,
+        hint_batch: u64,
+        micro_batches: u64,
+        graph: Graph,
+    ) -> Result<Step, PlanError> {
+        let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
+        let from = Resume::After { graph: Box::new(graph), after: BEFORE_RECOMPUTE };
+        Step::resume(req.model, choice, &train, options, from)
+    }
+
+    /// The passes from `from` to the last, in schedule order.
+    fn resume(
+        model: &ModelSpec,
+        choice: Choice,
+        train: &TrainingSpec,
+        options: PassOptions,
+        from: Resume,
+    ) -> Result<Step, PlanError> {
+        let graph = compile_between(model, &Target::Training(train), options, from, None)
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
             .graph;
         let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
@@ -140,33 +186,6 @@ impl Step {
             ..PassOptions::default()
         };
         (train, options)
-    }
-
-    /// The stored activation bytes of the whole model's step without
-    /// recomputation at `micro_batch` sequences, on one of
-    /// `tensor_parallel` tensor ranks (the step before the `recompute`
-    /// pass: the same for every ZeRO stage), with sequence parallelism
-    /// when `sequence_parallel`.
-    pub fn before_recompute(
-        req: &Request,
-        (tensor_parallel, sequence_parallel): (u64, bool),
-        micro_batch: u64,
-        micro_batches: u64,
-    ) -> Result<u64, PlanError> {
-        let train = TrainingSpec { micro_batches, ..req.train.clone() };
-        let hint = bindings(micro_batch, req.seq);
-        let options = PassOptions {
-            disabled: ["recompute", "partition", "fuse"].map(String::from).into(),
-            shape_hint: hint.clone(),
-            tensor_parallel: Some(tensor_parallel),
-            sequence_parallel,
-            ..PassOptions::default()
-        };
-        let graph = compile(req.model, &Target::Training(&train), options)
-            .map_err(|e| PlanError::Compile(e.to_string()))?
-            .graph;
-        crate::recompute::optimal::stored_without_recompute(&graph, &hint)
-            .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))
     }
 
     /// Plans the memory at `micro_batch` sequences.

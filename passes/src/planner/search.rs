@@ -13,7 +13,6 @@
 //! ([`super::dominance`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use rayon::prelude::*;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted, StatesExceed};
@@ -303,7 +302,8 @@ fn renamed(twin: &Outcome, alias: Choice) -> Outcome {
 /// the stored bytes without recomputation less what the peak overshoots,
 /// corrected by the measured overshoot until the whole plan fits (a few
 /// tries). It recomputes the least that fits, so at that micro-batch it is
-/// never slower than `full`.
+/// never slower than `full`; a budget that leaves every layer recomputed is
+/// `full`'s plan, and is not compiled again.
 ///
 /// Nor is it faster than keeping every activation at that micro-batch
 /// ([`super::dominance`]'s argument), which the short stacks estimate
@@ -316,7 +316,6 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
     let fastest =
         outcomes.iter().filter_map(|o| o.best.as_ref()).map(|e| e.predicted.tokens_per_second).fold(0.0, f64::max);
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
-    let stored_none: Mutex<HashMap<(u64, bool, u64), u64>> = Mutex::new(HashMap::new());
     let full: Vec<&Outcome> = outcomes.iter().filter(|o| o.choice.recompute == Policy::Full).collect();
     let found = full.into_par_iter().map(|o| -> Result<Option<Outcome>, PlanError> {
         let Some(full) = &o.best else { return Ok(None) };
@@ -333,23 +332,19 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             return Ok(None);
         }
         let peak_none = none.memory(req, b)?.peak_bytes;
-        let key = (o.choice.tensor_parallel, o.choice.sequence_parallel, b);
-        let known = stored_none.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
-        let stored = match known {
-            Some(s) => s,
-            None => {
-                let split = (o.choice.tensor_parallel, o.choice.sequence_parallel);
-                let s = Step::before_recompute(req, split, b, micro_batches)?;
-                stored_none.lock().unwrap_or_else(|e| e.into_inner()).insert(key, s);
-                s
-            }
-        };
-        let mut target = stored.saturating_sub(peak_none.saturating_sub(budget));
+        let choice_at = |budget_bytes| Choice { recompute: Policy::Optimal { budget_bytes }, ..o.choice };
+        let before = Step::before_recompute(req, choice_at(0), ranks, b, micro_batches)?;
+        let costs = crate::recompute::optimal::step_costs(&before, &super::evaluate::bindings(b, req.seq))
+            .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
+        let mut target = costs.stored_without_recompute().saturating_sub(peak_none.saturating_sub(budget));
         for _ in 0..3 {
             // Whole MiB, so the policy's name reads `optimal:9625MiB`.
             target = target >> 20 << 20;
-            let choice = Choice { recompute: Policy::Optimal { budget_bytes: target }, ..o.choice };
-            let step = Step::compile(req, req.model, choice, ranks, b, micro_batches)?;
+            if crate::recompute::optimal::choose(&costs, target).is_full() {
+                return Ok(None); // Every layer recomputed: `full`'s plan, searched already.
+            }
+            let choice = choice_at(target);
+            let step = Step::after_training_step(req, choice, ranks, b, micro_batches, before.clone())?;
             let (_, memory) = step.memory(req, b)?;
             if fits(req, &memory) {
                 let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;

@@ -218,16 +218,30 @@ fn pareto(mut points: Vec<Point>) -> Vec<Point> {
     thinned
 }
 
-/// Bytes the training step `graph` (before the `recompute` pass) stores
-/// for its backward when nothing is recomputed, at `bindings`: where an
-/// `optimal` budget starts from.
-pub fn stored_without_recompute(graph: &Graph, bindings: &Bindings) -> Option<u64> {
+/// The costs of the training step `graph` (before the `recompute` pass) at
+/// `bindings`, as the pass would weigh them; `None` where a size is unbound.
+pub fn step_costs(graph: &Graph, bindings: &Bindings) -> Option<Costs> {
     let order = graph.topo_order()?;
-    let layers = Layers::of(graph, &order);
-    let costs = costs(graph, &layers, bindings)?;
-    let keep =
-        |options: &[(Choice, Cost)]| options.iter().find(|(c, _)| *c == Choice::Keep).map(|(_, cost)| cost.bytes);
-    costs.layers.iter().map(|(_, options)| keep(options)).sum::<Option<u64>>().map(|layers| costs.fixed + layers)
+    costs(graph, &Layers::of(graph, &order), bindings)
+}
+
+impl Costs {
+    /// Bytes the step stores for its backward when nothing is recomputed:
+    /// where an `optimal` budget starts from.
+    pub fn stored_without_recompute(&self) -> u64 {
+        let keep = |options: &[(Choice, Cost)]| {
+            options.iter().find(|(c, _)| *c == Choice::Keep).map_or(0, |(_, cost)| cost.bytes)
+        };
+        self.fixed + self.layers.iter().map(|(_, options)| keep(options)).sum::<u64>()
+    }
+}
+
+impl Decision {
+    /// Every layer recomputed whole: the `full` policy's choices, so the
+    /// pass makes `full`'s step.
+    pub fn is_full(&self) -> bool {
+        self.choices.values().all(|&c| c == Choice::Layer)
+    }
 }
 
 #[cfg(test)]
