@@ -389,8 +389,9 @@ def main():
                 f"- worst row: **{worst['row']['id']}** ({worst['error']:+.1f}%)"]
     if memory_rows:
         out += [f"- peak memory ({len(memory_rows)} rows): median |error| "
-                f"**{statistics.median(abs(r['error']) for r in memory_rows):.1f}%**; every measured figure is "
-                f"nvidia-smi's (an upper bound on the peak); predicted above it: "
+                f"**{statistics.median(abs(r['error']) for r in memory_rows):.1f}%**; "
+                f"{sum(r['row'].get('bound') == 'upper' for r in memory_rows)} of them measured as an upper bound "
+                f"on the peak (what nvidia-smi shows the process holding); predicted above such a bound: "
                 f"{', '.join(r['row']['id'] for r in over_bound) or 'none'}"]
     if activations:
         out += [f"- per-layer activations against Korthikanti et al. ({len(activations)} rows, below): median |error| "
