@@ -245,6 +245,12 @@ def evaluate_activations(zeroplan, rows):
         with open(train, "w") as f:
             f.write("(precision: Bf16)\n")
         for row in rows:
+            with open(os.path.join(REPO, row["model_spec"])) as f:
+                spec_text = f.read()
+            for field in ("hidden", "heads"):
+                found = re.search(rf"\b{field}:\s*(\d+)", spec_text)
+                if not found or found.group(1) != row[field]:
+                    raise ValueError(f"{row['id']}: {field} {row[field]} is not {row['model_spec']}'s")
             predicted, linear = per_layer(zeroplan, row, directory, train, row["recompute"], row["attention"])
             # Twins the row stands for: fused attention has nothing for selective
             # recomputation to drop; full recomputation stores only the layer input.
