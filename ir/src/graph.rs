@@ -9,7 +9,8 @@
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
+use rustc_hash::FxHashMap;
 
 use crate::infer::infer;
 use crate::op::{Init, Op};
@@ -84,7 +85,7 @@ pub struct GraphError {
 pub struct Graph {
     pub name: String,
     pub(crate) graph: StableGraph<Node, Operand>,
-    pub(crate) by_name: HashMap<String, NodeIndex>,
+    pub(crate) by_name: FxHashMap<String, NodeIndex>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace

@@ -7,7 +7,7 @@
 //! and backward reduces them in reverse. Each bucket is padded to a multiple
 //! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use zeroplan_ir::{FlatMember, Graph, Init, NodeIndex, Op};
 
 use super::slots::Slot;
@@ -54,7 +54,7 @@ fn group<'a>(name: &'a str, init: &Init) -> &'a str {
 
 /// Groups `slots` into buckets for `ranks` ranks.
 pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks: u64) -> Vec<Bucket> {
-    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     // Where the forward first reads each parameter (through its working copy).
     let first_use = |s: &Slot| {
         let read = s.working.unwrap_or(s.param);
@@ -63,8 +63,8 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
     let mut by_use: Vec<usize> = (0..slots.len()).collect();
     by_use.sort_by_key(|&i| (first_use(&slots[i]), position[&slots[i].param]));
     let mut buckets: Vec<Bucket> = Vec::new();
-    let mut index: HashMap<(String, u64, bool), usize> = HashMap::new();
-    let mut layers: HashMap<String, usize> = HashMap::new();
+    let mut index: FxHashMap<(String, u64, bool), usize> = FxHashMap::default();
+    let mut layers: FxHashMap<String, usize> = FxHashMap::default();
     for i in by_use {
         let slot = &slots[i];
         let node = graph.node(slot.param);

@@ -187,7 +187,7 @@ impl Pass for Recompute {
             return Ok(graph);
         }
         let mut out = Graph::new(graph.name.clone());
-        let mut map = ValueMap::new();
+        let mut map = ValueMap::default();
         // Per region, the clones' values once made.
         let mut clones: HashMap<RegionId, ValueMap> = HashMap::new();
         let mut recomputed = 0usize;
@@ -266,7 +266,7 @@ fn clone_region(
             needed.insert(n);
         }
     }
-    let mut made = ValueMap::new();
+    let mut made = ValueMap::default();
     for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
         let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
