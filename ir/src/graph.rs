@@ -9,8 +9,7 @@
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
-use std::collections::{BTreeMap, BinaryHeap};
-use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::infer::infer;
 use crate::op::{Init, Op};
@@ -85,7 +84,9 @@ pub struct GraphError {
 pub struct Graph {
     pub name: String,
     pub(crate) graph: StableGraph<Node, Operand>,
-    pub(crate) by_name: FxHashMap<String, NodeIndex>,
+    /// SipHash, not Fx: names come from plan and graph files, which are
+    /// untrusted, and colliding names must not make loading one quadratic.
+    pub(crate) by_name: HashMap<String, NodeIndex>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace

@@ -26,7 +26,8 @@ impl Graph {
         let order = self
             .topo_order()
             .ok_or_else(|| VerifyError { node: self.name.clone(), message: "the graph has a cycle".into() })?;
-        let mut names = FxHashSet::default();
+        // SipHash: names are untrusted input (see `Graph::by_name`).
+        let mut names = std::collections::HashSet::new();
         for &n in &order {
             let node = self.node(n);
             let fail = |message: String| VerifyError { node: node.name.clone(), message };

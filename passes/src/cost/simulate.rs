@@ -9,8 +9,8 @@
 //! backward once per micro-batch (the first simulated, the others assumed
 //! the same) followed by the optimizer phase.
 
-use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use zeroplan_ir::plan::Predicted;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase};
 

@@ -31,9 +31,9 @@
 mod group;
 mod patterns;
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use rustc_hash::{FxHashMap, FxHashSet};
 
 use zeroplan_ir::kernel::lower;
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};

@@ -52,8 +52,7 @@ pub fn place(intervals: &[Interval]) -> Arena {
         (0..intervals.len()).filter(|&i| intervals[i].alias_of.is_none() && intervals[i].bytes > 0).collect();
     // An owner's lifetime extends over the lifetimes of its aliases.
     let mut end: Vec<usize> = intervals.iter().map(|i| i.end).collect();
-    let index_of: rustc_hash::FxHashMap<_, usize> =
-        intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
+    let index_of: rustc_hash::FxHashMap<_, usize> = intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
     for iv in intervals {
         let mut target = iv.alias_of;
         while let Some(t) = target {

@@ -8,6 +8,7 @@
 //! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
 
 use rustc_hash::FxHashMap;
+use std::collections::HashMap;
 use zeroplan_ir::{FlatMember, Graph, Init, NodeIndex, Op};
 
 use super::slots::Slot;
@@ -63,8 +64,8 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
     let mut by_use: Vec<usize> = (0..slots.len()).collect();
     by_use.sort_by_key(|&i| (first_use(&slots[i]), position[&slots[i].param]));
     let mut buckets: Vec<Bucket> = Vec::new();
-    let mut index: FxHashMap<(String, u64, bool), usize> = FxHashMap::default();
-    let mut layers: FxHashMap<String, usize> = FxHashMap::default();
+    let mut index: HashMap<(String, u64, bool), usize> = HashMap::new();
+    let mut layers: HashMap<String, usize> = HashMap::new();
     for i in by_use {
         let slot = &slots[i];
         let node = graph.node(slot.param);
