@@ -80,7 +80,11 @@ pub(super) struct Storage {
 /// Every storage of the rank's step that holds bytes and is live at some
 /// position, from `bufs` (each value's validated buffer); an in-place
 /// update that overwrites contents still to be read is refused.
-pub(super) fn storages(g: &Graph, order: &[NodeIndex], bufs: &HashMap<Value, Buf>) -> Result<Vec<Storage>, SelectError> {
+pub(super) fn storages(
+    g: &Graph,
+    order: &[NodeIndex],
+    bufs: &HashMap<Value, Buf>,
+) -> Result<Vec<Storage>, SelectError> {
     let Some(end) = order.len().checked_sub(1) else { return Ok(Vec::new()) };
     // Node indices are below this (`order` holds every node).
     let bound = order.iter().map(|n| n.index() + 1).max().unwrap_or(0);
@@ -159,7 +163,8 @@ pub(super) fn storages(g: &Graph, order: &[NodeIndex], bufs: &HashMap<Value, Buf
             return Some(Life { first: 0, last: end });
         }
         let first = at(n);
-        let last = if output[i] { end } else { first.max(read[i].unwrap_or(first)).max(copied_until[i].unwrap_or(first)) };
+        let last =
+            if output[i] { end } else { first.max(read[i].unwrap_or(first)).max(copied_until[i].unwrap_or(first)) };
         Some(Life { first, last })
     };
 
@@ -210,13 +215,8 @@ pub(super) fn storages(g: &Graph, order: &[NodeIndex], bufs: &HashMap<Value, Buf
         let Some(own) = life(i).filter(|_| buf.bytes() > 0) else { continue };
         let (start, stop) = (buf.offset, buf.offset + buf.bytes());
         let root = find(&mut parent, i);
-        let storage = by_root[root].get_or_insert(Storage {
-            place: buf.place,
-            start,
-            end: stop,
-            life: own,
-            members: Vec::new(),
-        });
+        let storage =
+            by_root[root].get_or_insert(Storage { place: buf.place, start, end: stop, life: own, members: Vec::new() });
         storage.start = storage.start.min(start);
         storage.end = storage.end.max(stop);
         storage.life = storage.life.cover(own);

@@ -129,7 +129,8 @@ fn liveness_cost() {
     let (p, strategy) = (&plan.program, &plan.strategy);
     let order = p.graph.topo_order().unwrap();
     let bindings: Bindings = [("batch".to_string(), p.batch), ("seq".to_string(), p.seq)].into();
-    let rank = Rank { index: 0, ranks: strategy.ranks as usize, tensor: 0, tensor_ranks: strategy.tensor_parallel as usize };
+    let rank =
+        Rank { index: 0, ranks: strategy.ranks as usize, tensor: 0, tensor_ranks: strategy.tensor_parallel as usize };
     let fastest = |run: &dyn Fn()| {
         (0..5)
             .map(|_| {
@@ -143,5 +144,9 @@ fn liveness_cost() {
     let bufs = buffers(p, &order, &bindings, rank).unwrap();
     let all = fastest(&|| drop(buffers(p, &order, &bindings, rank).unwrap()));
     let lives = fastest(&|| live_values_apart(&p.graph, &order, &bufs).unwrap());
-    eprintln!("{path}: {} values, {} nodes: buffers {all:?}, of which the liveness check {lives:?}", bufs.len(), order.len());
+    eprintln!(
+        "{path}: {} values, {} nodes: buffers {all:?}, of which the liveness check {lives:?}",
+        bufs.len(),
+        order.len()
+    );
 }
