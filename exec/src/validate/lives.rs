@@ -85,144 +85,230 @@ pub(super) fn storages(
     order: &[NodeIndex],
     bufs: &HashMap<Value, Buf>,
 ) -> Result<Vec<Storage>, SelectError> {
-    let Some(end) = order.len().checked_sub(1) else { return Ok(Vec::new()) };
-    // Node indices are below this (`order` holds every node).
-    let bound = order.iter().map(|n| n.index() + 1).max().unwrap_or(0);
-    let mut position = vec![usize::MAX; bound];
-    for (p, &n) in order.iter().enumerate() {
-        position[n.index()] = p;
+    if order.is_empty() {
+        return Ok(Vec::new());
     }
-    let at = |n: NodeIndex| position[n.index()];
-    // The runtime skips these on every micro-batch but the last.
-    let optimizer = |n: NodeIndex| g.node(n).phase == Phase::Optimizer && g.node(n).op != Op::Input;
-    let micro_end = order.iter().rposition(|&n| !optimizer(n)).unwrap_or(end);
+    let step = Step::new(g, order, bufs);
+    step.in_place_updates_overwrite_nothing_read()?;
+    Ok(step.storages())
+}
 
-    let mut values = Vec::new();
-    let mut id: HashMap<Value, usize> = HashMap::new();
-    for &n in order {
-        for output in 0..g.node(n).outputs.len() as u32 {
-            let v = Value { node: n, output };
-            id.insert(v, values.len());
-            values.push(v);
-        }
-    }
-    let operands: Vec<Vec<Value>> = order.iter().map(|&n| g.operands(n)).collect();
-    let view = |p: usize| {
-        let n = order[p];
-        g.node(n).op.is_view() && bufs[&Value { node: n, output: 0 }].place == bufs[&operands[p][0]].place
-    };
-    let views: Vec<bool> = (0..order.len()).map(view).collect();
+/// The schedule with every value numbered, and what the lives are made of.
+struct Step<'a> {
+    g: &'a Graph,
+    order: &'a [NodeIndex],
+    bufs: &'a HashMap<Value, Buf>,
+    /// The last position, and the last the micro-batches run.
+    end: usize,
+    micro_end: usize,
+    /// Each node's position, by node index.
+    position: Vec<usize>,
+    /// Every value in schedule order, and its number.
+    values: Vec<Value>,
+    id: HashMap<Value, usize>,
+    /// Each position's operands, and whether it is a view on its base's place.
+    operands: Vec<Vec<Value>>,
+    views: Vec<bool>,
+    /// The last position that reads each value, and the last of the
+    /// micro-batch phases that does (`None`: none).
+    read: Vec<Option<usize>>,
+    read_micro: Vec<Option<usize>>,
+    /// Nodes whose contents carry over to the next step, by node index.
+    persistent: Vec<bool>,
+    /// Where an update not made in place is copied into its target.
+    copied_until: Vec<Option<usize>>,
+    /// Values the step's outputs read at its end.
+    output: Vec<bool>,
+    /// Each target's updates written over it in place.
+    in_place: BTreeMap<Value, Vec<Value>>,
+}
 
-    // The last instruction that reads each value, and the last of the
-    // micro-batch phases that does (`None`: none). A view on its base's
-    // place reads nothing itself: its readers read the base's bytes.
-    let mut read: Vec<Option<usize>> = vec![None; values.len()];
-    let mut read_micro: Vec<Option<usize>> = vec![None; values.len()];
-    for (p, &n) in order.iter().enumerate().filter(|&(p, _)| !views[p]) {
-        for v in &operands[p] {
-            let i = id[v];
-            read[i] = read[i].max(Some(p));
-            if !optimizer(n) {
-                read_micro[i] = read_micro[i].max(Some(p));
+impl<'a> Step<'a> {
+    fn new(g: &'a Graph, order: &'a [NodeIndex], bufs: &'a HashMap<Value, Buf>) -> Step<'a> {
+        // Node indices are below this (`order` holds every node).
+        let bound = order.iter().map(|n| n.index() + 1).max().unwrap_or(0);
+        let mut position = vec![usize::MAX; bound];
+        let mut values = Vec::new();
+        let mut id = HashMap::new();
+        for (p, &n) in order.iter().enumerate() {
+            position[n.index()] = p;
+            for output in 0..g.node(n).outputs.len() as u32 {
+                id.insert(Value { node: n, output }, values.len());
+                values.push(Value { node: n, output });
             }
         }
-    }
-    // In reverse, so a view of a view passes its reads on first.
-    for p in (0..order.len()).rev().filter(|&p| views[p]) {
-        let (w, base) = (id[&Value { node: order[p], output: 0 }], id[&operands[p][0]]);
-        read[base] = read[base].max(read[w]);
-        read_micro[base] = read_micro[base].max(read_micro[w]);
+        let operands: Vec<Vec<Value>> = order.iter().map(|&n| g.operands(n)).collect();
+        let views = order
+            .iter()
+            .zip(&operands)
+            .map(|(&n, x)| g.node(n).op.is_view() && bufs[&Value { node: n, output: 0 }].place == bufs[&x[0]].place)
+            .collect();
+        let end = order.len() - 1;
+        let count = values.len();
+        let mut step = Step {
+            g,
+            order,
+            bufs,
+            end,
+            micro_end: end,
+            position,
+            values,
+            id,
+            operands,
+            views,
+            read: vec![None; count],
+            read_micro: vec![None; count],
+            persistent: vec![false; bound],
+            copied_until: vec![None; count],
+            output: vec![false; count],
+            in_place: BTreeMap::new(),
+        };
+        step.micro_end = order.iter().rposition(|&n| !step.optimizer(n)).unwrap_or(end);
+        step.find_reads();
+        step.find_updates();
+        for (_, v) in &g.outputs {
+            step.output[step.id[v]] = true;
+        }
+        step
     }
 
-    let mut target = vec![false; bound];
-    let mut copied_until: Vec<Option<usize>> = vec![None; values.len()];
-    let mut in_place: BTreeMap<Value, Vec<Value>> = BTreeMap::new();
-    for &(t, v) in &g.updates {
-        target[t.index()] = true;
-        if constant_update(g, v.node).is_some() {
-            continue;
-        }
-        let old = Value { node: t, output: 0 };
-        if bufs[&v] == bufs[&old] {
-            in_place.entry(old).or_default().push(v);
-        } else {
-            copied_until[id[&v]] = Some(if optimizer(v.node) { end } else { micro_end });
-        }
+    /// Whether the runtime skips `n` on every micro-batch but the last.
+    fn optimizer(&self, n: NodeIndex) -> bool {
+        self.g.node(n).phase == Phase::Optimizer && self.g.node(n).op != Op::Input
     }
-    let mut output = vec![false; values.len()];
-    for (_, v) in &g.outputs {
-        output[id[v]] = true;
-    }
-    let persistent = |n: NodeIndex| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }) || target[n.index()];
-    let life = |i: usize| -> Option<Life> {
-        let n = values[i].node;
-        if constant_update(g, n).is_some() {
-            return None;
-        }
-        if persistent(n) || (optimizer(n) && read_micro[i].is_some()) {
-            return Some(Life { first: 0, last: end });
-        }
-        let first = at(n);
-        let last =
-            if output[i] { end } else { first.max(read[i].unwrap_or(first)).max(copied_until[i].unwrap_or(first)) };
-        Some(Life { first, last })
-    };
 
-    for (old, updates) in &in_place {
-        for v in updates {
-            let p = at(v.node);
-            // The target's readers, and those of its updates written in place before this one.
-            let mut late = if optimizer(v.node) { read[id[old]] } else { read_micro[id[old]] }.map(|r| (*old, r));
-            for earlier in updates.iter().filter(|e| at(e.node) < p) {
-                let i = id[earlier];
-                let need = if output[i] { Some(end) } else { read[i] };
-                if let Some(r) = need.filter(|&r| late.is_none_or(|(_, l)| r > l)) {
-                    late = Some((*earlier, r));
+    fn at(&self, n: NodeIndex) -> usize {
+        self.position[n.index()]
+    }
+
+    /// Fills `read` and `read_micro`. A view on its base's place reads
+    /// nothing itself: its readers read the base's bytes.
+    fn find_reads(&mut self) {
+        for p in (0..self.order.len()).filter(|&p| !self.views[p]) {
+            let micro = !self.optimizer(self.order[p]);
+            for v in &self.operands[p] {
+                let i = self.id[v];
+                self.read[i] = self.read[i].max(Some(p));
+                if micro {
+                    self.read_micro[i] = self.read_micro[i].max(Some(p));
                 }
             }
-            if let Some((overwritten, r)) = late.filter(|&(_, r)| r > p) {
-                let (v_name, old_name) = (g.value_ref(*v), g.value_ref(overwritten));
-                let reader = if r == end && output[id[&overwritten]] {
-                    "the step's outputs".to_string()
-                } else {
-                    format!("`{}`", g.node(order[r]).name)
-                };
-                return Err(invalid(
-                    format!("the buffer of `{v_name}`"),
-                    format!(
-                        "it is `{old_name}`'s bytes, written in place at instruction {p} (`{}`), but {reader} reads \
-                         `{old_name}` after that, at instruction {r}: it would read the update instead",
-                        g.node(v.node).name
-                    ),
-                ));
+        }
+        // In reverse, so a view of a view passes its reads on first.
+        for p in (0..self.order.len()).rev().filter(|&p| self.views[p]) {
+            let (w, base) = (self.id[&Value { node: self.order[p], output: 0 }], self.id[&self.operands[p][0]]);
+            self.read[base] = self.read[base].max(self.read[w]);
+            self.read_micro[base] = self.read_micro[base].max(self.read_micro[w]);
+        }
+    }
+
+    /// Fills `persistent`, `copied_until` and `in_place`: an update whose
+    /// buffer is its target's is made in place (as the runtime takes it).
+    fn find_updates(&mut self) {
+        for &n in self.order {
+            self.persistent[n.index()] = matches!(self.g.node(n).op, Op::Param { .. } | Op::State { .. });
+        }
+        for &(t, v) in &self.g.updates {
+            self.persistent[t.index()] = true;
+            if constant_update(self.g, v.node).is_some() {
+                continue;
+            }
+            let old = Value { node: t, output: 0 };
+            if self.bufs[&v] == self.bufs[&old] {
+                self.in_place.entry(old).or_default().push(v);
+            } else {
+                let until = if self.optimizer(v.node) { self.end } else { self.micro_end };
+                self.copied_until[self.id[&v]] = Some(until);
             }
         }
     }
 
-    // Values sharing bytes by design, joined.
-    let mut parent: Vec<usize> = (0..values.len()).collect();
-    for p in (0..order.len()).filter(|&p| views[p]) {
-        union(&mut parent, id[&Value { node: order[p], output: 0 }], id[&operands[p][0]]);
-    }
-    for (old, updates) in &in_place {
-        for v in updates {
-            union(&mut parent, id[v], id[old]);
+    /// Value `i`'s life; `None` for a constant update, which holds nothing.
+    fn life(&self, i: usize) -> Option<Life> {
+        let n = self.values[i].node;
+        if constant_update(self.g, n).is_some() {
+            return None;
         }
+        if self.persistent[n.index()] || (self.optimizer(n) && self.read_micro[i].is_some()) {
+            return Some(Life { first: 0, last: self.end });
+        }
+        let first = self.at(n);
+        let read = self.read[i].unwrap_or(first).max(self.copied_until[i].unwrap_or(first));
+        Some(Life { first, last: if self.output[i] { self.end } else { first.max(read) } })
     }
-    let mut by_root: Vec<Option<Storage>> = vec![None; values.len()];
-    for (i, &v) in values.iter().enumerate() {
-        let buf = bufs[&v];
-        let Some(own) = life(i).filter(|_| buf.bytes() > 0) else { continue };
-        let (start, stop) = (buf.offset, buf.offset + buf.bytes());
-        let root = find(&mut parent, i);
-        let storage =
-            by_root[root].get_or_insert(Storage { place: buf.place, start, end: stop, life: own, members: Vec::new() });
-        storage.start = storage.start.min(start);
-        storage.end = storage.end.max(stop);
-        storage.life = storage.life.cover(own);
-        storage.members.push((v, buf, own));
+
+    /// Refuses an update written over its target in place before a read of
+    /// the target's previous contents (or of an update written over it
+    /// earlier), but an optimizer read of a micro-batch update's target.
+    fn in_place_updates_overwrite_nothing_read(&self) -> Result<(), SelectError> {
+        for (old, updates) in &self.in_place {
+            for v in updates {
+                let p = self.at(v.node);
+                let of_target =
+                    if self.optimizer(v.node) { self.read[self.id[old]] } else { self.read_micro[self.id[old]] };
+                let mut late = of_target.map(|r| (*old, r));
+                for earlier in updates.iter().filter(|e| self.at(e.node) < p) {
+                    let i = self.id[earlier];
+                    let need = if self.output[i] { Some(self.end) } else { self.read[i] };
+                    if let Some(r) = need.filter(|&r| late.is_none_or(|(_, l)| r > l)) {
+                        late = Some((*earlier, r));
+                    }
+                }
+                if let Some((overwritten, r)) = late.filter(|&(_, r)| r > p) {
+                    return Err(self.overwritten(*v, overwritten, r));
+                }
+            }
+        }
+        Ok(())
     }
-    Ok(by_root.into_iter().flatten().collect())
+
+    /// The refusal of `v`, written in place over `old` before position `r` reads it.
+    fn overwritten(&self, v: Value, old: Value, r: usize) -> SelectError {
+        let g = self.g;
+        let (v_name, old_name) = (g.value_ref(v), g.value_ref(old));
+        let reader = if r == self.end && self.output[self.id[&old]] {
+            "the step's outputs".to_string()
+        } else {
+            format!("`{}`", g.node(self.order[r]).name)
+        };
+        invalid(
+            format!("the buffer of `{v_name}`"),
+            format!(
+                "it is `{old_name}`'s bytes, written in place at instruction {} (`{}`), but {reader} reads \
+                 `{old_name}` after that, at instruction {r}: it would read the update instead",
+                self.at(v.node),
+                g.node(v.node).name
+            ),
+        )
+    }
+
+    /// The values that share bytes by design joined into storages: views
+    /// with their bases, in-place updates with their targets.
+    fn storages(&self) -> Vec<Storage> {
+        let mut parent: Vec<usize> = (0..self.values.len()).collect();
+        for p in (0..self.order.len()).filter(|&p| self.views[p]) {
+            union(&mut parent, self.id[&Value { node: self.order[p], output: 0 }], self.id[&self.operands[p][0]]);
+        }
+        for (old, updates) in &self.in_place {
+            for v in updates {
+                union(&mut parent, self.id[v], self.id[old]);
+            }
+        }
+        let mut by_root: Vec<Option<Storage>> = vec![None; self.values.len()];
+        for (i, &v) in self.values.iter().enumerate() {
+            let buf = self.bufs[&v];
+            let Some(own) = self.life(i).filter(|_| buf.bytes() > 0) else { continue };
+            let (start, end) = (buf.offset, buf.offset + buf.bytes());
+            let root = find(&mut parent, i);
+            let storage =
+                by_root[root].get_or_insert(Storage { place: buf.place, start, end, life: own, members: Vec::new() });
+            storage.start = storage.start.min(start);
+            storage.end = storage.end.max(end);
+            storage.life = storage.life.cover(own);
+            storage.members.push((v, buf, own));
+        }
+        by_root.into_iter().flatten().collect()
+    }
 }
 
 /// The representative of `i`'s set, halving the path to it.
