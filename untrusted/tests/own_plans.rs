@@ -1,7 +1,8 @@
 //! The load-time validation refuses no plan zeroplan itself compiles: over
 //! a grid of strategies (ZeRO 0–3, optimizer and parameter offload to CPU
 //! or NVMe, recomputation none, selective and full, tensor and sequence
-//! parallelism, several micro-batches, tiling, f32 and bf16) of every tiny
+//! parallelism, several micro-batches, tiling, f32, bf16 and fp16 with loss
+//! scaling) of every tiny
 //! family and of bundled full-size models, each plan's program passes
 //! `zeroplan_exec::validate::buffers` — buffer sizes, places, arenas, views
 //! and the liveness check that no two values live at once share bytes —
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 
 use zeroplan_exec::Rank;
 use zeroplan_ir::plan::{Offload, OffloadTo, Plan};
-use zeroplan_ir::spec::{self, Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
+use zeroplan_ir::spec::{self, Cluster, GpuProfile, LossScaling, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, Place};
 use zeroplan_passes::planner::{Pins, Request, plan};
 use zeroplan_passes::recompute::Policy;
@@ -96,8 +97,8 @@ fn loads_on_every_rank(plan: &Plan, s: &Strategy) -> Result<(), String> {
 }
 
 /// Every ZeRO stage with each offload it takes, over one or two tensor
-/// ranks (sequence parallelism on the second half of those), the
-/// recomputation policies, micro-batch counts and precisions taking turns.
+/// ranks (sequence parallelism on every other), the recomputation
+/// policies, micro-batch counts, NVMe, tiling and precisions taking turns.
 fn grid(data_parallel: u64, tensor_parallel: &[u64]) -> Vec<Strategy> {
     let stages = [
         (0, Offload::None),
@@ -123,9 +124,9 @@ fn grid(data_parallel: u64, tensor_parallel: &[u64]) -> Vec<Strategy> {
                     offload,
                     to_nvme: offload != Offload::None && turn % 3 == 2,
                     recompute,
-                    micro_batches: 1 + (turn % 2) as u64,
+                    micro_batches: 1 + (i % 2) as u64,
                     tiles: (zero == 3 && turn % 3 == 0).then_some(2),
-                    precision: if turn % 2 == 0 { Precision::F32 } else { Precision::Bf16 },
+                    precision: [Precision::F32, Precision::Bf16, Precision::F16(LossScaling::default())][(2 * i + j) % 3],
                 });
             }
         }

@@ -262,3 +262,19 @@ fn logical<D: Device>(layout: &Layout, ranks: &[Runner<D>]) -> Result<training::
     let states: Vec<State> = ranks.iter().map(Runner::state).collect();
     layout.consolidate(&states).map_err(|e| format!("error: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a launched rank sends rank 0 about its shard comes back as the
+    /// same entry: size and SHA-256 to the bit.
+    #[test]
+    fn a_shard_s_size_and_checksum_cross_between_processes_intact() {
+        let sha256 = "00ff10e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b78".to_string();
+        let shard = ShardFile { rank: 3, file: training::shard_file(3), bytes: (1 << 40) + 17, sha256: Some(sha256) };
+        let words = shard_words(&shard);
+        assert_eq!(words.len(), SHARD_WORDS);
+        assert_eq!(shard_of_words(3, &words), shard);
+    }
+}

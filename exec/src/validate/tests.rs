@@ -138,7 +138,7 @@ fn a_kernel_output_may_be_its_input_but_not_overlap_it() {
 /// compile` wrote: `ZEROPLAN_PLAN=/tmp/bert-large.ron cargo test --release
 /// -p zeroplan-exec -- --ignored --nocapture liveness_cost`. Prints the
 /// fastest of five runs of the whole buffer validation and of the liveness
-/// check alone, on rank 0.
+/// check alone, on rank 0; the last data and tensor rank must load too.
 #[test]
 #[ignore = "a measurement: needs a plan file (ZEROPLAN_PLAN), and a release build"]
 fn liveness_cost() {
@@ -159,6 +159,8 @@ fn liveness_cost() {
             .min()
             .unwrap()
     };
+    let last = Rank { index: rank.ranks - 1, tensor: rank.tensor_ranks - 1, ..rank };
+    buffers(p, &order, &bindings, last).unwrap();
     let bufs = buffers(p, &order, &bindings, rank).unwrap();
     let all = fastest(&|| drop(buffers(p, &order, &bindings, rank).unwrap()));
     let lives = fastest(&|| live_values_apart(&p.graph, &order, &bufs).unwrap());
