@@ -126,7 +126,8 @@ fn grid(data_parallel: u64, tensor_parallel: &[u64]) -> Vec<Strategy> {
                     recompute,
                     micro_batches: 1 + (i % 2) as u64,
                     tiles: (zero == 3 && turn % 3 == 0).then_some(2),
-                    precision: [Precision::F32, Precision::Bf16, Precision::F16(LossScaling::default())][(2 * i + j) % 3],
+                    precision: [Precision::F32, Precision::Bf16, Precision::F16(LossScaling::default())]
+                        [(2 * i + j) % 3],
                 });
             }
         }
