@@ -340,6 +340,29 @@ fn regather_disabled_leaves_the_recomputed_step_as_it_is() {
     assert_eq!(read_by_backward.count(), 2 * m.layers as usize + 1);
 }
 
+/// The `optimal` recomputation policy weighs the bytes the step stores as
+/// `regather` leaves them: the gathered GEMM inputs leave (5 × 2048 B: tiny
+/// BERT, batch 2, sequence 8, t = 4), the slices the feed-forward and MLM
+/// decoder gathers read (the attention norms and the MLM norm, 3 × 512 B)
+/// come in; the attention gathers' slices are layer inputs, counted as
+/// checkpoints either way.
+#[test]
+fn optimal_recomputation_weighs_the_stored_slices_not_the_gathered_inputs() {
+    use zeroplan_passes::recompute::{optimal, regions::Layers};
+    let m = model("tiny/tiny-bert.ron");
+    let train = TrainingSpec::default();
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), 2), ("seq".to_string(), 8)].into();
+    let options = PassOptions { tensor_parallel: Some(4), sequence_parallel: true, ..PassOptions::default() };
+    let target = Target::Training(&train);
+    let before =
+        zeroplan_passes::pipeline::compile_between(&m, &target, options, Resume::Build, Some("training-step")).unwrap();
+    let g = before.graph;
+    let layers = Layers::of(&g, &g.topo_order().unwrap());
+    let stored = |regathered| optimal::costs(&g, &layers, &bindings, regathered).unwrap().stored_without_recompute();
+    assert_eq!(stored(false) - stored(true), 5 * 2048 - 3 * 512);
+    assert_eq!(optimal::step_costs(&g, &bindings).unwrap().stored_without_recompute(), stored(true));
+}
+
 fn step_with(m: &ModelSpec, train: &TrainingSpec, options: PassOptions) -> Result<Graph, String> {
     compile(m, &Target::Training(train), options).map(|c| c.graph).map_err(|e| e.to_string())
 }

@@ -126,7 +126,8 @@ impl Recompute {
             Policy::Selective => every(Choice::Attention),
             Policy::Optimal { budget_bytes } => {
                 let bindings = crate::rewrite::hint_bindings(&cx.options.shape_hint);
-                let costs = optimal::costs(graph, layers, &bindings).ok_or_else(|| PassError::Failed {
+                let regathered = cx.options.sequence_parallel && !cx.options.disabled.contains("regather");
+                let costs = optimal::costs(graph, layers, &bindings, regathered).ok_or_else(|| PassError::Failed {
                     pass: "recompute",
                     message: "a size is unknown at the shape hint: bind batch and seq".to_string(),
                 })?;
