@@ -640,6 +640,7 @@ impl PassArgs {
             tensor_parallel: self.tp,
             sequence_parallel: self.sp,
             tiles: self.tiles,
+            skip_verify: false,
         }
     }
 }

@@ -16,7 +16,10 @@
 //! - [`kernel_launch`], [`matmul`]: the launch of every compiled row kernel
 //!   and every GEMM reaches only the elements of the buffers it is given,
 //!   and a kernel's outputs alias nothing but an input of their own shape
-//!   (an in-place update), which is what its code assumes.
+//!   (an in-place update), which is what its code assumes;
+//! - [`live_values_apart`] (within [`buffers`]): no two values share a
+//!   byte of an arena while both are live, each value's life derived from
+//!   the program, not taken from the plan ([`lives`], [`collide`]).
 //!
 //! Instruction selection ([`crate::select`]) calls the launch checks before
 //! it compiles anything, so they hold for every device (the host's
@@ -24,6 +27,11 @@
 //! calls). Whatever runs concurrently (the communication stream; a GPU's
 //! streams) is ordered by the byte ranges of these validated buffers; see
 //! docs/runtime.md, "The load-time contract".
+
+mod collide;
+mod lives;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
@@ -50,7 +58,8 @@ fn place_name(place: Place) -> &'static str {
 
 /// Every value's buffer as this rank sees it (views placed inside what they
 /// view, a shard at this rank's slice), once each has been checked as the
-/// module docs say. The only way a runner gets buffers to run on.
+/// module docs say and no two live at once overlap. The only way a runner
+/// gets buffers to run on.
 pub fn buffers(
     program: &Program,
     order: &[NodeIndex],
@@ -109,7 +118,16 @@ pub fn buffers(
             bufs.insert(v, buf);
         }
     }
+    live_values_apart(g, order, &bufs)?;
     Ok(bufs)
+}
+
+/// Refuses two values of `bufs` that share a byte of one arena at a
+/// position of `order` where both are live, each value's life derived from
+/// `g` ([`lives`]); an in-place update written before a read of the value
+/// it overwrites is refused too. [`buffers`] runs it on every plan.
+pub fn live_values_apart(g: &Graph, order: &[NodeIndex], bufs: &HashMap<Value, Buf>) -> Result<(), SelectError> {
+    collide::refuse_collisions(g, order, &lives::storages(g, order, bufs)?)
 }
 
 /// The elements of `v` under `bindings`: the product of its bound

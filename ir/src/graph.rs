@@ -84,6 +84,8 @@ pub struct GraphError {
 pub struct Graph {
     pub name: String,
     pub(crate) graph: StableGraph<Node, Operand>,
+    /// SipHash, not Fx: names come from plan and graph files, which are
+    /// untrusted, and colliding names must not make loading one quadratic.
     pub(crate) by_name: HashMap<String, NodeIndex>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,

@@ -261,10 +261,15 @@ impl Shape {
     pub fn numel_value(&self, bindings: &Bindings) -> Option<u64> {
         let (mut factor, mut divisor, mut symbols) = (1u64, 1u64, 1u64);
         for d in &self.0 {
-            // Kept in lowest terms, as `Dim::product` keeps them.
-            let (f, q) = (factor.checked_mul(d.factor)?, divisor.checked_mul(d.divisor)?);
-            let g = gcd(f, q).max(1);
-            (factor, divisor) = if f == 0 { (0, 1) } else { (f / g, q / g) };
+            if divisor == 1 && d.divisor == 1 {
+                // Whole dimensions (all but sequence-parallel ones): no fraction to reduce.
+                factor = factor.checked_mul(d.factor)?;
+            } else {
+                // Kept in lowest terms, as `Dim::product` keeps them.
+                let (f, q) = (factor.checked_mul(d.factor)?, divisor.checked_mul(d.divisor)?);
+                let g = gcd(f, q).max(1);
+                (factor, divisor) = if f == 0 { (0, 1) } else { (f / g, q / g) };
+            }
             for s in &d.symbols {
                 symbols = symbols.checked_mul(*bindings.get(s)?)?;
             }

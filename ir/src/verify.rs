@@ -6,7 +6,7 @@
 
 use petgraph::Direction;
 use petgraph::visit::EdgeRef;
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 
 use crate::graph::Graph;
 use crate::infer::infer;
@@ -26,7 +26,8 @@ impl Graph {
         let order = self
             .topo_order()
             .ok_or_else(|| VerifyError { node: self.name.clone(), message: "the graph has a cycle".into() })?;
-        let mut names = HashSet::new();
+        // SipHash: names are untrusted input (see `Graph::by_name`).
+        let mut names = std::collections::HashSet::new();
         for &n in &order {
             let node = self.node(n);
             let fail = |message: String| VerifyError { node: node.name.clone(), message };
@@ -70,7 +71,7 @@ impl Graph {
                 )));
             }
         }
-        let mut updated = HashSet::new();
+        let mut updated = FxHashSet::default();
         for (target, v) in &self.updates {
             let Some(node) = self.graph.node_weight(*target) else {
                 return Err(VerifyError {

@@ -190,7 +190,7 @@ fn rebuild(g: &Graph, order: &[NodeIndex], matches: &[Match]) -> Result<Graph, z
     let gone: HashSet<NodeIndex> = matches.iter().flat_map(|m| m.chain.iter().copied()).collect();
     let fused: HashMap<NodeIndex, &Match> = matches.iter().map(|m| (m.context, m)).collect();
     let mut out = Graph::new(g.name.clone());
-    let mut map = ValueMap::new();
+    let mut map = ValueMap::default();
     for &n in order {
         if gone.contains(&n) {
             continue;

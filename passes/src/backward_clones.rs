@@ -10,7 +10,8 @@
 //! their first backward reader to their last: the memory planner sees the
 //! originals' inputs stored instead of their outputs.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::HashMap;
 use std::hash::Hash;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Phase, Value};
 
@@ -45,9 +46,9 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     cx: &mut PassContext,
 ) -> Result<Cloned, GraphError> {
     let mut out = Graph::new(graph.name.clone());
-    let mut map = ValueMap::new();
+    let mut map = ValueMap::default();
     // Per group, the clones' values once made.
-    let mut clones: HashMap<K, ValueMap> = HashMap::new();
+    let mut clones: FxHashMap<K, ValueMap> = FxHashMap::default();
     let mut nodes = 0usize;
     for &n in order {
         let node = graph.node(n);
@@ -105,13 +106,13 @@ fn clone_group<K: Eq>(
     out: &mut Graph,
 ) -> Result<ValueMap, GraphError> {
     let members: Vec<NodeIndex> = order.iter().filter(|n| group.get(n) == Some(&g)).copied().collect();
-    let mut needed = HashSet::new();
+    let mut needed = FxHashSet::default();
     for &n in members.iter().rev() {
         if graph.users(n).iter().any(|u| graph.node(*u).phase == Phase::Backward || needed.contains(u)) {
             needed.insert(n);
         }
     }
-    let mut made = ValueMap::new();
+    let mut made = ValueMap::default();
     for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
         let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();

@@ -15,7 +15,7 @@ use crate::rebuild::{ValueMap, copy_node, copy_outputs};
 pub fn master_weights(forward: &Graph) -> Result<Graph, GraphError> {
     let order = forward.topo_order().expect("a verified graph is acyclic");
     let mut out = Graph::new(forward.name.clone());
-    let mut map = ValueMap::new();
+    let mut map = ValueMap::default();
     for n in order {
         let node = forward.node(n);
         let compute = node.outputs[0].dtype;

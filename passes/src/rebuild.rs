@@ -1,11 +1,11 @@
 //! Copying nodes from one graph into another, mapping operands: the way
 //! passes build a transformed graph without mutating the input.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Value};
 
 /// Old values to new values.
-pub type ValueMap = HashMap<Value, Value>;
+pub type ValueMap = FxHashMap<Value, Value>;
 
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.

@@ -181,7 +181,7 @@ impl TilePlan {
         let order = graph.topo_order().expect("a verified graph is acyclic");
         let mut out = Graph::new(graph.name.clone());
         out.phase = graph.phase;
-        let mut map = ValueMap::new();
+        let mut map = ValueMap::default();
         let mut tiles: HashMap<NodeIndex, Vec<Value>> = HashMap::new();
         for n in order {
             let node = graph.node(n);

@@ -320,3 +320,64 @@ fn a_crafted_manifest_is_refused_before_any_shard_is_read() {
     assert!(err.contains("is sharded over 2 ranks, not 3"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each shard's SHA-256 is in the manifest, as `sha256sum` prints it, and a
+/// shard whose bytes are not those saved is refused when it is read, naming
+/// the shard and the manifest: one byte of tensor data flipped (the size
+/// unchanged), and two ranks' shards of equal size swapped. A manifest
+/// written before the sums (none recorded) still loads.
+#[test]
+fn a_shard_whose_bytes_changed_is_refused_by_its_checksum() {
+    use sha2::Digest;
+    let model = model("tiny-bert");
+    let config = Config::zero(2, 3, Offload::None, 1);
+    let plan = program(&model, config);
+    let dir = scratch("checksum");
+    save(&dir, &model, &plan, config, &load(&plan, None));
+    let step = training::step_dir(&dir, 0);
+    let (manifest_path, shard) = (step.join(training::MANIFEST), |r: usize| step.join(training::shard_file(r)));
+    let original: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    for f in &original.files {
+        let bytes = std::fs::read(step.join(&f.file)).unwrap();
+        let hex: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(f.sha256.as_deref(), Some(hex.as_str()), "{}", f.file);
+    }
+    let layout = Layout::of(&plan.graph, &bindings(), &model).unwrap();
+    let saved = Checkpoint::open(&dir).unwrap().states_for(&layout, 2).unwrap();
+    let refused = |expect_file: &str| {
+        let checkpoint = Checkpoint::open(&dir).expect("sizes agree: the save opens");
+        for err in [
+            checkpoint.states_for(&layout, 2).unwrap_err().to_string(),
+            checkpoint.states_for(&layout, 1).unwrap_err().to_string(),
+        ] {
+            assert!(err.contains(expect_file) && err.contains("manifest.json records"), "{err}");
+            assert!(err.contains("its SHA-256 is"), "{err}");
+        }
+    };
+
+    // The last byte of the file is the last tensor's data.
+    let intact = std::fs::read(shard(1)).unwrap();
+    let mut flipped = intact.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    std::fs::write(shard(1), &flipped).unwrap();
+    refused("rank-00001.safetensors");
+    let err = Checkpoint::open(&dir).unwrap().state_of_rank(&layout, 2, 1).unwrap_err().to_string();
+    assert!(err.contains("rank-00001.safetensors: its SHA-256 is"), "{err}");
+    std::fs::write(shard(1), &intact).unwrap();
+
+    let tmp = step.join("swap");
+    std::fs::rename(shard(0), &tmp).unwrap();
+    std::fs::rename(shard(1), shard(0)).unwrap();
+    std::fs::rename(&tmp, shard(1)).unwrap();
+    refused("rank-00000.safetensors");
+    std::fs::rename(shard(0), &tmp).unwrap();
+    std::fs::rename(shard(1), shard(0)).unwrap();
+    std::fs::rename(&tmp, shard(1)).unwrap();
+
+    let mut unsummed = original.clone();
+    unsummed.files.iter_mut().for_each(|f| f.sha256 = None);
+    std::fs::write(&manifest_path, serde_json::to_vec(&unsummed).unwrap()).unwrap();
+    let states = Checkpoint::open(&dir).unwrap().states_for(&layout, 2).unwrap();
+    assert!(states == saved, "a save without checksums loads as it was saved");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -9,9 +9,9 @@
 //! The property ([`check`]): opening or loading refuses the mutant with an
 //! error, or it loads and the guards around every rank's arenas are
 //! untouched. Mutants that must be refused (a shard that is not its rank's,
-//! a file outside the save) panic if they load — the failure a fuzzer
-//! reports. A byte flipped inside a tensor's data is not detected: shards
-//! carry no checksum (docs/checkpoints.md).
+//! a file outside the save, a shard whose bytes are not those saved, which
+//! its SHA-256 in the manifest tells) panic if they load — the failure a
+//! fuzzer reports.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -101,7 +101,7 @@ pub struct Mutation {
     /// The kind of damage and the ranks it chose, for a failure's message.
     pub what: String,
     /// Whether loading the damaged save must fail (a shard not its rank's,
-    /// a file outside the save, a truncated or resized shard).
+    /// a file outside the save, a truncated, resized or flipped shard).
     pub must_refuse: bool,
 }
 
@@ -159,14 +159,12 @@ pub fn mutate(seed: &Seed, into: &Path, c: &mut Choices) -> Mutation {
             std::fs::OpenOptions::new().write(true).open(shard(a)).unwrap().set_len(len).unwrap();
             manifest["files"][a]["bytes"] = Value::from(len);
         }
-        // One byte changed: in the header it must be refused or harmless;
-        // in a tensor's data it goes unnoticed (no checksum).
+        // One byte changed, the size unchanged: the shard's SHA-256 differs.
         "flip" => {
             let mut bytes = std::fs::read(shard(a)).unwrap();
             let at = c.below(bytes.len());
             bytes[at] ^= 1 << c.below(8);
             std::fs::write(shard(a), bytes).unwrap();
-            must_refuse = false;
         }
         "escape" => {
             let name = *c.pick(&["../outside.safetensors", "/etc/passwd", "sub/../../outside.safetensors", ""]);

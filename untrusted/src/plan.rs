@@ -7,11 +7,16 @@
 //!
 //! The property ([`check`]): the mutant is unreadable, or loading refuses
 //! it with an error, or it runs — and either way no byte of the guards
-//! around its arenas changed. A change there, or a panic, is a failure.
+//! around its arenas changed. A change there, or a panic, is a failure; so
+//! is a mutant that loads although it must be refused: a value moved onto
+//! bytes another value holds while both are live, by the memory planner's
+//! own liveness ([`Seed::collides`]), which the load derives again without
+//! trusting the plan.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
+use zeroplan_exec::buffers::constant_update;
 use zeroplan_ir::interp::Feeds;
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{self, Precision, TrainingSpec};
@@ -34,6 +39,64 @@ const ARENA_CAP: u64 = 8 << 20;
 /// More micro-batches than this are not fed (each is a whole pass).
 const MICRO_BATCH_CAP: u64 = 4;
 
+/// A seed program, serialised, and where the memory planner placed its
+/// values: what tells a mutant that moves one onto another live at the
+/// same time (which must be refused) from one that reuses dead bytes.
+pub struct Seed {
+    /// The program as a plan file holds it.
+    pub program: Value,
+    /// Each value that owns its buffer (no view or in-place update of
+    /// another), by name.
+    owners: HashMap<String, Owner>,
+    /// Each update's value and the name of the node it updates.
+    targets: HashMap<String, String>,
+}
+
+/// A buffer as the memory planner placed it.
+#[derive(Clone, Copy, Debug)]
+struct Owner {
+    place: zeroplan_ir::Place,
+    offset: u64,
+    bytes: u64,
+    /// The schedule positions it is held, `first..=last` (its value's
+    /// life, with its views' and in-place updates').
+    first: usize,
+    last: usize,
+    /// A constant update no node reads: written into its target when its
+    /// phase ends, it never holds anything itself.
+    empty: bool,
+}
+
+impl Seed {
+    /// Whether `value` owns a buffer that holds something: its offset is
+    /// where its bytes are (a view's or an in-place update's follows its owner's).
+    pub fn owns(&self, value: &str) -> bool {
+        self.owners.get(value).is_some_and(|o| !o.empty && o.bytes > 0)
+    }
+
+    /// Whether `value`'s buffer moved to `offset` would share a byte with
+    /// another buffer while both are live — by the planner's liveness, the
+    /// program as compiled. `false` for a value that owns no buffer (a view
+    /// or in-place update follows its owner, whatever its own offset says),
+    /// and for an update moved exactly onto its target (an update made in
+    /// place, which the load judges by the target's readers).
+    pub fn collides(&self, value: &str, offset: u64) -> bool {
+        let Some(moved) = self.owners.get(value).filter(|_| self.owns(value)) else { return false };
+        let end = offset.saturating_add(moved.bytes);
+        let onto_target = |name: &str| self.targets.get(value).is_some_and(|t| t == name);
+        self.owners.iter().any(|(name, o)| {
+            name != value
+                && !o.empty
+                && o.place == moved.place
+                && o.offset < end
+                && offset < o.offset + o.bytes
+                && o.first <= moved.last
+                && moved.first <= o.last
+                && !(onto_target(name) && o.offset == offset)
+        })
+    }
+}
+
 /// What became of a mutant.
 #[derive(Debug)]
 pub enum Outcome {
@@ -48,10 +111,10 @@ pub enum Outcome {
     Ran(Result<(), String>),
 }
 
-/// The seed programs, serialised: tiny-bert at batch 2 × seq 8, every pass
-/// on, in f32; and in bf16 with ZeRO-2 and the optimizer offloaded (host
-/// arena, casts, 16-bit buffers).
-pub fn seeds() -> Vec<Value> {
+/// The seed programs: tiny-bert at batch 2 × seq 8, every pass on, in
+/// f32; and in bf16 with ZeRO-2 and the optimizer offloaded (host arena,
+/// casts, 16-bit buffers).
+pub fn seeds() -> Vec<Seed> {
     let model = spec::load(&repo().join("models/tiny/tiny-bert.ron")).expect("models/tiny/tiny-bert.ron loads");
     let offload = Some(DataParallel { ranks: 1, zero_stage: 2, offload: Offload::Optimizer });
     [(Precision::F32, None), (Precision::Bf16, offload)]
@@ -62,10 +125,34 @@ pub fn seeds() -> Vec<Value> {
             let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
             let graph = compile(&model, &Target::Training(&train), options).expect("tiny-bert compiles").graph;
             let memory = zeroplan_passes::memory::plan(&graph, &bindings).expect("tiny-bert plans");
+            let owners = owners(&graph, &memory);
+            let targets =
+                graph.updates.iter().map(|(t, v)| (graph.value_ref(*v), graph.node(*t).name.clone())).collect();
             let program = zeroplan_passes::planner::program::program(graph, &memory, BATCH, SEQ);
-            serde_json::to_value(&program).expect("programs serialise")
+            Seed { program: serde_json::to_value(&program).expect("programs serialise"), owners, targets }
         })
         .collect()
+}
+
+/// Every buffer-owning value of `memory`, both arenas, by name.
+fn owners(graph: &zeroplan_ir::Graph, memory: &zeroplan_passes::memory::MemoryPlan) -> HashMap<String, Owner> {
+    let arenas = [(&memory.intervals, &memory.arena), (&memory.host_intervals, &memory.host)];
+    let mut owners = HashMap::new();
+    for (intervals, arena) in arenas {
+        for p in &arena.placements {
+            let interval = &intervals[p.interval];
+            let owner = Owner {
+                place: interval.place,
+                offset: p.offset,
+                bytes: p.bytes,
+                first: p.start,
+                last: p.end,
+                empty: constant_update(graph, interval.value.node).is_some(),
+            };
+            owners.insert(graph.value_ref(interval.value), owner);
+        }
+    }
+    owners
 }
 
 /// The repository's root (for the bundled tiny models).
@@ -88,15 +175,28 @@ const TARGETS: [&str; 10] = [
     "any field",
 ];
 
-/// `seed` with one to four mutations the bytes choose; returns what each
-/// did, for a failure's message.
-pub fn mutate(seed: &Value, c: &mut Choices) -> (Value, Vec<String>) {
-    let mut mutant = seed.clone();
-    let strings = json::strings(seed);
-    let arena = seed["arena_bytes"].as_u64().unwrap_or(0);
+/// A mutated program, what was done to it, and whether loading must refuse it.
+#[derive(Debug)]
+pub struct Mutant {
+    /// The program as a plan file would hold it.
+    pub program: Value,
+    /// What each mutation did, for a failure's message.
+    pub what: Vec<String>,
+    /// Its one mutation moved a value onto bytes another holds while both
+    /// are live ([`Seed::collides`]).
+    pub must_refuse: bool,
+}
+
+/// `seed` with one to four mutations the bytes choose.
+pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
+    let mut mutant = seed.program.clone();
+    let strings = json::strings(&seed.program);
+    let arena = seed.program["arena_bytes"].as_u64().unwrap_or(0);
     let mut done = Vec::new();
+    let mut collides = false;
     // Mostly one mutation, so most mutants still read and reach the loader.
-    for _ in 0..*c.pick(&[1, 1, 1, 2, 3, 4]) {
+    let rounds = *c.pick(&[1, 1, 1, 2, 3, 4]);
+    for _ in 0..rounds {
         let target = *c.pick(&TARGETS);
         let leaves = json::paths(&mutant, &json::is_leaf);
         let leaf = |m: &mut Value, c: &mut Choices, prefix: &[&str]| {
@@ -106,15 +206,17 @@ pub fn mutate(seed: &Value, c: &mut Choices) -> (Value, Vec<String>) {
             }
         };
         match target {
-            // Half the time another buffer's offset: inside the arena, over a live value.
+            // Half the time another buffer's offset: inside the arena, over a
+            // value live at the same time or one whose bytes are free by then.
             "buffer offset" if c.below(2) == 0 => {
-                let offsets = under(&leaves, &["buffers", "offset"]);
-                if !offsets.is_empty() {
-                    let (to, from) = (offsets[c.below(offsets.len())], offsets[c.below(offsets.len())]);
-                    let taken = json::at_mut(&mut mutant, from).map(|v| v.clone());
-                    if let (Some(taken), Some(v)) = (taken, json::at_mut(&mut mutant, to)) {
-                        *v = taken;
+                let count = mutant["buffers"].as_array().map_or(0, Vec::len);
+                if count > 0 {
+                    let (to, from) = (c.below(count), c.below(count));
+                    let taken = mutant["buffers"][from]["offset"].clone();
+                    if let (Some(value), Some(offset)) = (mutant["buffers"][to]["value"].as_str(), taken.as_u64()) {
+                        collides |= seed.collides(value, offset);
                     }
+                    mutant["buffers"][to]["offset"] = taken;
                 }
             }
             "buffer offset" => leaf(&mut mutant, c, &["buffers", "offset"]),
@@ -166,7 +268,8 @@ pub fn mutate(seed: &Value, c: &mut Choices) -> (Value, Vec<String>) {
         }
         done.push(target.to_string());
     }
-    (mutant, done)
+    // With other mutations besides, what is live when is no longer the seed's.
+    Mutant { program: mutant, what: done, must_refuse: rounds == 1 && collides }
 }
 
 /// The paths among `paths` that pass through every field of `prefix`.
@@ -177,9 +280,21 @@ fn under<'p>(paths: &'p [json::Path], prefix: &[&str]) -> Vec<&'p json::Path> {
 
 /// Reads `mutant` as a plan file's program is read, loads it on the host
 /// runtime and runs one step where loading accepts it. Panics — the
-/// failure a fuzzer reports — if the guards around an arena changed.
-pub fn check(mutant: &Value) -> Outcome {
-    let program: Program = match serde_json::from_value(mutant.clone()) {
+/// failure a fuzzer reports — if the guards around an arena changed, or if
+/// a mutant that must be refused was not.
+pub fn check(mutant: &Mutant) -> Outcome {
+    let outcome = run(&mutant.program);
+    assert!(
+        !mutant.must_refuse || matches!(outcome, Outcome::Refused(_)),
+        "{:?} moved a value onto bytes live at the same time, yet: {outcome:?}",
+        mutant.what
+    );
+    outcome
+}
+
+/// The outcome of `program`: unreadable, skipped, refused, or one step run.
+pub fn run(program: &Value) -> Outcome {
+    let program: Program = match serde_json::from_value(program.clone()) {
         Ok(p) => p,
         Err(e) => return Outcome::Unreadable(e.to_string()),
     };
@@ -203,7 +318,7 @@ pub fn check(mutant: &Value) -> Outcome {
 
 /// A batch for `program`'s inputs at their bound shapes: ids a tiny model's
 /// tables hold, every key attended to, a third of the tokens labelled.
-fn feeds(program: &Program) -> Feeds {
+pub fn feeds(program: &Program) -> Feeds {
     let g = &program.graph;
     let bindings: Bindings = [("batch".into(), program.batch), ("seq".into(), program.seq)].into();
     let mut feeds = BTreeMap::new();

@@ -81,12 +81,11 @@ impl Saver {
         })?;
         let files = match process {
             None => mine,
-            // Sizes are far below 2⁵³ bytes: exact in an f64.
             Some(p) => p
-                .share(&[mine[0].bytes as f64], "sharing the saved shards' sizes")?
-                .into_iter()
+                .share(&shard_words(&mine[0]), "sharing the saved shards' sizes and checksums")?
+                .chunks_exact(SHARD_WORDS)
                 .enumerate()
-                .map(|(rank, bytes)| ShardFile { rank, file: training::shard_file(rank), bytes: bytes as u64 })
+                .map(|(rank, words)| shard_of_words(rank, words))
                 .collect(),
         };
         if first != 0 {
@@ -112,6 +111,23 @@ impl Saver {
         barrier("waiting for rank 0 to complete the save")?;
         Ok(at)
     }
+}
+
+/// The numbers a launched rank sends rank 0 about its shard: its size,
+/// then its SHA-256 in 32-bit words (each exact in an f64, as sizes far
+/// below 2⁵³ bytes are).
+const SHARD_WORDS: usize = 9;
+
+fn shard_words(shard: &ShardFile) -> Vec<f64> {
+    let digest = shard.sha256.as_deref().expect("`save_rank` records every shard's SHA-256");
+    let word = |i: usize| digest.get(8 * i..8 * i + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).unwrap_or(0);
+    std::iter::once(shard.bytes as f64).chain((0..SHARD_WORDS - 1).map(|i| f64::from(word(i)))).collect()
+}
+
+/// Rank `rank`'s shard entry from the words [`shard_words`] made.
+fn shard_of_words(rank: usize, words: &[f64]) -> ShardFile {
+    let sha256 = words[1..].iter().map(|&w| format!("{:08x}", w as u32)).collect();
+    ShardFile { rank, file: training::shard_file(rank), bytes: words[0] as u64, sha256: Some(sha256) }
 }
 
 /// A save to continue from, fitted to this run's program.
@@ -245,4 +261,20 @@ pub fn save_weights<D: Device>(
 fn logical<D: Device>(layout: &Layout, ranks: &[Runner<D>]) -> Result<training::Logical, String> {
     let states: Vec<State> = ranks.iter().map(Runner::state).collect();
     layout.consolidate(&states).map_err(|e| format!("error: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a launched rank sends rank 0 about its shard comes back as the
+    /// same entry: size and SHA-256 to the bit.
+    #[test]
+    fn a_shard_s_size_and_checksum_cross_between_processes_intact() {
+        let sha256 = "00ff10e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b78".to_string();
+        let shard = ShardFile { rank: 3, file: training::shard_file(3), bytes: (1 << 40) + 17, sha256: Some(sha256) };
+        let words = shard_words(&shard);
+        assert_eq!(words.len(), SHARD_WORDS);
+        assert_eq!(shard_of_words(3, &words), shard);
+    }
 }

@@ -9,7 +9,8 @@
 //! backward once per micro-batch (the first simulated, the others assumed
 //! the same) followed by the optimizer phase.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use zeroplan_ir::plan::Predicted;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase};
 
@@ -41,7 +42,7 @@ struct Playback {
 }
 
 fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Playback> {
-    let mut ready: HashMap<NodeIndex, f64> = HashMap::with_capacity(order.len());
+    let mut ready: FxHashMap<NodeIndex, f64> = FxHashMap::with_capacity_and_hasher(order.len(), Default::default());
     let mut free: BTreeMap<Stream, f64> = BTreeMap::new();
     let mut p = Playback {
         events: Vec::with_capacity(order.len()),

@@ -1,7 +1,7 @@
 //! Growing a group of fusible nodes around an anchor, and the convexity
 //! check that keeps the fused graph acyclic.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
@@ -27,10 +27,10 @@ fn sums_gradients(g: &Graph, n: NodeIndex, kshape: &zeroplan_ir::Shape) -> bool 
 }
 
 /// Each node's consumers.
-pub(super) type Users = HashMap<NodeIndex, Vec<NodeIndex>>;
+pub(super) type Users = FxHashMap<NodeIndex, Vec<NodeIndex>>;
 
 pub(super) fn users(g: &Graph) -> Users {
-    let mut users: Users = HashMap::new();
+    let mut users: Users = FxHashMap::default();
     for n in g.petgraph().node_indices() {
         for v in g.operands(n) {
             let list = users.entry(v.node).or_default();
@@ -52,20 +52,20 @@ pub(super) fn grow(
     g: &Graph,
     anchor: NodeIndex,
     users: &Users,
-    taken: &HashSet<NodeIndex>,
-    position: &HashMap<NodeIndex, usize>,
+    taken: &FxHashSet<NodeIndex>,
+    position: &FxHashMap<NodeIndex, usize>,
 ) -> Option<Vec<NodeIndex>> {
     let kshape = g.node(anchor).outputs[0].shape.clone();
     // A group runs in one phase, on one side of PCIe.
     let (phase, place) = (g.node(anchor).phase, g.node(anchor).place);
-    let eligible = |n: NodeIndex, set: &HashSet<NodeIndex>| {
+    let eligible = |n: NodeIndex, set: &FxHashSet<NodeIndex>| {
         !taken.contains(&n)
             && !set.contains(&n)
             && g.node(n).phase == phase
             && g.node(n).place == place
             && fusible(g, n, &kshape)
     };
-    let mut set: HashSet<NodeIndex> = HashSet::from([anchor]);
+    let mut set: FxHashSet<NodeIndex> = FxHashSet::from_iter([anchor]);
     let mut sums = usize::from(sums_gradients(g, anchor, &kshape));
     loop {
         let mut grew = false;
@@ -127,9 +127,9 @@ pub(super) fn grow(
 /// topological order, so the walk stops past the group's last node: it
 /// visits the window the group spans, not the rest of the graph (which
 /// made fusion quadratic in the model's depth).
-fn convex(set: &HashSet<NodeIndex>, users: &Users, position: &HashMap<NodeIndex, usize>) -> bool {
+fn convex(set: &FxHashSet<NodeIndex>, users: &Users, position: &FxHashMap<NodeIndex, usize>) -> bool {
     let last = set.iter().map(|n| position[n]).max().unwrap_or(0);
-    let mut seen: HashSet<NodeIndex> = HashSet::new();
+    let mut seen: FxHashSet<NodeIndex> = FxHashSet::default();
     let mut stack: Vec<NodeIndex> =
         set.iter().flat_map(|m| users.get(m).into_iter().flatten().copied()).filter(|u| !set.contains(u)).collect();
     while let Some(n) = stack.pop() {
@@ -144,14 +144,14 @@ fn convex(set: &HashSet<NodeIndex>, users: &Users, position: &HashMap<NodeIndex,
 }
 
 /// The values the graph itself reads: its outputs and its updates.
-pub(super) fn exported(g: &Graph) -> HashSet<Value> {
+pub(super) fn exported(g: &Graph) -> FxHashSet<Value> {
     g.outputs.iter().map(|(_, v)| *v).chain(g.updates.iter().map(|(_, v)| *v)).collect()
 }
 
 /// The group's values read outside it: by a later node, or `exported` (a
 /// graph output or an update), in group order (a node's outputs in order).
-pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users, exported: &HashSet<Value>) -> Vec<Value> {
-    let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
+pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users, exported: &FxHashSet<Value>) -> Vec<Value> {
+    let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     let mut out = Vec::new();
     for &n in nodes {
         let outside: Vec<NodeIndex> =

@@ -31,8 +31,9 @@
 mod group;
 mod patterns;
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap};
 
 use zeroplan_ir::kernel::lower;
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
@@ -98,10 +99,10 @@ struct Group {
 /// The fused graph and the number of kernels of each pattern.
 fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
     let order = g.topo_order().ok_or("the graph has a cycle")?;
-    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let users = group::users(g);
     let exported = group::exported(g);
-    let mut taken: HashSet<NodeIndex> = HashSet::new();
+    let mut taken: FxHashSet<NodeIndex> = FxHashSet::default();
     let mut groups: Vec<Group> = Vec::new();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     for anchor in patterns::anchors(g, &order) {
@@ -155,12 +156,12 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
 fn rebuild(
     g: &Graph,
     order: &[NodeIndex],
-    position: &HashMap<NodeIndex, usize>,
+    position: &FxHashMap<NodeIndex, usize>,
     groups: &[Group],
 ) -> Result<Graph, zeroplan_ir::GraphError> {
     // Units: a group (by index) or a single node (groups.len() + position).
     let single = |n: NodeIndex| groups.len() + position[&n];
-    let mut unit_of: HashMap<NodeIndex, usize> = order.iter().map(|&n| (n, single(n))).collect();
+    let mut unit_of: FxHashMap<NodeIndex, usize> = order.iter().map(|&n| (n, single(n))).collect();
     for (i, grp) in groups.iter().enumerate() {
         for &n in &grp.nodes {
             unit_of.insert(n, i);
@@ -169,11 +170,11 @@ fn rebuild(
     let members = |u: usize| -> Vec<NodeIndex> {
         if u < groups.len() { groups[u].nodes.clone() } else { vec![order[u - groups.len()]] }
     };
-    let units: HashSet<usize> = unit_of.values().copied().collect();
-    let mut indegree: HashMap<usize, usize> = HashMap::new();
-    let mut next: HashMap<usize, Vec<usize>> = HashMap::new();
+    let units: FxHashSet<usize> = unit_of.values().copied().collect();
+    let mut indegree: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut next: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
     for &u in &units {
-        let deps: HashSet<usize> =
+        let deps: FxHashSet<usize> =
             members(u).iter().flat_map(|&n| g.operands(n)).map(|v| unit_of[&v.node]).filter(|&d| d != u).collect();
         indegree.insert(u, deps.len());
         for d in deps {
@@ -184,7 +185,7 @@ fn rebuild(
     let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
         units.iter().filter(|u| indegree[u] == 0).map(|&u| Reverse((key(u), u))).collect();
     let mut out = Graph::new(g.name.clone());
-    let mut map = ValueMap::new();
+    let mut map = ValueMap::default();
     while let Some(Reverse((_, u))) = ready.pop() {
         if u < groups.len() {
             let grp = &groups[u];

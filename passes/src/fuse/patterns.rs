@@ -12,7 +12,7 @@
 //! and that dropout's bias gradient; an activation gradient with its bias
 //! gradient. Each `adamw` and `squared_sum` is a kernel of its own.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Shape};
 
@@ -87,7 +87,7 @@ pub(super) fn classify(g: &Graph, nodes: &[NodeIndex]) -> &'static str {
 /// epilogue. The matmul output must have the kernel's shape and no other
 /// reader. The first such add in group order.
 pub(super) fn epilogue(g: &Graph, nodes: &[NodeIndex], users: &Users, kshape: &Shape) -> Option<String> {
-    let set: HashSet<NodeIndex> = nodes.iter().copied().collect();
+    let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     for &n in nodes {
         if g.node(n).op != Op::Add {
             continue;

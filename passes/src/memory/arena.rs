@@ -52,8 +52,7 @@ pub fn place(intervals: &[Interval]) -> Arena {
         (0..intervals.len()).filter(|&i| intervals[i].alias_of.is_none() && intervals[i].bytes > 0).collect();
     // An owner's lifetime extends over the lifetimes of its aliases.
     let mut end: Vec<usize> = intervals.iter().map(|i| i.end).collect();
-    let index_of: std::collections::HashMap<_, usize> =
-        intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
+    let index_of: rustc_hash::FxHashMap<_, usize> = intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
     for iv in intervals {
         let mut target = iv.alias_of;
         while let Some(t) = target {
@@ -68,15 +67,15 @@ pub fn place(intervals: &[Interval]) -> Arena {
     // `placed` by (offset, offset + aligned bytes): the first fit walks the
     // blocks live at the same time in address order without sorting them
     // for every buffer (the planner places thousands of programs).
-    let mut by_address: Vec<(u64, u64, usize)> = Vec::with_capacity(order.len());
+    // Each entry carries its block's lifetime, so the walk reads one array.
+    let mut by_address: Vec<(u64, u64, usize, usize)> = Vec::with_capacity(order.len());
     let mut size = 0;
     for i in order {
         let bytes = aligned(intervals[i].bytes);
         let (start, stop) = (intervals[i].start, end[i]);
         let mut offset = 0;
-        for &(lo, hi, p) in &by_address {
-            let p = &placed[p];
-            if !(p.start <= stop && start <= p.end) {
+        for &(lo, hi, p_start, p_end) in &by_address {
+            if !(p_start <= stop && start <= p_end) {
                 continue;
             }
             if offset + bytes <= lo {
@@ -85,7 +84,7 @@ pub fn place(intervals: &[Interval]) -> Arena {
             offset = offset.max(hi);
         }
         size = size.max(offset + bytes);
-        let key = (offset, offset + bytes, placed.len());
+        let key = (offset, offset + bytes, start, stop);
         by_address.insert(by_address.partition_point(|&k| k < key), key);
         placed.push(Placement { interval: i, offset, bytes: intervals[i].bytes, start, end: stop });
     }

@@ -14,8 +14,8 @@
 //! accumulator's zeroing) is written into its target then and takes no
 //! memory of its own.
 
-use std::collections::HashMap;
-use std::collections::HashSet;
+use rustc_hash::FxHashMap;
+use rustc_hash::FxHashSet;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
 /// What a tensor is, for reports by category.
@@ -65,9 +65,9 @@ pub enum LivenessError {
 
 /// Lifetimes of every value of `graph` under the schedule `order`.
 pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Result<Vec<Interval>, LivenessError> {
-    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let last = order.len().saturating_sub(1);
-    let mut last_use: HashMap<Value, usize> = HashMap::new();
+    let mut last_use: FxHashMap<Value, usize> = FxHashMap::default();
     for &n in order {
         for v in graph.operands(n) {
             let at = position[&n];
@@ -79,7 +79,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     }
     // A view is read wherever its views are: the viewed buffer lives until
     // the last of them (reverse order reaches views of views first).
-    let mut alias: HashMap<Value, Value> = HashMap::new();
+    let mut alias: FxHashMap<Value, Value> = FxHashMap::default();
     for &n in order.iter().rev() {
         if graph.node(n).op.is_view() {
             let (view, viewed) = (Value { node: n, output: 0 }, graph.operands(n)[0]);
@@ -170,7 +170,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
 
 /// The nodes computing the gradients optimizers read, before the
 /// reductions and copies of the optimizer phase.
-fn applied_gradients(graph: &Graph) -> HashSet<NodeIndex> {
+fn applied_gradients(graph: &Graph) -> FxHashSet<NodeIndex> {
     let g = graph.petgraph();
     g.node_indices()
         .filter_map(|n| zeroplan_ir::kernel::adamw_operands(graph, n))

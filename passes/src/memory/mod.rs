@@ -83,7 +83,7 @@ impl MemoryPlan {
 /// A view whose target lives in the other place's arena cannot share its
 /// buffer: it gets its own (the bytes it reads must be there anyway).
 fn own_buffers_across_places(intervals: &mut [Interval]) {
-    let here: std::collections::HashSet<_> = intervals.iter().map(|i| i.value).collect();
+    let here: rustc_hash::FxHashSet<_> = intervals.iter().map(|i| i.value).collect();
     for interval in intervals.iter_mut() {
         if interval.alias_of.is_some_and(|v| !here.contains(&v)) {
             interval.alias_of = None;

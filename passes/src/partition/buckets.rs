@@ -7,6 +7,7 @@
 //! and backward reduces them in reverse. Each bucket is padded to a multiple
 //! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use zeroplan_ir::{FlatMember, Graph, Init, NodeIndex, Op};
 
@@ -54,7 +55,7 @@ fn group<'a>(name: &'a str, init: &Init) -> &'a str {
 
 /// Groups `slots` into buckets for `ranks` ranks.
 pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks: u64) -> Vec<Bucket> {
-    let position: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     // Where the forward first reads each parameter (through its working copy).
     let first_use = |s: &Slot| {
         let read = s.working.unwrap_or(s.param);

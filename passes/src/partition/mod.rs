@@ -43,7 +43,7 @@
 mod buckets;
 mod slots;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Place, Shape, TensorType, Value};
 
@@ -91,9 +91,9 @@ struct Made {
     /// The 16-bit (or fp32) parameters the forward reads: whole, or this rank's shard.
     weights: Option<Value>,
     /// The whole bucket of parameters, per phase (gathered under stage 3).
-    gathered: HashMap<Phase, Value>,
+    gathered: FxHashMap<Phase, Value>,
     /// Each member's view, per phase.
-    views: HashMap<(Phase, usize), Value>,
+    views: FxHashMap<(Phase, usize), Value>,
     /// Raw gradients produced so far, by member.
     grads: Vec<Option<Value>>,
     /// The gradient the optimizer reads (set once the optimizer phase starts).
@@ -114,11 +114,11 @@ struct Builder<'a> {
     map: ValueMap,
     made: Vec<Made>,
     /// Slot index → (bucket, member).
-    member_of: HashMap<usize, (usize, usize)>,
+    member_of: FxHashMap<usize, (usize, usize)>,
     /// Param or working copy node → slot index.
-    slot_of: HashMap<NodeIndex, usize>,
+    slot_of: FxHashMap<NodeIndex, usize>,
     /// Raw gradient → slot index.
-    grad_of: HashMap<Value, Vec<usize>>,
+    grad_of: FxHashMap<Value, Vec<usize>>,
     /// The dtype the forward computes in.
     compute: DType,
     micro_batches: u64,
@@ -128,14 +128,14 @@ struct Builder<'a> {
 
 impl<'a> Builder<'a> {
     fn new(graph: &'a Graph, step: &'a Step, buckets: &'a [Bucket], dp: DataParallel) -> Builder<'a> {
-        let mut member_of = HashMap::new();
+        let mut member_of = FxHashMap::default();
         for (b, bucket) in buckets.iter().enumerate() {
             for (m, &s) in bucket.slots.iter().enumerate() {
                 member_of.insert(s, (b, m));
             }
         }
-        let mut slot_of = HashMap::new();
-        let mut grad_of: HashMap<Value, Vec<usize>> = HashMap::new();
+        let mut slot_of = FxHashMap::default();
+        let mut grad_of: FxHashMap<Value, Vec<usize>> = FxHashMap::default();
         for (i, s) in step.slots.iter().enumerate() {
             slot_of.insert(s.param, i);
             slot_of.extend(s.working.map(|w| (w, i)));
@@ -153,7 +153,7 @@ impl<'a> Builder<'a> {
             buckets,
             dp,
             out: Graph::new(graph.name.clone()),
-            map: ValueMap::new(),
+            map: ValueMap::default(),
             made: buckets.iter().map(|b| Made { grads: vec![None; b.slots.len()], ..Made::default() }).collect(),
             member_of,
             slot_of,

@@ -2,7 +2,7 @@
 //! each AdamW node, the parameter, its working copy, the raw gradient the
 //! backward computes, and every node the partition pass replaces.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Value};
 
 /// One parameter's place in the per-parameter optimizer.
@@ -25,17 +25,17 @@ pub(super) struct Step {
     /// The `grad_scale` node whose first operand is the squared global norm.
     pub grad_scale: NodeIndex,
     /// Nodes the partition pass replaces.
-    pub replaced: HashSet<NodeIndex>,
+    pub replaced: FxHashSet<NodeIndex>,
 }
 
 /// The optimizer of `graph`, or `None` when it has none (a forward graph).
 pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
     let order = graph.topo_order().ok_or("the graph has a cycle")?;
     let mut slots = Vec::new();
-    let mut replaced = HashSet::new();
+    let mut replaced = FxHashSet::default();
     let mut shared = None;
     // The gradients AdamW applies: what the squared global norm sums.
-    let mut applied: HashSet<Value> = HashSet::new();
+    let mut applied: FxHashSet<Value> = FxHashSet::default();
     for &n in &order {
         let Op::AdamW { beta1, beta2, eps, weight_decay } = graph.node(n).op else { continue };
         let ops = graph.operands(n);
@@ -83,7 +83,7 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
 /// The gradient as computed once per micro-batch: `grad` itself, or, when
 /// `grad` is an accumulator, what the backward adds into it (the raw
 /// gradient before its cast to f32). Accumulator nodes join `replaced`.
-fn raw_gradient(graph: &Graph, grad: Value, replaced: &mut HashSet<NodeIndex>) -> Result<Value, String> {
+fn raw_gradient(graph: &Graph, grad: Value, replaced: &mut FxHashSet<NodeIndex>) -> Result<Value, String> {
     if !matches!(graph.node(grad.node).op, Op::State { .. }) {
         return Ok(grad);
     }

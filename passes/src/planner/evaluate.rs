@@ -183,6 +183,8 @@ impl Step {
             tensor_parallel: Some(choice.tensor_parallel),
             sequence_parallel: choice.sequence_parallel,
             tiles: (choice.tiles > 1).then_some(choice.tiles),
+            // Measured, not run: the plan's step is verified once chosen.
+            skip_verify: true,
             ..PassOptions::default()
         };
         (train, options)

@@ -212,6 +212,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     });
     candidates.insert(0, first);
     let graph = step.1.graph;
+    graph.verify().map_err(|e| PlanError::Compile(format!("{}: the compiled step is malformed: {e}", step.0)))?;
     Ok(Plan {
         format: PLAN_FORMAT,
         model: req.model.name.clone(),

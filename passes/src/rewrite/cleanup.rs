@@ -269,7 +269,7 @@ pub(super) fn cleanup(
         graph,
         planned: &planned,
         out: Graph::new(graph.name.clone()),
-        map: ValueMap::new(),
+        map: ValueMap::default(),
         memo: HashMap::new(),
         names,
         fresh: 0,

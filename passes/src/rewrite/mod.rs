@@ -401,7 +401,7 @@ fn apply(graph: &Graph, order: &[NodeIndex], merges: &[Merge]) -> Result<Graph, 
         first.insert(*earliest, i);
     }
     let mut out = Graph::new(graph.name.clone());
-    let mut map = ValueMap::new();
+    let mut map = ValueMap::default();
     // Concats already built, by weights: shared weights (ALBERT) concatenate once.
     let mut concats: BTreeMap<Vec<NodeIndex>, Value> = BTreeMap::new();
     for &n in order {

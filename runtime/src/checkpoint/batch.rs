@@ -63,7 +63,7 @@ pub fn save_batch(path: &Path, batch: &BTreeMap<String, Tensor>) -> Result<(), C
         return Err(CheckpointError::Batch { path: path.to_path_buf(), problems });
     }
     let entries = batch.iter().map(|(name, t)| Entry { name: name.clone(), tensor: t, dtype: t.dtype() }).collect();
-    safetensors_io::write(path, entries, &[])
+    safetensors_io::write(path, entries, &[]).map(drop)
 }
 
 /// What is wrong with `batch`'s names, dtypes and shapes.

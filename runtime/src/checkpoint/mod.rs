@@ -432,5 +432,5 @@ pub fn save_weights(path: &Path, spec: &ModelSpec, graph: &Graph, weights: &Weig
     if !problems.is_empty() {
         return Err(CheckpointError::Weights { graph: graph.name.clone(), problems });
     }
-    safetensors_io::write(path, entries, &[])
+    safetensors_io::write(path, entries, &[]).map(drop)
 }

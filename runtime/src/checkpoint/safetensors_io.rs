@@ -1,9 +1,11 @@
-//! Reading and writing safetensors files: bytes ↔ host tensors, and writes
-//! that leave the file whole or absent.
+//! Reading and writing safetensors files: bytes ↔ host tensors, writes
+//! that leave the file whole or absent, and each written file's SHA-256,
+//! hashed from the bytes as they go out (a checkpoint's manifest keeps it).
 
 use super::CheckpointError;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -119,8 +121,13 @@ fn encode(tensor: &Tensor, dtype: DType) -> Vec<u8> {
 /// `format: pt`, which Hugging Face's loader asks for, and `tags`). The
 /// bytes go to a temporary file beside `path`, which is synced and then
 /// renamed over it: `path` ends up whole or untouched, and no temporary
-/// file is left behind.
-pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>, tags: &[(&str, String)]) -> Result<(), CheckpointError> {
+/// file is left behind. Returns the SHA-256 of the bytes written
+/// ([`sha256`]'s form).
+pub(super) fn write(
+    path: &Path,
+    mut entries: Vec<Entry<'_>>,
+    tags: &[(&str, String)],
+) -> Result<String, CheckpointError> {
     let io_error = |source: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), doing: "write", source };
     // As the safetensors crate orders them: widest dtype first, then by name,
     // so every tensor starts aligned to its element size.
@@ -152,14 +159,46 @@ pub(super) fn write(path: &Path, mut entries: Vec<Entry<'_>>, tags: &[(&str, Str
     header.extend_from_slice(&tensors[1..]);
     header.resize(header.len().next_multiple_of(8), b' ');
 
+    let mut digest = String::new();
     atomic_write(path, |out| {
+        let mut out = Hashing { out, hash: Sha256::new() };
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;
         for e in &entries {
             out.write_all(&encode(e.tensor, e.dtype))?;
         }
+        digest = hex(&out.hash.finalize());
         Ok(())
-    })
+    })?;
+    Ok(digest)
+}
+
+/// The SHA-256 of `bytes`, as lowercase hex (what `sha256sum` prints).
+pub(super) fn sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Passes bytes on to `out` and hashes those it took: a file's checksum
+/// is then of exactly the bytes written, without reading the file again.
+struct Hashing<'w> {
+    out: &'w mut dyn Write,
+    hash: Sha256,
+}
+
+impl Write for Hashing<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let taken = self.out.write(bytes)?;
+        self.hash.update(&bytes[..taken]);
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Writes `path` whole or not at all: `fill` writes into a temporary file

@@ -10,7 +10,7 @@
 //!   rank's shard);
 //! - `manifest.json` — the step, the seed (dropout's masks are a function of
 //!   seed, step and rank), the data cursor, the model spec, the ranks and
-//!   the program's [`Layout`], and each shard file's size.
+//!   the program's [`Layout`], and each shard file's size and SHA-256.
 //!
 //! Every file goes to a temporary, is synced, and is renamed into place; the
 //! manifest is written last, once every shard is. A step directory without a
@@ -18,6 +18,14 @@
 //! killed in the middle — and [`Checkpoint::open`] passes over it to the
 //! newest complete one. [`commit`] then removes saves older than the newest
 //! `keep`.
+//!
+//! A shard's SHA-256 is hashed from its bytes as they are written and
+//! checked against the manifest when the shard is read, before any of its
+//! tensors is used: a shard damaged after the save (a flipped bit, a
+//! truncated copy, another save's file of the same size) is refused. It
+//! guards against damage, not forgery: whoever can rewrite a shard can
+//! rewrite the manifest. A manifest written before the sums has none; its
+//! shards are read with a warning (docs/checkpoints.md says why).
 //!
 //! Resuming on the layout and rank count of the save sets each rank's state
 //! from its own file. Any other layout (ranks, ZeRO stage, offload, tensor
@@ -83,6 +91,11 @@ pub struct ShardFile {
     /// Its name in the step directory.
     pub file: String,
     pub bytes: u64,
+    /// The SHA-256 of its bytes, lowercase hex (as `sha256sum` prints it),
+    /// checked when the shard is read. `None` in saves made before it was
+    /// recorded, whose shards are read unchecked, with a warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// The directory of the save of `step` in `dir`.
@@ -119,11 +132,11 @@ pub fn save_rank(dir: &Path, step: u64, rank: usize, state: &State) -> Result<Sh
     let file = shard_file(rank);
     let path = step_dir(dir, step).join(&file);
     let entries = state.iter().map(|(name, t)| Entry { name: name.clone(), tensor: t, dtype: t.dtype() }).collect();
-    safetensors_io::write(&path, entries, &[(RANK_TAG, rank.to_string())])?;
+    let sha256 = safetensors_io::write(&path, entries, &[(RANK_TAG, rank.to_string())])?;
     let bytes = std::fs::metadata(&path)
         .map_err(|source| CheckpointError::Io { path: path.clone(), doing: "read", source })?
         .len();
-    Ok(ShardFile { rank, file, bytes })
+    Ok(ShardFile { rank, file, bytes, sha256: Some(sha256) })
 }
 
 /// Completes a save: writes its manifest (last, atomically), then removes
@@ -256,12 +269,41 @@ impl Checkpoint {
                 ));
             }
         }
+        if manifest.files.iter().any(|f| f.sha256.is_none()) {
+            tracing::warn!(
+                "{}: written before shard checksums, so damage to its shards' data cannot be detected; saves \
+                 made from now on carry a SHA-256 per shard",
+                manifest_path.display()
+            );
+        }
         Ok(Checkpoint { dir, manifest })
     }
 
     /// Every rank's saved state, in rank order.
     pub fn rank_states(&self) -> Result<Vec<State>, CheckpointError> {
-        self.manifest.files.iter().map(|f| read_state(&self.dir.join(&f.file), f.rank)).collect()
+        self.manifest.files.iter().map(|f| self.read_state(f)).collect()
+    }
+
+    /// Rank `f.rank`'s shard file's tensors, each in the dtype it was saved
+    /// in, once its bytes are checked against the manifest's SHA-256; a
+    /// file another rank saved (its [`RANK_TAG`] says so) is refused.
+    fn read_state(&self, f: &ShardFile) -> Result<State, CheckpointError> {
+        let path = self.dir.join(&f.file);
+        let bytes = safetensors_io::read(&path)?;
+        if let Some(recorded) = &f.sha256 {
+            let found = safetensors_io::sha256(&bytes);
+            if found != *recorded {
+                return Err(invalid(
+                    &path,
+                    format!(
+                        "its SHA-256 is {found}, but {} records {recorded} for it: the shard was damaged or \
+                         replaced after it was saved; restore it from a copy, or resume from an earlier save",
+                        self.dir.join(MANIFEST).display()
+                    ),
+                ));
+            }
+        }
+        parse_state(&path, &bytes, f.rank)
     }
 
     /// The logical, per-parameter tensors of the save.
@@ -289,7 +331,7 @@ impl Checkpoint {
             let file = self.manifest.files.get(rank).ok_or_else(|| {
                 invalid(&self.dir, format!("no rank {rank} among the save's {} ranks", self.manifest.ranks))
             })?;
-            return read_state(&self.dir.join(&file.file), rank);
+            return self.read_state(file);
         }
         if rank >= ranks {
             return Err(invalid(&self.dir, format!("rank {rank} of a run of {ranks}")));
@@ -346,12 +388,11 @@ pub fn export(path: &Path, out: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(checkpoint)
 }
 
-/// Rank `rank`'s shard file's tensors, each in the dtype it was saved in;
-/// a file another rank saved (its [`RANK_TAG`] says so) is refused.
-fn read_state(path: &Path, rank: usize) -> Result<State, CheckpointError> {
-    let bytes = safetensors_io::read(path)?;
-    let file = safetensors_io::parse(path, &bytes)?;
-    if let Some(saved_by) = safetensors_io::tag(&bytes, RANK_TAG)
+/// The tensors of `bytes`, rank `rank`'s shard file at `path`; a file
+/// another rank saved (its [`RANK_TAG`] says so) is refused.
+fn parse_state(path: &Path, bytes: &[u8], rank: usize) -> Result<State, CheckpointError> {
+    let file = safetensors_io::parse(path, bytes)?;
+    if let Some(saved_by) = safetensors_io::tag(bytes, RANK_TAG)
         && saved_by != rank.to_string()
     {
         return Err(invalid(
