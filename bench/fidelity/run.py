@@ -232,9 +232,6 @@ def design_adjustments(row):
         out.append((4 * a * s * b / t, "flash attention's f32 log-sum-exp [b, a/t, s]"))
         out.append((2 * sbh / t, "flash attention's output [b, a/t, s, d] kept for its backward beside the "
                                   "output projection's transposed copy [b, s, h/t]"))
-    if sp:
-        out.append((4 * sbh * (1 - 1 / t), "SP: the all-gathered inputs of the Q/K/V and feed-forward-up GEMMs "
-                                           "are stored whole, not as the rank's sequence shard (docs/tensor-parallel.md)"))
     return out
 
 

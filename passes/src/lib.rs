@@ -8,7 +8,9 @@
 //! [`training::MixedPrecision`] (fp32 master weights behind 16-bit working
 //! copies), [`training::TrainingStep`] ([`autodiff`] and [`optimizer`]:
 //! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
-//! (activation checkpointing: full or selective), [`partition`] (ZeRO
+//! (activation checkpointing: full or selective), [`regather`] (with
+//! sequence parallelism, the backward gathers a GEMM's input again instead
+//! of storing it whole), [`partition`] (ZeRO
 //! stages 0–3 and offload over flat buffers), and [`fuse`]
 //! (memory-bound ops into kernel-IR kernels). [`accounting`] reads the
 //! model-state bytes back out of a training graph; [`memory`] plans every
@@ -20,6 +22,7 @@
 pub mod accounting;
 pub mod attention;
 pub mod autodiff;
+pub mod backward_clones;
 pub mod cost;
 pub mod fuse;
 pub mod manager;
@@ -31,6 +34,7 @@ pub mod pipeline;
 pub mod planner;
 mod rebuild;
 pub mod recompute;
+pub mod regather;
 pub mod rewrite;
 pub mod tiling;
 pub mod training;

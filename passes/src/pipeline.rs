@@ -6,8 +6,9 @@
 //! autodiff differentiates the fused op whole), `tiling` (only when tiles
 //! are asked for; on the forward graph, so autodiff tiles the backward
 //! too), `mixed-precision`,
-//! `training-step`, `recompute`, `partition` (only when data parallelism is
-//! asked for), `fuse`.
+//! `training-step`, `recompute`, `regather` (only with sequence
+//! parallelism), `partition` (only when data parallelism is asked for),
+//! `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::plan::DataParallel;
@@ -19,6 +20,7 @@ use crate::fuse::Fuse;
 use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
 use crate::partition::Partition;
 use crate::recompute::Recompute;
+use crate::regather::Regather;
 use crate::rewrite::Rewrite;
 use crate::tiling::Tiling;
 use crate::training::{MixedPrecision, TrainError, TrainingStep, training_forward};
@@ -41,7 +43,7 @@ pub enum Target<'a> {
 /// The standard passes for `target`, in order, as `options` configure
 /// them: the one list, so names, order and configuration cannot drift
 /// apart. `partition` is built only when data parallelism is asked for,
-/// `tiling` only when tiles are.
+/// `tiling` only when tiles are, `regather` only with sequence parallelism.
 fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     match target {
         Target::Forward(_) => vec![Box::new(Rewrite), Box::new(Attention), Box::new(Fuse)],
@@ -53,6 +55,9 @@ fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
                 Box::new(TrainingStep { train: (*train).clone() }),
                 Box::new(Recompute { policy: options.recompute }),
             ]);
+            if options.sequence_parallel {
+                passes.push(Box::new(Regather));
+            }
             passes.extend(options.data_parallel.map(|data_parallel| Box::new(Partition { data_parallel }) as _));
             passes.push(Box::new(Fuse));
             passes
@@ -60,10 +65,16 @@ fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     }
 }
 
-/// The names of the passes a target can run, in order (`tiling` and
-/// `partition` among them, though they run only when asked for).
+/// The names of the passes a target can run, in order (`tiling`,
+/// `regather` and `partition` among them, though they run only when asked
+/// for).
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
-    let every = PassOptions { data_parallel: Some(DataParallel::single()), tiles: Some(1), ..PassOptions::default() };
+    let every = PassOptions {
+        data_parallel: Some(DataParallel::single()),
+        tiles: Some(1),
+        sequence_parallel: true,
+        ..PassOptions::default()
+    };
     passes(target, &every).iter().map(|pass| pass.name()).collect()
 }
 

@@ -12,7 +12,7 @@ use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::spec::{ModelSpec, Precision, Sharing, TrainingSpec};
 use zeroplan_ir::{Graph, Init, Op, Phase};
 use zeroplan_passes::manager::PassOptions;
-use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_passes::pipeline::{Resume, Target, compile};
 
 fn step(m: &ModelSpec, t: u64, dp: Option<DataParallel>, train: &TrainingSpec) -> Result<Graph, String> {
     let options = PassOptions { tensor_parallel: Some(t), data_parallel: dp, ..PassOptions::default() };
@@ -131,9 +131,16 @@ fn sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduce
             assert_eq!(count_where(&g, Phase::Forward, gather(true)), 2 * layers + mlm, "{}", at("forward gathers"));
             // The pooler reads the whole sequence, gathered once.
             assert_eq!(count_where(&g, Phase::Forward, gather(false)), pooler, "{}", at("gathers for the pooler"));
+            // Its backward needs no gathered value: nothing gathers it again.
+            assert_eq!(count_where(&g, Phase::Backward, gather(false)), 0, "{}", at("pooler re-gathers"));
             assert_eq!(count(&g, Phase::Forward, "tensor_all_reduce"), mlm, "{}", at("forward all-reduces"));
-            // Backward: the adjoints, pairwise.
-            assert_eq!(count_where(&g, Phase::Backward, gather(true)), 2 * layers + 1, "{}", at("backward gathers"));
+            // Backward: the adjoints, pairwise, and each column-parallel
+            // GEMM's input gathered again for its weight gradient (`regather`).
+            let regathers = 2 * layers + mlm;
+            let backward_gathers = count_where(&g, Phase::Backward, gather(true));
+            assert_eq!(backward_gathers, 2 * layers + 1 + regathers, "{}", at("backward gathers"));
+            let regathered = g.petgraph().node_weights().filter(|n| n.name.ends_with(".sequence_all_gather.regather"));
+            assert_eq!(regathered.count(), regathers, "{}", at("re-gathers"));
             assert_eq!(count_where(&g, Phase::Backward, scatter), 2 * layers + mlm, "{}", at("backward scatters"));
             assert_eq!(count(&g, Phase::Backward, "sequence_slice"), pooler, "{}", at("backward slices"));
             // Each sequence-parallel parameter is read through one tensor_copy
@@ -219,6 +226,141 @@ fn sequence_parallel_regions_keep_a_tth_of_their_activations() {
         peak(&sp),
         peak(&tp)
     );
+}
+
+/// The forward activations of `g`'s memory plan that the backward reads
+/// (alive past the forward's last node), by name: the stored activations.
+fn stored(g: &Graph, bindings: &zeroplan_ir::Bindings) -> std::collections::BTreeMap<String, (String, u64)> {
+    let plan = zeroplan_passes::memory::plan(g, bindings).unwrap();
+    let forward_end = plan.order.iter().rposition(|&n| g.node(n).phase == Phase::Forward).unwrap();
+    plan.intervals
+        .iter()
+        .filter(|i| i.end > forward_end && i.alias_of.is_none())
+        .filter(|i| i.category == zeroplan_passes::memory::Category::Activations)
+        .filter(|i| g.node(i.value.node).phase == Phase::Forward)
+        .map(|i| (g.node(i.value.node).name.clone(), (g.value_type(i.value).to_string(), i.bytes)))
+        .collect()
+}
+
+/// With sequence parallelism the backward gathers each column-parallel
+/// GEMM's input again for its weight gradient (the `regather` pass), as
+/// Megatron-LM does: the forward stores the rank's slice, never the whole
+/// sequence at the whole width. Tiny BERT (2 layers, hidden 32, MLM head),
+/// batch 2, sequence 8, 4 tensor ranks: 5 gathers (Q/K/V and feed-forward
+/// up per layer, the MLM decoder), each 2048 B whole and 512 B sliced.
+#[test]
+fn sequence_parallel_steps_store_the_slices_that_gemms_gather() {
+    let m = model("tiny/tiny-bert.ron");
+    let train = TrainingSpec::default();
+    let t = 4;
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), 2), ("seq".to_string(), 8)].into();
+    let options = |disabled: &[&str]| PassOptions {
+        shape_hint: bindings.clone(),
+        disabled: disabled.iter().map(|d| d.to_string()).collect(),
+        ..PassOptions::default()
+    };
+    let on = sequence_parallel_step(&m, t, &train, options(&["fuse"])).unwrap();
+    let off = sequence_parallel_step(&m, t, &train, options(&["fuse", "regather"])).unwrap();
+    let (stored_on, stored_off) = (stored(&on, &bindings), stored(&off, &bindings));
+    let whole = |stored: &std::collections::BTreeMap<String, (String, u64)>| -> Vec<String> {
+        stored.iter().filter(|(_, (ty, _))| ty == "f32[batch, seq, 32]").map(|(n, _)| n.clone()).collect()
+    };
+    let gathers = 2 * m.layers as usize + 1;
+    // Without the pass the whole-sequence, whole-width values the backward
+    // reads are exactly the gathered GEMM inputs; with it there are none.
+    let whole_off = whole(&stored_off);
+    assert_eq!(whole_off.len(), gathers, "{whole_off:?}");
+    assert!(whole_off.iter().all(|n| n.ends_with(".sequence_all_gather")), "{whole_off:?}");
+    assert_eq!(whole(&stored_on), Vec::<String>::new());
+    // What each gather reads is stored instead, a t-th of the bytes.
+    let mut slices = 0;
+    for n in on.petgraph().node_indices() {
+        let node = on.node(n);
+        if node.phase == Phase::Forward
+            && node.name.ends_with(".sequence_all_gather")
+            && node.name != "encoder.output.sequence_all_gather"
+        {
+            let slice = &on.node(on.operands(n)[0].node).name;
+            assert_eq!(stored_on.get(slice).map(|(_, b)| *b), Some(2048 / t), "{slice}, read by {}", node.name);
+            slices += 1;
+        }
+    }
+    assert_eq!(slices, gathers);
+    // The slices not stored without the pass (the embeddings' dropout and
+    // the norms read only by the next gather) replace the gathers.
+    let total =
+        |stored: &std::collections::BTreeMap<String, (String, u64)>| stored.values().map(|(_, b)| b).sum::<u64>();
+    assert_eq!(total(&stored_off) - total(&stored_on), gathers as u64 * (2048 - 512));
+    // Each re-gathered input lives from just before its weight gradient to
+    // it: one at a time, never across another.
+    let plan = zeroplan_passes::memory::plan(&on, &bindings).unwrap();
+    let mut lives: Vec<(usize, usize)> = plan
+        .intervals
+        .iter()
+        .filter(|i| on.node(i.value.node).name.ends_with(".regather"))
+        .map(|i| (i.start, i.end))
+        .collect();
+    lives.sort_unstable();
+    assert_eq!(lives.len(), gathers);
+    assert!(lives.iter().all(|(start, end)| end - start <= 3), "{lives:?}");
+    assert!(lives.windows(2).all(|w| w[0].1 < w[1].0), "{lives:?}");
+    let peak = |g: &Graph| {
+        let plan = zeroplan_passes::memory::plan(g, &bindings).unwrap();
+        plan.at_peak.get(&zeroplan_passes::memory::Category::Activations).copied().unwrap_or(0)
+    };
+    assert!(peak(&on) < peak(&off), "activation peak {} B with re-gathering, {} B without", peak(&on), peak(&off));
+}
+
+/// `--disable regather` is the step as the passes before it leave it: the
+/// weight gradients read the forward's gathered inputs.
+#[test]
+fn regather_disabled_leaves_the_recomputed_step_as_it_is() {
+    let m = model("tiny/tiny-bert.ron");
+    let train = TrainingSpec::default();
+    let options = |disabled: &[&str]| PassOptions {
+        disabled: disabled.iter().map(|d| d.to_string()).collect(),
+        tensor_parallel: Some(4),
+        sequence_parallel: true,
+        ..PassOptions::default()
+    };
+    let target = Target::Training(&train);
+    let through = |name| {
+        zeroplan_passes::pipeline::compile_between(&m, &target, options(&[]), Resume::Build, Some(name)).unwrap().graph
+    };
+    let off = compile(&m, &target, options(&["regather", "fuse"])).unwrap().graph;
+    assert_eq!(off.to_text(), through("recompute").to_text());
+    assert_ne!(off.to_text(), through("regather").to_text());
+    assert!(!off.to_text().contains(".regather"));
+    let read_by_backward = off.petgraph().node_indices().filter(|&n| {
+        let node = off.node(n);
+        node.phase == Phase::Forward
+            && node.name.ends_with(".sequence_all_gather")
+            && off.users(n).iter().any(|&u| off.node(u).phase == Phase::Backward)
+    });
+    assert_eq!(read_by_backward.count(), 2 * m.layers as usize + 1);
+}
+
+/// The `optimal` recomputation policy weighs the bytes the step stores as
+/// `regather` leaves them: the gathered GEMM inputs leave (5 × 2048 B: tiny
+/// BERT, batch 2, sequence 8, t = 4), the slices the feed-forward and MLM
+/// decoder gathers read (the attention norms and the MLM norm, 3 × 512 B)
+/// come in; the attention gathers' slices are layer inputs, counted as
+/// checkpoints either way.
+#[test]
+fn optimal_recomputation_weighs_the_stored_slices_not_the_gathered_inputs() {
+    use zeroplan_passes::recompute::{optimal, regions::Layers};
+    let m = model("tiny/tiny-bert.ron");
+    let train = TrainingSpec::default();
+    let bindings: zeroplan_ir::Bindings = [("batch".to_string(), 2), ("seq".to_string(), 8)].into();
+    let options = PassOptions { tensor_parallel: Some(4), sequence_parallel: true, ..PassOptions::default() };
+    let target = Target::Training(&train);
+    let before =
+        zeroplan_passes::pipeline::compile_between(&m, &target, options, Resume::Build, Some("training-step")).unwrap();
+    let g = before.graph;
+    let layers = Layers::of(&g, &g.topo_order().unwrap());
+    let stored = |regathered| optimal::costs(&g, &layers, &bindings, regathered).unwrap().stored_without_recompute();
+    assert_eq!(stored(false) - stored(true), 5 * 2048 - 3 * 512);
+    assert_eq!(optimal::step_costs(&g, &bindings).unwrap().stored_without_recompute(), stored(true));
 }
 
 fn step_with(m: &ModelSpec, train: &TrainingSpec, options: PassOptions) -> Result<Graph, String> {

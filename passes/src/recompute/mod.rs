@@ -4,7 +4,8 @@
 //! The pass rebuilds the training graph. Where a backward node reads a
 //! forward value the policy recomputes, it reads a clone instead: the
 //! region's forward nodes are cloned into the backward phase (named
-//! `NAME.recompute`) right before their first backward reader, so the
+//! `NAME.recompute`, [`crate::backward_clones`]) right before their first
+//! backward reader, so the
 //! schedule recomputes each region just in time and its original values die
 //! in the forward. Dropout clones draw the identical mask — the mask is a
 //! function of (seed, stream, offset, element), not stored state — so a
@@ -27,12 +28,12 @@
 pub mod optimal;
 pub mod regions;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use zeroplan_ir::{Graph, NodeIndex, Phase, Value};
+use std::collections::BTreeMap;
+use zeroplan_ir::Graph;
 
+use crate::backward_clones::{clone_before_backward, read_by_backward};
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node};
-use regions::{Choice, Layers, RegionId};
+use regions::{Choice, Layers};
 
 /// Which forward values the backward recomputes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -125,7 +126,8 @@ impl Recompute {
             Policy::Selective => every(Choice::Attention),
             Policy::Optimal { budget_bytes } => {
                 let bindings = crate::rewrite::hint_bindings(&cx.options.shape_hint);
-                let costs = optimal::costs(graph, layers, &bindings).ok_or_else(|| PassError::Failed {
+                let regathered = cx.options.sequence_parallel && !cx.options.disabled.contains("regather");
+                let costs = optimal::costs(graph, layers, &bindings, regathered).ok_or_else(|| PassError::Failed {
                     pass: "recompute",
                     message: "a size is unknown at the shape hint: bind batch and seq".to_string(),
                 })?;
@@ -169,7 +171,6 @@ impl Pass for Recompute {
         if self.policy == Policy::None {
             return Ok(graph);
         }
-        let fail = |error| PassError::Graph { pass: "recompute", error };
         let order = graph.topo_order().expect("a verified graph is acyclic");
         let layers = Layers::of(&graph, &order);
         let choices = self.choices(&graph, &layers, cx)?;
@@ -178,102 +179,15 @@ impl Pass for Recompute {
         // `attention` pass fused the region `selective` recomputes): the
         // graph stays as it is, so the plan is exactly `none`'s and the
         // planner compiles it once for both.
-        let read_by_backward = |n: &NodeIndex| {
-            graph.node(*n).phase == Phase::Backward && graph.operands(*n).iter().any(|v| region.contains_key(&v.node))
-        };
-        if !order.iter().any(read_by_backward) {
+        if !read_by_backward(&graph, &order, &region) {
             cx.stat("regions recomputed", 0);
             cx.stat("values recomputed", 0);
             return Ok(graph);
         }
-        let mut out = Graph::new(graph.name.clone());
-        let mut map = ValueMap::default();
-        // Per region, the clones' values once made.
-        let mut clones: HashMap<RegionId, ValueMap> = HashMap::new();
-        let mut recomputed = 0usize;
-        for &n in &order {
-            let node = graph.node(n);
-            out.phase = node.phase;
-            if node.phase == Phase::Backward {
-                let needed: Vec<RegionId> = {
-                    let mut r: Vec<RegionId> =
-                        graph.operands(n).iter().filter_map(|v| region.get(&v.node).copied()).collect();
-                    r.sort_unstable();
-                    r.dedup();
-                    r
-                };
-                for r in needed {
-                    if !clones.contains_key(&r) && cx.may_apply() {
-                        let made = clone_region(&graph, &order, &region, r, &map, &mut out).map_err(fail)?;
-                        recomputed += made.len();
-                        clones.insert(r, made);
-                    }
-                }
-                // Read recomputed values where they exist.
-                let operands: Vec<Value> = graph
-                    .operands(n)
-                    .iter()
-                    .map(|v| {
-                        region
-                            .get(&v.node)
-                            .and_then(|r| clones.get(r))
-                            .and_then(|m| m.get(v))
-                            .copied()
-                            .unwrap_or(map[v])
-                    })
-                    .collect();
-                let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
-                let copy = out.add_node(node.name.clone(), node.op.clone(), &operands, declared).map_err(fail)?;
-                for output in 0..node.outputs.len() as u32 {
-                    map.insert(Value { node: n, output }, Value { node: copy, output });
-                }
-            } else {
-                copy_node(&graph, n, &mut out, &mut map).map_err(fail)?;
-            }
-        }
-        for (name, v) in &graph.outputs {
-            out.set_output(name.clone(), map[v]);
-        }
-        for (target, v) in &graph.updates {
-            let target = map[&Value { node: *target, output: 0 }].node;
-            out.set_update(target, map[v]).map_err(fail)?;
-        }
-        out.phase = Phase::Forward;
-        cx.stat("regions recomputed", clones.len());
-        cx.stat("values recomputed", recomputed);
-        Ok(out)
+        let cloned = clone_before_backward(&graph, &order, &region, "recompute", cx)
+            .map_err(|error| PassError::Graph { pass: "recompute", error })?;
+        cx.stat("regions recomputed", cloned.groups);
+        cx.stat("values recomputed", cloned.nodes);
+        Ok(cloned.graph)
     }
-}
-
-/// Clones region `r`'s forward nodes that the backward needs into the
-/// backward phase, reading the clones of each other and the original values
-/// of everything else. A region node no backward node reads, directly or
-/// through another clone (a pre-LN layer's last dropout: its gradient needs
-/// only the mask, redrawn), is not cloned: its clone would be dead code,
-/// computed and given memory for nothing.
-fn clone_region(
-    graph: &Graph,
-    order: &[NodeIndex],
-    region: &HashMap<NodeIndex, RegionId>,
-    r: RegionId,
-    map: &ValueMap,
-    out: &mut Graph,
-) -> Result<ValueMap, zeroplan_ir::GraphError> {
-    let members: Vec<NodeIndex> = order.iter().filter(|n| region.get(n) == Some(&r)).copied().collect();
-    let mut needed = HashSet::new();
-    for &n in members.iter().rev() {
-        if graph.users(n).iter().any(|u| graph.node(*u).phase == Phase::Backward || needed.contains(u)) {
-            needed.insert(n);
-        }
-    }
-    let mut made = ValueMap::default();
-    for &n in members.iter().filter(|n| needed.contains(n)) {
-        let node = graph.node(n);
-        let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
-        let copy = out.add_node(format!("{}.recompute", node.name), node.op.clone(), &operands, Vec::new())?;
-        for output in 0..node.outputs.len() as u32 {
-            made.insert(Value { node: n, output }, Value { node: copy, output });
-        }
-    }
-    Ok(made)
 }

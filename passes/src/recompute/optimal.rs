@@ -23,7 +23,7 @@
 //! measures the peak; the budget bounds the part recomputation controls.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase, Value};
+use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
 use super::regions::{Choice, Layers, RegionId, is_activation};
 use crate::cost::work::work;
@@ -62,8 +62,11 @@ pub struct Decision {
     pub front: usize,
 }
 
-/// Every layer's cost under every choice at `bindings`; `None` where a size is unbound.
-pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings) -> Option<Costs> {
+/// Every layer's cost under every choice at `bindings`; `None` where a size
+/// is unbound. `regathered`: the `regather` pass will run (sequence
+/// parallelism), so a gathered GEMM input the backward reads is stored as
+/// the slice it gathers ([`stored`]).
+pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings, regathered: bool) -> Option<Costs> {
     let bytes = |values: HashSet<Value>| {
         values.into_iter().map(|v| graph.value_type(v).size_bytes(bindings)).sum::<Option<u64>>()
     };
@@ -71,14 +74,14 @@ pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings) -> Option<Cost
     let internal = layers.all_internal();
     let outside: Vec<NodeIndex> =
         graph.petgraph().node_indices().filter(|&n| is_activation(graph, n) && !internal.contains(&n)).collect();
-    let fixed = bytes(stored(graph, &outside, &layers.assign(graph, &all_full)))?;
+    let fixed = bytes(stored(graph, &outside, &layers.assign(graph, &all_full), regathered))?;
     let mut per_layer = Vec::new();
     for layer in layers.indices() {
         let mut options = Vec::new();
         for choice in Choice::ALL {
             let region = layers.region(graph, layer, choice);
             let flops = region.keys().map(|&n| work(graph, n, bindings).map(|w| w.flops)).sum::<Option<f64>>()?;
-            let bytes = bytes(stored(graph, layers.internal(layer), &region))?;
+            let bytes = bytes(stored(graph, layers.internal(layer), &region, regathered))?;
             options.push((choice, Cost { bytes, flops }));
         }
         per_layer.push((layer, options));
@@ -89,8 +92,24 @@ pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings) -> Option<Cost
 /// The buffers among `nodes`' outputs that outlive the forward when
 /// `region` is recomputed: read by the backward where not recomputed (the
 /// backward reads a recomputed value's clone), or read by a clone from
-/// outside its own region. A view's buffer is the value it views.
-pub fn stored(graph: &Graph, nodes: &[NodeIndex], region: &HashMap<NodeIndex, RegionId>) -> HashSet<Value> {
+/// outside its own region. A view's buffer is the value it views. Where
+/// `regathered`, a kept `sequence_all_gather` output is not stored: the
+/// slice it gathers is, counted with `nodes` when it is one of them (else it
+/// is a boundary or head value, stored as the layers' checkpoint).
+pub fn stored(
+    graph: &Graph,
+    nodes: &[NodeIndex],
+    region: &HashMap<NodeIndex, RegionId>,
+    regathered: bool,
+) -> HashSet<Value> {
+    let within: HashSet<NodeIndex> = nodes.iter().copied().collect();
+    let slice_of = |buffer: Value| {
+        let gathered = regathered && matches!(graph.node(buffer.node).op, Op::SequenceAllGather { .. });
+        if !gathered {
+            return Some(buffer);
+        }
+        buffer_of(graph, graph.operands(buffer.node)[0]).filter(|slice| within.contains(&slice.node))
+    };
     let mut out = HashSet::new();
     for &n in nodes {
         for m in graph.users(n) {
@@ -105,7 +124,7 @@ pub fn stored(graph: &Graph, nodes: &[NodeIndex], region: &HashMap<NodeIndex, Re
                     (Some(r), Phase::Forward) => region.get(&m) != Some(r),
                     (Some(_), _) => true,
                 };
-                if let Some(buffer) = kept.then(|| buffer_of(graph, v)).flatten() {
+                if let Some(buffer) = kept.then(|| buffer_of(graph, v)).flatten().and_then(slice_of) {
                     out.insert(buffer);
                 }
             }
@@ -219,10 +238,12 @@ fn pareto(mut points: Vec<Point>) -> Vec<Point> {
 }
 
 /// The costs of the training step `graph` (before the `recompute` pass) at
-/// `bindings`, as the pass would weigh them; `None` where a size is unbound.
+/// `bindings`, as the pass of the standard pipeline would weigh them (with
+/// `regather` after it where the step is sequence-parallel); `None` where a
+/// size is unbound.
 pub fn step_costs(graph: &Graph, bindings: &Bindings) -> Option<Costs> {
     let order = graph.topo_order()?;
-    costs(graph, &Layers::of(graph, &order), bindings)
+    costs(graph, &Layers::of(graph, &order), bindings, true)
 }
 
 impl Costs {
