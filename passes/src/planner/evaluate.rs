@@ -81,9 +81,6 @@ pub struct Evaluation {
     pub predicted: Predicted,
 }
 
-/// The pass the `recompute` pass follows.
-const BEFORE_RECOMPUTE: &str = "training-step";
-
 /// A training step compiled for one choice, in schedule order.
 pub struct Step {
     pub graph: Graph,
@@ -120,8 +117,8 @@ impl Step {
         Step::resume(model, choice, &train, options, from)
     }
 
-    /// The whole model's step for `choice` up to the `recompute` pass: what
-    /// an `optimal` policy weighs ([`crate::recompute::optimal::step_costs`])
+    /// The whole model's step for `choice` through [`SHARED_THROUGH`], the
+    /// last pass before `recompute`: what an `optimal` policy weighs ([`crate::recompute::optimal::step_costs`])
     /// and [`Step::after_training_step`] continues from.
     pub fn before_recompute(
         req: &Request,
@@ -131,7 +128,7 @@ impl Step {
         micro_batches: u64,
     ) -> Result<Graph, PlanError> {
         let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
-        compile_between(req.model, &Target::Training(&train), options, Resume::Build, Some(BEFORE_RECOMPUTE))
+        compile_between(req.model, &Target::Training(&train), options, Resume::Build, Some(SHARED_THROUGH))
             .map(|compiled| compiled.graph)
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))
     }
@@ -148,7 +145,7 @@ impl Step {
         graph: Graph,
     ) -> Result<Step, PlanError> {
         let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
-        let from = Resume::After { graph: Box::new(graph), after: BEFORE_RECOMPUTE };
+        let from = Resume::After { graph: Box::new(graph), after: SHARED_THROUGH };
         Step::resume(req.model, choice, &train, options, from)
     }
 
