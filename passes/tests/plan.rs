@@ -160,8 +160,17 @@ fn pins_are_honoured() {
 #[test]
 fn bad_requests_are_clear_errors() {
     let m = model("bert-base.ron");
-    let e = plan(&request(&m, cluster("a100-40gb", 8, None), 128, 100)).unwrap_err();
-    assert!(e.to_string().contains("--global-batch 104"), "{e}");
+    // 101 sequences split over no data-parallel degree that 8 GPUs with
+    // 1, 2 or 4 tensor ranks leave (12 heads rule out 8).
+    let e = plan(&request(&m, cluster("a100-40gb", 8, None), 128, 101)).unwrap_err();
+    assert!(
+        e.to_string().contains("over 2 data-parallel ranks") && e.to_string().contains("--global-batch 102"),
+        "{e}"
+    );
+    // 100 split over 4 data-parallel ranks: the search keeps to the tensor
+    // degrees that leave such a split.
+    let p = planned(&request(&m, cluster("a100-40gb", 8, None), 128, 100));
+    assert!(p.strategy.tensor_parallel >= 2, "{:?}", p.strategy);
     let e = plan(&request(&m, cluster("v100-32gb", 8, None), 128, 64)).unwrap_err();
     assert!(e.to_string().contains("no tensor cores for bf16: use --precision f16"), "{e}");
 }

@@ -43,13 +43,14 @@
 mod buckets;
 mod slots;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Place, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
 use crate::optimizer::{norm_share, tensor_sum};
 use crate::rebuild::{ValueMap, copy_node_as};
+use crate::recompute;
 pub use buckets::SHARD_ALIGN;
 use buckets::{Bucket, flat_init, flat_zeros};
 use slots::Step;
@@ -90,10 +91,10 @@ impl Pass for Partition {
 struct Made {
     /// The 16-bit (or fp32) parameters the forward reads: whole, or this rank's shard.
     weights: Option<Value>,
-    /// The whole bucket of parameters, per phase (gathered under stage 3).
-    gathered: FxHashMap<Phase, Value>,
-    /// Each member's view, per phase.
-    views: FxHashMap<(Phase, usize), Value>,
+    /// The whole bucket of parameters, per read (gathered under stage 3).
+    gathered: FxHashMap<Read, Value>,
+    /// Each member's view, per read.
+    views: FxHashMap<(Read, usize), Value>,
     /// Raw gradients produced so far, by member.
     grads: Vec<Option<Value>>,
     /// The gradient the optimizer reads (set once the optimizer phase starts).
@@ -103,6 +104,35 @@ struct Made {
     /// The shard's squared norm, when taken on the GPU before the shard
     /// was copied to the host.
     squared: Option<Value>,
+}
+
+/// When a bucket's parameters are read: in a phase, or, for a tile of a
+/// large operator, by the backward's recomputed forward. A tile gathered
+/// once for both its recomputed forward and its backward would stay from
+/// the one to the other, and with it every other tile of the operator: the
+/// tiled layer whole, which is what tiling is for not to hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Read {
+    Phase(Phase),
+    Recompute,
+}
+
+impl Read {
+    fn name(self) -> &'static str {
+        match self {
+            Read::Phase(phase) => phase.name(),
+            Read::Recompute => recompute::CLONE_SUFFIX,
+        }
+    }
+
+    /// The layer read after `layer`: the next in the forward and its
+    /// recomputation, the one before in the backward.
+    fn next(self, layer: usize) -> Option<usize> {
+        match self {
+            Read::Phase(Phase::Forward) | Read::Recompute => layer.checked_add(1),
+            Read::Phase(_) => layer.checked_sub(1),
+        }
+    }
 }
 
 struct Builder<'a> {
@@ -124,6 +154,14 @@ struct Builder<'a> {
     micro_batches: u64,
     /// The tensor-parallel ranks the graph is one rank of (1: none).
     tensor_ranks: u64,
+    /// A view of a parameter made again for another read: (view, read) → copy.
+    rephased: FxHashMap<(NodeIndex, Read), Value>,
+    /// The tile buckets the backward's recomputed forward reads.
+    recomputed_tiles: FxHashSet<usize>,
+    /// The squared gradient norm summed so far, over the last `summed`
+    /// buckets (the order `gradients_for_optimizer` sums in).
+    norm: Option<Value>,
+    summed: usize,
 }
 
 impl<'a> Builder<'a> {
@@ -161,7 +199,12 @@ impl<'a> Builder<'a> {
             compute,
             micro_batches,
             tensor_ranks: graph.tensor_parallel(),
+            rephased: FxHashMap::default(),
+            recomputed_tiles: FxHashSet::default(),
+            norm: None,
+            summed: 0,
         }
+        .with_recomputed_tiles()
     }
 
     fn run(mut self, order: &[NodeIndex]) -> Result<Graph, GraphError> {
@@ -204,16 +247,10 @@ impl<'a> Builder<'a> {
     /// averaging over every rank's micro-batches in `grad_scale`.
     fn copy(&mut self, n: NodeIndex) -> Result<(), GraphError> {
         let node = self.graph.node(n);
-        let phase = node.phase;
+        let (phase, recompute) = (node.phase, recompute::is_clone(&node.name));
         let mut operands = Vec::new();
         for v in self.graph.operands(n) {
-            operands.push(match self.slot_of.get(&v.node) {
-                Some(&s) => {
-                    let (b, m) = self.member_of[&s];
-                    self.view(b, m, phase)?
-                }
-                None => self.map[&v],
-            });
+            operands.push(self.operand(v, phase, recompute)?);
         }
         let op = match &node.op {
             Op::GradScale { max_norm, micro_batches } => {
@@ -222,6 +259,66 @@ impl<'a> Builder<'a> {
             op => op.clone(),
         };
         copy_node_as(self.graph, n, op, &operands, &mut self.out, &mut self.map)
+    }
+
+    /// Operand `v` as a node of `phase` (a recomputed clone, if
+    /// `recompute`) reads it: a parameter's view for that read. A view of a
+    /// parameter made in another phase (Megatron's `f` over a replicated
+    /// weight in a sequence-parallel region, which the backward's matmul
+    /// reads too) is made again over this read's view: reading the
+    /// forward's would keep the forward's gathered copy alive until the
+    /// backward — for a tiled operator, every tile at once.
+    fn operand(&mut self, v: Value, phase: Phase, recompute: bool) -> Result<Value, GraphError> {
+        if let Some(&s) = self.slot_of.get(&v.node) {
+            let (b, m) = self.member_of[&s];
+            let read = if recompute && self.buckets[b].tile { Read::Recompute } else { Read::Phase(phase) };
+            return self.view(b, m, read);
+        }
+        let node = self.graph.node(v.node);
+        if node.phase == phase || self.whole_on_device() || self.parameter_behind(v.node).is_none() {
+            return Ok(self.map[&v]);
+        }
+        let read = if recompute { Read::Recompute } else { Read::Phase(phase) };
+        if let Some(&made) = self.rephased.get(&(v.node, read)) {
+            return Ok(made);
+        }
+        let inner = self.operand(self.graph.operands(v.node)[0], phase, recompute)?;
+        let name = format!("{}.{}", node.name, read.name());
+        let made = self.out.add(name, node.op.clone(), &[inner])?;
+        self.rephased.insert((v.node, read), made);
+        Ok(made)
+    }
+
+    /// The slot of the parameter `n` is a chain of views of, if it is one.
+    fn parameter_behind(&self, n: NodeIndex) -> Option<usize> {
+        if !self.graph.node(n).op.is_view() {
+            return None;
+        }
+        let v = *self.graph.operands(n).first()?;
+        self.slot_of.get(&v.node).copied().or_else(|| self.parameter_behind(v.node))
+    }
+
+    /// Notes the tile buckets a recomputed clone reads (directly or through
+    /// views), which the recomputed forward prefetches one after another.
+    fn with_recomputed_tiles(mut self) -> Self {
+        for n in self.graph.petgraph().node_indices() {
+            if !recompute::is_clone(&self.graph.node(n).name) {
+                continue;
+            }
+            for v in self.graph.operands(n) {
+                let slot = self.slot_of.get(&v.node).copied().or_else(|| self.parameter_behind(v.node));
+                if let Some(b) = slot.map(|s| self.member_of[&s].0).filter(|&b| self.buckets[b].tile) {
+                    self.recomputed_tiles.insert(b);
+                }
+            }
+        }
+        self
+    }
+
+    /// Whether every phase reads the same parameters: whole on the device
+    /// (below stage 3, or one rank without parameter offload).
+    fn whole_on_device(&self) -> bool {
+        self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device
     }
 
     fn add_at(&mut self, place: Place, name: String, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
@@ -267,37 +364,45 @@ impl<'a> Builder<'a> {
         Ok(w)
     }
 
-    /// The whole bucket in `phase`: the parameters themselves, or under
+    /// The whole bucket for `read`: the parameters themselves, or under
     /// stage 3 an all-gather of the shards, made together with the gathers
     /// of the layer that runs next (prefetch, one layer ahead; a tile of a
     /// large operator is a layer of its own, prefetched by the tile before).
-    fn gathered(&mut self, b: usize, phase: Phase) -> Result<Value, GraphError> {
-        if let Some(&g) = self.made[b].gathered.get(&phase) {
+    fn gathered(&mut self, b: usize, read: Read) -> Result<Value, GraphError> {
+        if let Some(&g) = self.made[b].gathered.get(&read) {
             return Ok(g);
         }
         let w = self.weights(b)?;
-        if self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device {
-            self.made[b].gathered.insert(phase, w);
+        if self.whole_on_device() {
+            self.made[b].gathered.insert(read, w);
             return Ok(w);
         }
-        let g = self.gather(b, phase)?;
-        let layer = self.buckets[b].layer;
-        let next = if phase == Phase::Forward { layer.checked_add(1) } else { layer.checked_sub(1) };
+        let g = self.gather(b, read)?;
+        let next = read.next(self.buckets[b].layer);
         for n in 0..self.buckets.len() {
             // A tile is prefetched only by the tile before it: a layer's
             // bucket is read at both ends of its backward, and a tile
-            // gathered that early would stay beside the next ones.
-            let prefetch = !self.buckets[n].tile || self.buckets[b].tile;
-            if Some(self.buckets[n].layer) == next && prefetch && !self.made[n].gathered.contains_key(&phase) {
-                self.gather(n, phase)?;
+            // gathered that early would stay beside the next ones. The
+            // recomputed forward reads tiles alone, and only those it
+            // recomputes; the backward does not reach into a layer whose
+            // tiles are recomputed, which first runs its recomputed forward.
+            let recomputed = self.recomputed_tiles.contains(&n);
+            let prefetch = match read {
+                Read::Recompute => recomputed,
+                Read::Phase(phase) => {
+                    (!self.buckets[n].tile || self.buckets[b].tile) && !(recomputed && phase == Phase::Backward)
+                }
+            };
+            if Some(self.buckets[n].layer) == next && prefetch && !self.made[n].gathered.contains_key(&read) {
+                self.gather(n, read)?;
             }
         }
         Ok(g)
     }
 
-    fn gather(&mut self, b: usize, phase: Phase) -> Result<Value, GraphError> {
+    fn gather(&mut self, b: usize, read: Read) -> Result<Value, GraphError> {
         let w = self.weights(b)?;
-        let name = format!("{}.params.{}", self.buckets[b].name, phase.name());
+        let name = format!("{}.params.{}", self.buckets[b].name, read.name());
         let mut shard = w;
         if self.weights_place() == Place::Host {
             shard = self.add_at(Place::Device, format!("{name}.h2d"), Op::Copy, &[w])?;
@@ -308,28 +413,26 @@ impl<'a> Builder<'a> {
         } else {
             self.out.add(format!("{name}.gathered"), Op::AllGather { ranks: self.dp.ranks }, &[shard])?
         };
-        self.made[b].gathered.insert(phase, g);
+        self.made[b].gathered.insert(read, g);
         Ok(g)
     }
 
-    /// Member `m` of bucket `b` in its parameter's shape, read in `phase`:
-    /// a slice and a reshape, both views of the flat buffer.
-    fn view(&mut self, b: usize, m: usize, phase: Phase) -> Result<Value, GraphError> {
-        // Parameters whole on the device (below stage 3, or one rank without
-        // parameter offload): one view serves all phases.
-        let whole = self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device;
-        let phase = if whole { Phase::Forward } else { phase };
-        if let Some(&v) = self.made[b].views.get(&(phase, m)) {
+    /// Member `m` of bucket `b` in its parameter's shape, for `read`: a
+    /// slice and a reshape, both views of the flat buffer.
+    fn view(&mut self, b: usize, m: usize, read: Read) -> Result<Value, GraphError> {
+        // Parameters whole on the device: one view serves all reads.
+        let read = if self.whole_on_device() { Read::Phase(Phase::Forward) } else { read };
+        if let Some(&v) = self.made[b].views.get(&(read, m)) {
             return Ok(v);
         }
-        let flat = self.gathered(b, phase)?;
+        let flat = self.gathered(b, read)?;
         let member = &self.buckets[b].members[m];
-        let suffix = if phase == Phase::Forward { String::new() } else { format!(".{}", phase.name()) };
+        let suffix = if read == Read::Phase(Phase::Forward) { String::new() } else { format!(".{}", read.name()) };
         let (name, start, len) = (format!("{}{suffix}", member.name), member.offset, member.len());
         let shape = Shape(member.shape.iter().map(|&d| Dim::constant(d)).collect());
         let slice = self.out.add(format!("{name}.flat"), Op::Slice { axis: 0, start, len }, &[flat])?;
         let view = self.out.add(format!("{name}.view"), Op::Reshape { shape }, &[slice])?;
-        self.made[b].views.insert((phase, m), view);
+        self.made[b].views.insert((read, m), view);
         Ok(view)
     }
 
@@ -370,6 +473,7 @@ impl<'a> Builder<'a> {
             if self.micro_batches == 1 {
                 let sq = self.out.add(format!("{name}.sq"), Op::SquaredSum, &[reduced])?;
                 self.made[b].squared = Some(sq);
+                self.sum_ready_squares()?;
             }
             place = Place::Host;
             reduced = self.add_at(place, format!("{name}.d2h"), Op::Copy, &[reduced])?;
@@ -408,7 +512,6 @@ impl<'a> Builder<'a> {
     /// reduction), the squared global norm, and `grad_scale`'s operand.
     fn gradients_for_optimizer(&mut self) -> Result<(), GraphError> {
         let ranks = self.dp.ranks;
-        let mut total: Option<Value> = None;
         // In the order the backward finishes the buckets (last layer
         // first): collectives run in issue order, so one issued for a
         // bucket whose gradients come last would hold up all the others.
@@ -427,6 +530,9 @@ impl<'a> Builder<'a> {
                 (true, _) => self.out.add(format!("{name}.reduce_scatter"), Op::ReduceScatter { ranks }, &[pending])?,
             };
             self.made[b].applied = Some(applied);
+            if b >= self.buckets.len() - self.summed {
+                continue;
+            }
             let sq = match self.made[b].squared {
                 Some(sq) => sq,
                 None if self.out.node(applied.node).place == Place::Host => {
@@ -435,20 +541,42 @@ impl<'a> Builder<'a> {
                 }
                 None => self.out.add(format!("{name}.sq"), Op::SquaredSum, &[applied])?,
             };
-            let init = flat_init(&self.buckets[b], 1);
-            let sq = norm_share(&mut self.out, &format!("{name}.sq"), sq, init, self.tensor_ranks)?;
-            total = Some(match total {
-                None => sq,
-                Some(t) => self.out.add(format!("train.grad_sq.{}", self.buckets[b].name), Op::Add, &[t, sq])?,
-            });
+            self.add_square(b, sq)?;
         }
-        let mut total = total.expect("a step has at least one bucket");
+        let mut total = self.norm.expect("a step has at least one bucket");
         if self.dp.zero_stage >= 1 && ranks > 1 {
             total = self.out.add("train.grad_sq.all_reduce", Op::AllReduce { ranks }, &[total])?;
         }
         total = tensor_sum(&mut self.out, "train.grad_sq", total, self.tensor_ranks)?;
         let old = self.graph.operands(self.step.grad_scale)[0];
         self.map.insert(old, total);
+        Ok(())
+    }
+
+    /// Adds the squared norms the backward has taken to the running total,
+    /// in the order the optimizer phase sums them (last bucket first), as
+    /// far as they are ready: each dies as it is added. Kept until the
+    /// optimizer phase, the thousands of scalars of a tiled model would
+    /// all be live at once.
+    fn sum_ready_squares(&mut self) -> Result<(), GraphError> {
+        while let Some(b) = self.buckets.len().checked_sub(self.summed + 1) {
+            let Some(sq) = self.made[b].squared else { break };
+            self.add_square(b, sq)?;
+        }
+        Ok(())
+    }
+
+    /// Adds bucket `b`'s squared norm (its share, under tensor
+    /// parallelism) to the running total.
+    fn add_square(&mut self, b: usize, sq: Value) -> Result<(), GraphError> {
+        let name = &self.buckets[b].name;
+        let init = flat_init(&self.buckets[b], 1);
+        let sq = norm_share(&mut self.out, &format!("{name}.grad.sq"), sq, init, self.tensor_ranks)?;
+        self.norm = Some(match self.norm {
+            None => sq,
+            Some(t) => self.out.add(format!("train.grad_sq.{name}"), Op::Add, &[t, sq])?,
+        });
+        self.summed += 1;
         Ok(())
     }
 

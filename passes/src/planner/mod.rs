@@ -84,8 +84,8 @@ pub enum PlanError {
     #[error("{0}")]
     Compile(String),
     #[error(
-        "the global batch of {global_batch} sequences does not split over {ranks} GPUs: \
-         use a multiple of {ranks} (e.g. --global-batch {})",
+        "the global batch of {global_batch} sequences does not split over {ranks} data-parallel ranks \
+         (the GPUs over the largest tensor-parallel degree): use a multiple of {ranks} (e.g. --global-batch {})",
         global_batch.div_ceil(*ranks).max(1) * ranks
     )]
     Batch { global_batch: u64, ranks: u64 },
@@ -270,10 +270,13 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
             return Err(PlanError::SequenceParallel(why));
         }
     }
-    // The data-parallel ranks split the batch.
-    let ranks = world / req.pins.tensor_parallel.unwrap_or(1).max(1);
-    if ranks == 0 || req.global_batch == 0 || !req.global_batch.is_multiple_of(ranks) {
-        return Err(PlanError::Batch { global_batch: req.global_batch, ranks: ranks.max(1) });
+    // The data-parallel ranks split the batch at some tensor-parallel
+    // degree the search may try (the search tries only those).
+    let degrees: Vec<u64> =
+        search::model_tensor_degrees(req).into_iter().filter(|&t| search::splits_batch(req, t)).collect();
+    if degrees.is_empty() {
+        let most = search::model_tensor_degrees(req).into_iter().max().unwrap_or(1);
+        return Err(PlanError::Batch { global_batch: req.global_batch, ranks: (world / most).max(1) });
     }
     if req.pins.tiles == Some(0) {
         return Err(PlanError::Pins("--tiles 0: an operator is at least one tile (1: untiled)".into()));
@@ -292,9 +295,9 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
         return Err(PlanError::Stage(z));
     }
     if let Some(b) = req.pins.micro_batch {
-        let per_rank = req.global_batch / ranks;
-        if b == 0 || !per_rank.is_multiple_of(b) {
-            return Err(PlanError::MicroBatch { micro_batch: b, per_rank });
+        let per_rank = |t: u64| req.global_batch / (world / t);
+        if search::tensor_degrees(req).is_empty() {
+            return Err(PlanError::MicroBatch { micro_batch: b, per_rank: per_rank(degrees[0]) });
         }
     }
     let dtype = compute_dtype(req.train.precision);

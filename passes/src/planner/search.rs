@@ -73,6 +73,16 @@ impl Outcome {
 /// tensor parallelism on NVLink: its all-reduces sit on the critical path)
 /// and splits the model's heads and feed-forward evenly.
 pub fn tensor_degrees(req: &Request) -> Vec<u64> {
+    let micro_batch_divides = |t: u64| {
+        let per_rank = req.global_batch / (req.cluster.world_size() / t);
+        req.pins.micro_batch.is_none_or(|b| b > 0 && per_rank.is_multiple_of(b))
+    };
+    model_tensor_degrees(req).into_iter().filter(|&t| splits_batch(req, t) && micro_batch_divides(t)).collect()
+}
+
+/// The tensor-parallel degrees the model and the nodes allow, whatever the
+/// batch: the pinned one, else the divisors of the GPUs within a node.
+pub fn model_tensor_degrees(req: &Request) -> Vec<u64> {
     if let Some(t) = req.pins.tensor_parallel {
         return vec![t];
     }
@@ -80,6 +90,13 @@ pub fn tensor_degrees(req: &Request) -> Vec<u64> {
         .into_iter()
         .filter(|&t| t <= req.cluster.gpus_per_node.max(1) && check_tensor_parallel(req.model, t).is_ok())
         .collect()
+}
+
+/// Whether the global batch splits evenly over the data-parallel ranks
+/// that `t` tensor ranks leave.
+pub fn splits_batch(req: &Request, t: u64) -> bool {
+    let ranks = req.cluster.world_size() / t.max(1);
+    ranks > 0 && req.global_batch > 0 && req.global_batch.is_multiple_of(ranks)
 }
 
 /// Sequence parallelism at `t` tensor ranks: none with one rank; the pinned

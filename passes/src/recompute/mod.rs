@@ -51,6 +51,14 @@ pub enum Policy {
     },
 }
 
+/// The suffix of a recomputed clone's name: `layer3.ffn.up.mm.recompute`.
+pub const CLONE_SUFFIX: &str = "recompute";
+
+/// Whether `name` is a clone this pass made.
+pub fn is_clone(name: &str) -> bool {
+    name.strip_suffix(CLONE_SUFFIX).is_some_and(|rest| rest.ends_with('.'))
+}
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
@@ -184,7 +192,7 @@ impl Pass for Recompute {
             cx.stat("values recomputed", 0);
             return Ok(graph);
         }
-        let cloned = clone_before_backward(&graph, &order, &region, "recompute", cx)
+        let cloned = clone_before_backward(&graph, &order, &region, CLONE_SUFFIX, cx)
             .map_err(|error| PassError::Graph { pass: "recompute", error })?;
         cx.stat("regions recomputed", cloned.groups);
         cx.stat("values recomputed", cloned.nodes);
