@@ -204,6 +204,19 @@ fn accumulating_graph(read_forward: bool) -> Graph {
     g
 }
 
+/// A target updated twice in one phase is refused by the verifier, naming
+/// it; once in each of two phases (the accumulator above) is a step.
+#[test]
+fn a_target_updated_twice_in_one_phase_is_refused() {
+    let mut g = accumulating_graph(false);
+    assert!(g.verify().is_ok());
+    let acc = g.node_by_name("acc").unwrap();
+    let again = g.node_by_name("w.next").unwrap();
+    g.set_update(acc, Value { node: again, output: 0 }).unwrap();
+    let e = g.verify().unwrap_err();
+    assert!(e.to_string().contains("acc") && e.to_string().contains("updated twice in one phase"), "{e}");
+}
+
 #[test]
 fn step_accumulates_over_micro_batches_then_updates_once() {
     let g = accumulating_graph(false);

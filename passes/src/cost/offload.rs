@@ -123,20 +123,23 @@ pub struct ParameterFetch {
     /// Every data-parallel rank reads its `1/N` shard at once over its own
     /// link; the all-gather that follows runs on the GPU fabric.
     pub bandwidth_centric_seconds: f64,
-    /// One rank reads the whole tensor over its one link (and would then
-    /// broadcast it).
+    /// One rank per tensor slice reads the whole slice over its one link
+    /// (and would then broadcast it), the slices' readers at once.
     pub single_reader_seconds: f64,
 }
 
 /// Seconds to read `bytes` of an offloaded parameter (the whole tensor, or
 /// one tensor rank's slice of it) from this machine's tier by `ranks`
 /// data-parallel ranks, each reading its `1/ranks` shard, against one rank
-/// reading it all. A rank's read runs at the slower of its PCIe link and
+/// reading it all (one per slice: the `tensor_parallel` slices are read at
+/// once either way). A rank's read runs at the slower of its PCIe link and
 /// its share of its node's drives, which every GPU of the node reading at
-/// once (`ranks × tensor_parallel` of them, at most the node's) divide (the
-/// drives only on the NVMe tier: CPU memory outruns a node's PCIe links
-/// together, 16 × 12 GB/s against the DGX-2's two sockets of six DDR4-2666
-/// channels, 256 GB/s).
+/// once divides (the drives only on the NVMe tier: CPU memory outruns a
+/// node's PCIe links together, 16 × 12 GB/s against the DGX-2's two sockets
+/// of six DDR4-2666 channels, 256 GB/s). Where the drives are what bounds
+/// one node's readers, more readers on that node gain nothing: what
+/// bandwidth-centric partitioning adds is the other nodes' drives and the
+/// links a lone reader leaves idle.
 pub fn parameter_fetch(machine: &Machine, bytes: f64, ranks: u64, tensor_parallel: u64) -> ParameterFetch {
     let pcie = machine.cluster.gpu.host_gbps * 1e9;
     let nvme = machine.cluster.nvme.filter(|_| machine.offload_to == OffloadTo::Nvme);
@@ -147,7 +150,7 @@ pub fn parameter_fetch(machine: &Machine, bytes: f64, ranks: u64, tensor_paralle
     };
     ParameterFetch {
         bandwidth_centric_seconds: bytes / ranks.max(1) as f64 / rate(per_node),
-        single_reader_seconds: bytes / rate(1),
+        single_reader_seconds: bytes / rate(tensor_parallel.clamp(1, machine.cluster.gpus_per_node.max(1))),
     }
 }
 
@@ -194,6 +197,10 @@ mod tests {
         // ranks of 8 tensor ranks fill the node, and share its drives.
         let sliced = parameter_fetch(&dgx2(1, OffloadTo::Nvme), bytes / 8.0, 2, 8);
         assert!((sliced.bandwidth_centric_seconds - bytes / 8.0 / 2.0 / (25e9 / 16.0)).abs() < 1e-6, "{sliced:?}");
+        // The lone readers, one per slice, share those drives too: 8 of
+        // them at 25/8 GB/s each, and on one node the two ways tie.
+        assert!((sliced.single_reader_seconds - bytes / 8.0 / (25e9 / 8.0)).abs() < 1e-6, "{sliced:?}");
+        assert!((sliced.single_reader_seconds - sliced.bandwidth_centric_seconds).abs() < 1e-6, "{sliced:?}");
     }
 
     /// The host optimizer on NVMe: reading and writing a GPU's share of

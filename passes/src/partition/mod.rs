@@ -557,9 +557,10 @@ impl<'a> Builder<'a> {
     /// in the order the optimizer phase sums them (last bucket first), as
     /// far as they are ready: each dies as it is added. Kept until the
     /// optimizer phase, the thousands of scalars of a tiled model would
-    /// all be live at once.
+    /// all be live at once. The first bucket's is added in the optimizer
+    /// phase, which the step's squared norm is an output of.
     fn sum_ready_squares(&mut self) -> Result<(), GraphError> {
-        while let Some(b) = self.buckets.len().checked_sub(self.summed + 1) {
+        while let Some(b) = self.buckets.len().checked_sub(self.summed + 1).filter(|&b| b > 0) {
             let Some(sq) = self.made[b].squared else { break };
             self.add_square(b, sq)?;
         }
