@@ -31,6 +31,11 @@
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
+//! With an NVMe tier (`--nvme-dir`, [`Device::attach_tier`]) the host-placed
+//! params and states live in the tier's slots, reached by the host routines
+//! there and copied to and from the device through pinned staging buffers
+//! ([`tier`]); the host arena stays pinned around them.
+//!
 //! Runs of the schedule the runner's capture plan marks
 //! (`zeroplan_exec::graphs`) are recorded once as CUDA graphs and replayed
 //! on later steps ([`graphs`]); dropout's counter word is read from device
