@@ -272,3 +272,63 @@ fn offloaded_optimizer_copies_match_the_host_runtime() {
     let kinds = agree_with(&model("tiny-bert"), Precision::Bf16, Some(dp), 1e-2);
     assert!(kinds.iter().any(|k| k == "copy"), "no copy ran: {kinds:?}");
 }
+
+/// The NVMe tier on a GPU (`train --backend cuda --nvme-dir DIR`): the
+/// host-placed states in files, copied to and from the device through the
+/// pinned staging buffers, train as the same plan in the pinned arena —
+/// every output of three steps and every state after, within the CUDA-vs-host
+/// tolerances — and no state stays in memory between steps.
+#[test]
+#[ignore = "needs a GPU with a CUDA 13 driver and NVRTC"]
+fn the_nvme_tier_trains_as_the_pinned_arena() {
+    use std::sync::Arc;
+
+    use zeroplan_ir::interp::State;
+    use zeroplan_runtime::comm::{Communicator, Groups, InProcess};
+    use zeroplan_runtime::runner::Nvme;
+
+    let cases = [
+        (DataParallel { ranks: 1, zero_stage: 3, offload: Offload::OptimizerAndParams }, Precision::F32, 1e-5),
+        (DataParallel { ranks: 1, zero_stage: 3, offload: Offload::OptimizerAndParams }, Precision::Bf16, 1e-2),
+        (DataParallel { ranks: 1, zero_stage: 1, offload: Offload::Optimizer }, Precision::Bf16, 1e-2),
+    ];
+    let model = model("tiny-bert");
+    for (dp, precision, tol) in cases {
+        let what = format!("{dp:?}, {precision:?}");
+        let train = TrainingSpec { precision, dropout: Some(0.1), ..TrainingSpec::default() };
+        let program = program_with(&model, &train, Some(dp));
+        let dir = std::env::temp_dir().join(format!("zeroplan-cuda-nvme-{}-{}", std::process::id(), dp.zero_stage));
+        std::fs::create_dir_all(&dir).unwrap();
+        let alone: Arc<dyn Communicator> = Arc::new(InProcess::group(1).pop().unwrap());
+        let nvme = Nvme { dir: dir.clone() };
+        let mut tiered =
+            CudaProgram::load_tiered(program.clone(), 7, Groups::data_parallel(alone), &State::new(), Some(&nvme))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(tiered.tier_bytes().is_some_and(|b| b > 0), "{what}: nothing on the tier");
+        let mut pinned = CudaProgram::load(program, 7).unwrap_or_else(|e| panic!("{e}"));
+        for s in 0..3 {
+            let feeds = batch(&model, s);
+            let (got, want) = (step(&mut tiered, &feeds), step(&mut pinned, &feeds));
+            assert_eq!(got.len(), want.len(), "{what}: outputs");
+            for ((name, got), (_, want)) in got.iter().zip(&want) {
+                let err = common::relative(got.floats().unwrap(), want.floats().unwrap());
+                eprintln!("{what}, step {s}: {name} relative error {err:e}");
+                assert!(err <= tol, "{what}, step {s}, output {name}: relative error {err:e} > {tol:e}");
+            }
+            tiered.check_tier().unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(tiered.tier_resident_bytes(), Some(0), "{what}: states left in memory after a step");
+        }
+        let (got, want) = (tiered.state(), pinned.state());
+        for (name, t) in want.iter().filter(|(_, t)| t.dtype().is_float()) {
+            let err = common::relative(got[name].floats().unwrap(), t.floats().unwrap());
+            assert!(err <= tol, "{what}: after 3 steps, {name}: relative error {err:e} > {tol:e}");
+        }
+        eprintln!(
+            "{what}: the tier keeps {} B, at most {} B in memory at once",
+            tiered.tier_bytes().unwrap(),
+            tiered.tier_high_water_bytes().unwrap()
+        );
+        drop(tiered);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

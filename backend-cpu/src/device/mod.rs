@@ -108,10 +108,9 @@ impl Host {
     /// (`(buffer, written)`): reads and writes outside the step's schedule
     /// (loading, checkpoints, phase-end copies) reach the states in the file.
     fn held<T>(&self, bufs: &[(Buf, bool)], access: impl FnOnce() -> T) -> T {
-        let Some(tier) = &self.memory.nvme else { return access() };
-        let held: Vec<usize> = bufs.iter().flat_map(|(b, write)| tier.hold(b, *write)).collect();
-        let out = access();
-        tier.unhold(held);
-        out
+        match &self.memory.nvme {
+            Some(tier) => tier.held(bufs, access),
+            None => access(),
+        }
     }
 }

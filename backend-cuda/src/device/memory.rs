@@ -1,13 +1,16 @@
 //! One rank's memory on a GPU: a device arena (`cuMemAlloc`) and a pinned
 //! host arena (`cuMemHostAlloc`, for ZeRO-Offload's states), each one
 //! allocation at the plan's size, zeroed like the host runtime's arenas,
-//! and the byte moves between them and ordinary host memory.
+//! and the byte moves between them and ordinary host memory. With an NVMe
+//! tier ([`super::tier`]), host buffers in its slots are reached there.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 use zeroplan_ir::Place;
 
+use super::tier::{self, OnNvme, Route};
 use zeroplan_exec::Buf;
 
 /// `len` bytes of device memory, freed on drop.
@@ -65,6 +68,17 @@ pub struct PinnedArena {
     ptr: *mut u8,
     len: usize,
     context: Arc<CudaContext>,
+    backing: Backing,
+}
+
+/// Where a [`PinnedArena`]'s bytes come from.
+enum Backing {
+    /// `cuMemHostAlloc`: every byte page-locked.
+    Allocated,
+    /// An anonymous mapping page-locked only in `ranges`
+    /// (`cuMemHostRegister`): the host arena beside an NVMe tier, whose
+    /// slots' planned bytes are never touched and so take no RAM.
+    Registered { _map: memmap2::MmapMut, ranges: Vec<Range<usize>> },
 }
 
 // Plain memory; the runner orders every access.
@@ -84,19 +98,65 @@ impl PinnedArena {
                 ptr
             }
         };
-        Ok(PinnedArena { ptr, len, context: Arc::clone(context) })
+        Ok(PinnedArena { ptr, len, context: Arc::clone(context), backing: Backing::Allocated })
+    }
+
+    /// `len` zero bytes of an anonymous mapping, page-locked in `ranges`
+    /// (page-aligned, sorted, disjoint, within the mapping's pages).
+    pub fn registered(context: &Arc<CudaContext>, len: usize, ranges: &[Range<usize>]) -> Result<PinnedArena, String> {
+        context.bind_to_thread().map_err(|e| format!("binding the CUDA context: {e:?}"))?;
+        let mut map = memmap2::MmapMut::map_anon(len.max(1))
+            .map_err(|e| format!("could not map {len} bytes for the host arena: {e}"))?;
+        let ptr = map.as_mut_ptr();
+        let mut arena = PinnedArena {
+            ptr,
+            len,
+            context: Arc::clone(context),
+            backing: Backing::Registered { _map: map, ranges: Vec::with_capacity(ranges.len()) },
+        };
+        for r in ranges {
+            // SAFETY: the range lies in the mapping's pages, which live as
+            // long as the arena; its drop unregisters what was registered.
+            unsafe { sys::cuMemHostRegister_v2(ptr.add(r.start).cast(), r.len(), 0) }.result().map_err(|e| {
+                format!(
+                    "page-locking {} bytes of the host arena at offset {} (cuMemHostRegister): {e:?}",
+                    r.len(),
+                    r.start
+                )
+            })?;
+            if let Backing::Registered { ranges, .. } = &mut arena.backing {
+                ranges.push(r.clone());
+            }
+        }
+        Ok(arena)
     }
 
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for PinnedArena {
     fn drop(&mut self) {
-        if self.len != 0 && self.context.bind_to_thread().is_ok() {
+        if self.len == 0 || self.context.bind_to_thread().is_err() {
+            return;
+        }
+        match &self.backing {
             // SAFETY: allocated in `new`, freed once.
-            let _ = unsafe { result::free_host(self.ptr.cast()) };
+            Backing::Allocated => {
+                let _ = unsafe { result::free_host(self.ptr.cast()) };
+            }
+            Backing::Registered { ranges, .. } => {
+                for r in ranges {
+                    // SAFETY: registered in `registered`, unregistered once; the
+                    // mapping is unmapped after (the field drops after this).
+                    let _ = unsafe { sys::cuMemHostUnregister(self.ptr.add(r.start).cast()) };
+                }
+            }
         }
     }
 }
@@ -105,6 +165,8 @@ impl Drop for PinnedArena {
 pub struct GpuMemory {
     pub device: DeviceArena,
     pub host: PinnedArena,
+    /// The NVMe tier holding the host-placed params and states, if any.
+    pub nvme: Option<OnNvme>,
 }
 
 impl GpuMemory {
@@ -114,9 +176,13 @@ impl GpuMemory {
         self.device.ptr() + b.offset as u64
     }
 
-    /// `b`'s first byte in the pinned host arena.
+    /// `b`'s first byte: in its NVMe tier slot if the tier holds it, else
+    /// in the pinned host arena.
     pub fn host_ptr(&self, b: Buf) -> *mut u8 {
         debug_assert_eq!(b.place, Place::Host);
+        if let Some(p) = self.nvme.as_ref().and_then(|n| n.tier.ptr(b)) {
+            return p;
+        }
         // SAFETY: `offset + bytes <= len` was checked when `b` was made.
         unsafe { self.host.ptr().add(b.offset) }
     }
@@ -152,13 +218,27 @@ impl GpuMemory {
     }
 
     /// Queues a copy of `from`'s bytes into `to` on `stream` where the DMA
-    /// engines can do it (device↔device without overlap, device↔pinned host);
-    /// `false` when the caller must copy on the host instead.
+    /// engines can do it (device↔device without overlap, device↔pinned
+    /// host, device↔NVMe tier slot through the pinned staging buffers,
+    /// waiting for a copy into a slot: [`super::tier`]); `false` when the
+    /// caller must copy on the host instead.
     pub fn copy_async(&self, from: Buf, to: Buf, stream: &CudaStream) -> Result<bool, DriverError> {
-        if !by_dma(from, to) {
-            return Ok(false);
-        }
+        let route = tier::route_beside(self.nvme.as_ref().map(|n| &n.tier), from, to);
         let n = from.bytes().min(to.bytes());
+        match (route, &self.nvme) {
+            (Route::Dma, _) => {}
+            (Route::Cpu, _) | (Route::Up | Route::Down, None) => return Ok(false),
+            // SAFETY: the slot is resident (the runner's window or a hold)
+            // and `n` bytes long; the device buffer lies in its arena.
+            (Route::Up, Some(nvme)) => {
+                unsafe { nvme.staging.up(self.host_ptr(from), self.device_ptr(to), n, stream)? };
+                return Ok(true);
+            }
+            (Route::Down, Some(nvme)) => {
+                unsafe { nvme.staging.down(self.device_ptr(from), self.host_ptr(to), n, stream)? };
+                return Ok(true);
+            }
+        }
         let s = stream.cu_stream();
         // SAFETY: both lie in their arenas; the pinned slices live as long as `self`.
         unsafe {

@@ -31,6 +31,11 @@
 //! communicator (one process per GPU, `zeroplan launch`), collectives on
 //! device buffers go to NCCL as device pointers ([`collective`]).
 //!
+//! With an NVMe tier (`--nvme-dir`, [`Device::attach_tier`]) the host-placed
+//! params and states live in the tier's slots, reached by the host routines
+//! there and copied to and from the device through pinned staging buffers
+//! ([`tier`]); the host arena stays pinned around them.
+//!
 //! Runs of the schedule the runner's capture plan marks
 //! (`zeroplan_exec::graphs`) are recorded once as CUDA graphs and replayed
 //! on later steps ([`graphs`]); dropout's counter word is read from device
@@ -46,6 +51,7 @@ mod collective;
 mod copies;
 pub mod epilogue;
 mod exec;
+mod gds;
 mod graphs;
 mod kernels;
 mod memory;
@@ -55,6 +61,7 @@ mod routines;
 pub mod schedule;
 #[cfg(test)]
 mod testing;
+mod tier;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -70,6 +77,7 @@ pub use kernels::CudaKernel;
 use memory::{DeviceArena, GpuMemory, PinnedArena};
 
 use zeroplan_exec::graphs::Capture;
+use zeroplan_exec::nvme::Tier;
 use zeroplan_exec::{Buf, Ctx, Device, Instr, Loaded, Rank, SelectError, select};
 
 /// Where NVRTC is looked for first: a directory holding `lib/libnvrtc.so.13`
@@ -190,6 +198,7 @@ impl Device for Cuda {
         let memory = GpuMemory {
             device: DeviceArena::new(context, size(program.arena_bytes)?).map_err(driver)?,
             host: PinnedArena::new(context, size(program.host_arena_bytes)?).map_err(driver)?,
+            nvme: None,
         };
         let stream = |what: &str| {
             context.new_stream().map_err(|e| SelectError::Device(format!("creating the {what} stream: {e:?}")))
@@ -242,19 +251,60 @@ impl Device for Cuda {
     }
 
     fn read(&self, buf: Buf, shape: Vec<usize>) -> Tensor {
-        exec::read(self, buf, shape).unwrap_or_else(|e| panic!("reading a buffer back from the GPU: {e}"))
+        self.held(&[(buf, false)], || exec::read(self, buf, shape))
+            .unwrap_or_else(|e| panic!("reading a buffer back from the GPU: {e}"))
     }
 
     fn write(&self, buf: Buf, t: &Tensor) {
-        exec::write(self, buf, t).unwrap_or_else(|e| panic!("writing a buffer to the GPU: {e}"))
+        self.held(&[(buf, true)], || exec::write(self, buf, t))
+            .unwrap_or_else(|e| panic!("writing a buffer to the GPU: {e}"))
     }
 
     fn copy(&self, from: Buf, to: Buf) {
-        exec::copy(self, from, to).unwrap_or_else(|e| panic!("copying a buffer on the GPU: {e}"))
+        self.held(&[(from, false), (to, true)], || exec::copy(self, from, to))
+            .unwrap_or_else(|e| panic!("copying a buffer on the GPU: {e}"))
     }
 
     fn fill(&self, buf: Buf, value: f64) {
-        exec::fill(self, buf, value).unwrap_or_else(|e| panic!("filling a buffer on the GPU: {e}"))
+        self.held(&[(buf, true)], || exec::fill(self, buf, value))
+            .unwrap_or_else(|e| panic!("filling a buffer on the GPU: {e}"))
+    }
+
+    /// Keeps the host-placed params and states in `tier`'s slots
+    /// ([`tier`]): the pinned host arena is remade page-locked only outside
+    /// the slots (so their planned bytes take no RAM), and copies to and
+    /// from the slots go through pinned staging buffers.
+    fn attach_tier(&mut self, tier: Tier) -> Result<(), String> {
+        // Nothing queued may still use the pinned arena this replaces.
+        exec::settle(self)?;
+        let slots: Vec<Buf> = tier.slots().iter().map(|s| s.buf).collect();
+        let context = self.gpu.context();
+        let len = self.memory.host.len();
+        let ranges = tier::pinned_ranges(len, &slots, tier::page_size());
+        let host = PinnedArena::registered(context, len, &ranges).map_err(|e| format!("--nvme-dir: {e}"))?;
+        let staging = tier::Staging::new(context).map_err(|e| {
+            format!("--nvme-dir: allocating {} pinned staging buffers of {} bytes: {e:?}", tier::STAGES, tier::CHUNK)
+        })?;
+        tracing::info!("{}", gds::Gds::probe().describe());
+        self.memory.host = host;
+        self.memory.nvme = Some(tier::OnNvme { tier, staging });
+        Ok(())
+    }
+
+    fn tier(&self) -> Option<&Tier> {
+        self.memory.nvme.as_ref().map(|n| &n.tier)
+    }
+}
+
+impl Cuda {
+    /// Runs `access` with the NVMe tier slots its buffers overlap resident
+    /// (`(buffer, written)`): the runner's reads and writes outside the
+    /// step's schedule reach the states in the file.
+    fn held<T>(&self, bufs: &[(Buf, bool)], access: impl FnOnce() -> T) -> T {
+        match self.tier() {
+            Some(tier) => tier.held(bufs, access),
+            None => access(),
+        }
     }
 }
 

@@ -301,6 +301,17 @@ impl Tier {
         }
     }
 
+    /// Runs `access` with the slots its buffers overlap resident
+    /// (`(buffer, written)`), by [`Tier::hold`] and [`Tier::unhold`]: how a
+    /// device's reads, writes, copies and fills outside the step's schedule
+    /// (loading, checkpoints, phase-end copies) reach the states.
+    pub fn held<T>(&self, bufs: &[(Buf, bool)], access: impl FnOnce() -> T) -> T {
+        let held: Vec<usize> = bufs.iter().flat_map(|(b, write)| self.hold(b, *write)).collect();
+        let out = access();
+        self.unhold(held);
+        out
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
