@@ -271,14 +271,14 @@ impl<'a> Builder<'a> {
     fn operand(&mut self, v: Value, phase: Phase, recompute: bool) -> Result<Value, GraphError> {
         if let Some(&s) = self.slot_of.get(&v.node) {
             let (b, m) = self.member_of[&s];
-            let read = if recompute && self.buckets[b].tile { Read::Recompute } else { Read::Phase(phase) };
-            return self.view(b, m, read);
+            return self.view(b, m, self.read(b, phase, recompute));
         }
         let node = self.graph.node(v.node);
-        if node.phase == phase || self.whole_on_device() || self.parameter_behind(v.node).is_none() {
+        let elsewhere = node.phase != phase && !self.whole_on_device();
+        let Some(s) = elsewhere.then(|| self.parameter_behind(v.node)).flatten() else {
             return Ok(self.map[&v]);
-        }
-        let read = if recompute { Read::Recompute } else { Read::Phase(phase) };
+        };
+        let read = self.read(self.member_of[&s].0, phase, recompute);
         if let Some(&made) = self.rephased.get(&(v.node, read)) {
             return Ok(made);
         }
@@ -289,13 +289,23 @@ impl<'a> Builder<'a> {
         Ok(made)
     }
 
+    /// How a node of `phase` (a recomputed clone, if `recompute`) reads
+    /// bucket `b`: only a tile is gathered apart for the recomputed forward.
+    fn read(&self, b: usize, phase: Phase, recompute: bool) -> Read {
+        if recompute && self.buckets[b].tile { Read::Recompute } else { Read::Phase(phase) }
+    }
+
     /// The slot of the parameter `n` is a chain of views of, if it is one.
     fn parameter_behind(&self, n: NodeIndex) -> Option<usize> {
         if !self.graph.node(n).op.is_view() {
             return None;
         }
-        let v = *self.graph.operands(n).first()?;
-        self.slot_of.get(&v.node).copied().or_else(|| self.parameter_behind(v.node))
+        self.parameter_of(self.graph.operands(n).first()?.node)
+    }
+
+    /// The slot of the parameter `n` is, or is a chain of views of.
+    fn parameter_of(&self, n: NodeIndex) -> Option<usize> {
+        self.slot_of.get(&n).copied().or_else(|| self.parameter_behind(n))
     }
 
     /// Notes the tile buckets a recomputed clone reads (directly or through
@@ -306,8 +316,8 @@ impl<'a> Builder<'a> {
                 continue;
             }
             for v in self.graph.operands(n) {
-                let slot = self.slot_of.get(&v.node).copied().or_else(|| self.parameter_behind(v.node));
-                if let Some(b) = slot.map(|s| self.member_of[&s].0).filter(|&b| self.buckets[b].tile) {
+                let bucket = self.parameter_of(v.node).map(|s| self.member_of[&s].0);
+                if let Some(b) = bucket.filter(|&b| self.buckets[b].tile) {
                     self.recomputed_tiles.insert(b);
                 }
             }
