@@ -69,8 +69,9 @@ fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
     }
     let mut order = owners.clone();
     order.sort_by_key(|&i| (std::cmp::Reverse(aligned(intervals[i].bytes)), intervals[i].start, i));
-    let positions = intervals.iter().map(|iv| iv.start.max(iv.end) + 1).chain(end.iter().map(|e| e + 1)).max();
     let mut live = if indexed {
+        // `end` covers each interval's own end and its aliases'.
+        let positions = intervals.iter().zip(&end).map(|(iv, &e)| iv.start.max(e) + 1).max();
         Placed::Indexed(Lifetimes::new(positions.unwrap_or(0)))
     } else {
         Placed::ByAddress(Vec::with_capacity(order.len()))

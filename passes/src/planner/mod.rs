@@ -272,10 +272,10 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
     }
     // The data-parallel ranks split the batch at some tensor-parallel
     // degree the search may try (the search tries only those).
-    let degrees: Vec<u64> =
-        search::model_tensor_degrees(req).into_iter().filter(|&t| search::splits_batch(req, t)).collect();
+    let allowed = search::model_tensor_degrees(req);
+    let degrees: Vec<u64> = allowed.iter().copied().filter(|&t| search::splits_batch(req, t)).collect();
     if degrees.is_empty() {
-        let most = search::model_tensor_degrees(req).into_iter().max().unwrap_or(1);
+        let most = allowed.into_iter().max().unwrap_or(1);
         return Err(PlanError::Batch { global_batch: req.global_batch, ranks: (world / most).max(1) });
     }
     if req.pins.tiles == Some(0) {
@@ -294,11 +294,10 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
     if let Some(z) = req.pins.zero_stage.filter(|z| *z > 3) {
         return Err(PlanError::Stage(z));
     }
-    if let Some(b) = req.pins.micro_batch {
-        let per_rank = |t: u64| req.global_batch / (world / t);
-        if search::tensor_degrees(req).is_empty() {
-            return Err(PlanError::MicroBatch { micro_batch: b, per_rank: per_rank(degrees[0]) });
-        }
+    if let Some(b) = req.pins.micro_batch
+        && search::tensor_degrees(req).is_empty()
+    {
+        return Err(PlanError::MicroBatch { micro_batch: b, per_rank: search::per_rank_at(req, degrees[0]) });
     }
     let dtype = compute_dtype(req.train.precision);
     if req.cluster.gpu.peak_flops(dtype).is_none() {

@@ -73,10 +73,8 @@ impl Outcome {
 /// tensor parallelism on NVLink: its all-reduces sit on the critical path)
 /// and splits the model's heads and feed-forward evenly.
 pub fn tensor_degrees(req: &Request) -> Vec<u64> {
-    let micro_batch_divides = |t: u64| {
-        let per_rank = req.global_batch / (req.cluster.world_size() / t);
-        req.pins.micro_batch.is_none_or(|b| b > 0 && per_rank.is_multiple_of(b))
-    };
+    let micro_batch_divides =
+        |t: u64| req.pins.micro_batch.is_none_or(|b| b > 0 && per_rank_at(req, t).is_multiple_of(b));
     model_tensor_degrees(req).into_iter().filter(|&t| splits_batch(req, t) && micro_batch_divides(t)).collect()
 }
 
@@ -201,7 +199,12 @@ pub fn divisors(n: u64) -> Vec<u64> {
 
 /// Sequences each data-parallel rank trains on per step under `choice`.
 pub fn per_rank(req: &Request, choice: Choice) -> u64 {
-    req.global_batch / choice.data_ranks(req.cluster.world_size())
+    per_rank_at(req, choice.tensor_parallel)
+}
+
+/// Sequences each data-parallel rank trains on per step at `t` tensor ranks.
+pub fn per_rank_at(req: &Request, t: u64) -> u64 {
+    req.global_batch / (req.cluster.world_size() / t.max(1)).max(1)
 }
 
 /// Runs the search over `choices`; outcomes best first (fitting ones by
