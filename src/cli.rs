@@ -231,6 +231,12 @@ pub struct CompileArgs {
     /// fit untiled.
     #[arg(long, value_name = "N")]
     pub tiles: Option<u64>,
+    /// How attention runs: fused (one flash-attention kernel per layer; the s × s probabilities are never
+    /// stored) or unfused (scores, softmax and dropout as separate tensors, kept for the backward, as
+    /// Megatron-LM before FlashAttention and Hugging Face's eager attention run it). Never searched:
+    /// fused is the default and does the same FLOPs in less time and memory.
+    #[arg(long, value_name = "fused|unfused", default_value = "fused", value_parser = parse_attention)]
+    pub attention: zeroplan_ir::plan::Attention,
     /// Search with every candidate compiled whole, not by two short stacks (slower; for checking).
     #[arg(long)]
     pub whole_depth: bool,
@@ -715,6 +721,10 @@ fn parse_offload(s: &str) -> Result<zeroplan_ir::plan::Offload, String> {
 
 fn parse_offload_to(s: &str) -> Result<zeroplan_ir::plan::OffloadTo, String> {
     zeroplan_ir::plan::OffloadTo::from_name(s).ok_or_else(|| format!("`{s}` is not an offload tier: use cpu or nvme"))
+}
+
+fn parse_attention(s: &str) -> Result<zeroplan_ir::plan::Attention, String> {
+    zeroplan_ir::plan::Attention::from_name(s).ok_or_else(|| format!("`{s}` is not a way to run attention: use fused or unfused"))
 }
 
 fn parse_candidates(s: &str) -> Result<Candidates, String> {

@@ -59,11 +59,26 @@ def compile_command(zeroplan, row):
                          ("offload", "--offload"), ("recompute", "--recompute")):
         if row[column]:
             cmd += [flag, row[column]]
+    if row["attention"]:
+        cmd += ["--attention", row["attention"]]
     if row["sp"] == "on":
         cmd.append("--sp")
     elif row["sp"] == "off":
         cmd.append("--no-sp")
     return cmd
+
+
+def comparable(row):
+    """True for a scored row; False for one zeroplan plans but whose measured run did work
+    that cannot be pinned (predicted and shown, not scored); None where it cannot be planned."""
+    if row["expressible"] == "yes":
+        return True
+    return False if row["expressible"].startswith("not comparable") else None
+
+
+# Units of speed, scored against the goal of the suite (README: goals); memory rows apart.
+SPEED_UNITS = ("TFLOP/s per GPU", "samples/s", "tokens/s", "ms per step")
+GOAL_MEDIAN, GOAL_WORST = 10.0, 25.0  # percent, |error| of the speed rows
 
 
 def predicted_in_unit(row, plan):
@@ -95,7 +110,7 @@ def evaluate(zeroplan, rows):
     results = []
     for row in rows:
         result = {"row": row, "predicted": None, "error": None, "status": row["expressible"], "plan": ""}
-        if row["expressible"] == "yes":
+        if row["expressible"] == "yes" or comparable(row) is False:
             cmd = compile_command(zeroplan, row)
             run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
             if run.returncode != 0:
@@ -301,7 +316,8 @@ def config_text(row):
              f"mb {row['micro_batch'] or 'planner'}", f"TP {row['tp'] or 'planner'}",
              f"SP {row['sp'] or 'planner'}", f"PP {row['pp'] or '?'}",
              f"ZeRO {row['zero'] or 'planner'}", f"offload {row['offload'] or 'planner'}",
-             f"recompute {row['recompute'] or 'planner'}", row["precision"] or "?"]
+             f"recompute {row['recompute'] or 'planner'}", f"attention {row['attention'] or 'fused'}",
+             row["precision"] or "?"]
     return ", ".join(parts)
 
 
@@ -333,11 +349,13 @@ def main():
     with open(binary_path, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
 
-    scored = [r for r in results if r["error"] is not None]
-    errors = [abs(r["error"]) for r in scored]
+    scored = [r for r in results if r["error"] is not None and comparable(r["row"])]
+    shown = [r for r in results if r["error"] is not None and comparable(r["row"]) is False]
+    speed = [r for r in scored if r["row"]["unit"] in SPEED_UNITS]
+    errors = [abs(r["error"]) for r in speed]
     median = statistics.median(errors) if errors else None
-    worst = max(scored, key=lambda r: abs(r["error"])) if scored else None
-    ranks = rankings(results)
+    worst = max(speed, key=lambda r: abs(r["error"])) if speed else None
+    ranks = rankings(scored)
     # A measured upper bound (nvidia-smi: what the process holds) that the prediction exceeds.
     over_bound = [r for r in scored if r["row"].get("bound") == "upper" and r["predicted"] > float(r["row"]["measured"])]
     memory_rows = [r for r in scored if r["row"]["unit"] == "MiB GPU memory"]
@@ -352,9 +370,9 @@ def main():
         print(f"{row['id']:<20} measured {fmt(float(row['measured'])):>10} {row['unit']:<16} "
               f"predicted {fmt(r['predicted']):>10}  error {error}{status}")
     print()
-    if scored:
-        print(f"median |error| over {len(scored)} rows: {median:.1f}%")
-        print(f"worst row: {worst['row']['id']} ({worst['error']:+.1f}%)")
+    if speed:
+        print(f"speed: median |error| over {len(speed)} rows: {median:.1f}% (goal <= {GOAL_MEDIAN:.0f}%)")
+        print(f"speed: worst row: {worst['row']['id']} ({worst['error']:+.1f}%; goal within {GOAL_WORST:.0f}%)")
     for source, unit, verdict, by_measured, by_predicted in ranks:
         print(f"ranking, {source} ({unit}): {verdict}")
     print()
@@ -379,17 +397,21 @@ def main():
         f"- command: `{command}`",
         f"- binary: `{version}`, built from commit "
         f"`{args.zeroplan_commit or 'not stated (pass --zeroplan-commit)'}`, sha256 `{sha[:16]}…`",
-        f"- rows: {len(rows)} in `bench/fidelity/rows.csv`; {len(scored)} expressible and scored, "
-        f"{len(rows) - len(scored)} kept but not expressible (excluded from the statistics)",
+        f"- rows: {len(rows)} in `bench/fidelity/rows.csv`; {len(scored)} scored ({len(speed)} of speed, "
+        f"{len(scored) - len(speed)} of memory); {len(shown)} planned and shown but not comparable (the measured "
+        f"run did work the row cannot pin; the row says why); {len(rows) - len(scored) - len(shown)} not expressible; "
+        "the last two excluded from the statistics",
         "- error = (predicted − measured) / measured; predicted is zeroplan's plan pinned to the "
         "row's configuration, converted to the row's unit (README: units)",
         "",
         "## Summary",
         "",
     ]
-    if scored:
-        out += [f"- median |error|: **{median:.1f}%** over {len(scored)} rows",
-                f"- worst row: **{worst['row']['id']}** ({worst['error']:+.1f}%)"]
+    if speed:
+        out += [f"- speed (throughput and step time, {len(speed)} rows): median |error| **{median:.1f}%** "
+                f"(goal ≤ {GOAL_MEDIAN:.0f}%: {'met' if median <= GOAL_MEDIAN else 'not met'}); worst row "
+                f"**{worst['row']['id']}** ({worst['error']:+.1f}%; goal within ±{GOAL_WORST:.0f}%: "
+                f"{'met' if abs(worst['error']) <= GOAL_WORST else 'not met'})"]
     if memory_rows:
         out += [f"- peak memory ({len(memory_rows)} rows): median |error| "
                 f"**{statistics.median(abs(r['error']) for r in memory_rows):.1f}%**; "

@@ -6,7 +6,7 @@ mod common;
 
 use common::{load_model as model, models_dir};
 use zeroplan_ir::DType;
-use zeroplan_ir::plan::{Offload, OffloadTo, Plan};
+use zeroplan_ir::plan::{Attention, Offload, OffloadTo, Plan};
 use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_passes::cost::Machine;
 use zeroplan_passes::cost::nccl::{self, Collective, Fabric};
@@ -120,6 +120,7 @@ fn pins_are_honoured() {
         sequence_parallel: None,
         tiles: None,
         offload_to: None,
+        attention: Default::default(),
     };
     let p = planned(&req);
     let s = &p.strategy;
@@ -155,6 +156,38 @@ fn pins_are_honoured() {
     assert!(matches!(e, PlanError::MicroBatch { .. }) && e.to_string().contains("1, 2, 4, 8, 16, 32"), "{e}");
     req.pins = Pins { zero_stage: Some(0), offload: Some(Offload::Optimizer), ..Pins::default() };
     assert!(matches!(plan(&req), Err(PlanError::Pins(_))));
+}
+
+#[test]
+fn unfused_attention_is_pinned_and_pays_for_its_probabilities() {
+    // At sequence 512 BERT-base's [B, 12, 512, 512] probabilities outweigh
+    // the layer's other activations; pinned to one strategy so the two plans
+    // differ only in how attention runs.
+    let m = model("bert-base.ron");
+    let mut req = request(&m, cluster("a100-80gb", 1, None), 512, 8);
+    req.pins = Pins { zero_stage: Some(0), recompute: Some(Policy::None), micro_batch: Some(8), ..Pins::default() };
+    let fused = planned(&req);
+    req.pins.attention = Attention::Unfused;
+    let unfused = planned(&req);
+    let count = |p: &Plan, op: &str| p.program.graph.petgraph().node_weights().filter(|n| n.op.name() == op).count();
+    assert_eq!((count(&fused, "flash_attention"), count(&fused, "flash_attention_grad")), (12, 12));
+    assert_eq!((count(&unfused, "flash_attention"), count(&unfused, "flash_attention_grad")), (0, 0));
+    assert_eq!((fused.workload.attention, unfused.workload.attention), (Attention::Fused, Attention::Unfused));
+    // Each layer keeps at least its bf16 probabilities, 8·12·512² · 2 bytes.
+    let probabilities = 12 * 8 * 12 * 512 * 512 * 2;
+    assert!(
+        unfused.memory.activations_bytes >= fused.memory.activations_bytes + probabilities,
+        "{} against {}",
+        unfused.memory.activations_bytes,
+        fused.memory.activations_bytes
+    );
+    // The same matmul FLOPs (the unfused softmax's elementwise work is
+    // counted, the fused kernel's is not: < 1%), more memory traffic.
+    assert!(unfused.predicted.step_seconds > fused.predicted.step_seconds);
+    assert!((unfused.predicted.model_flops / fused.predicted.model_flops - 1.0).abs() < 0.01);
+    let text = serde_json::to_string(&unfused.workload).unwrap();
+    assert!(text.contains(r#""attention":"unfused""#), "{text}");
+    assert!(!serde_json::to_string(&fused.workload).unwrap().contains("attention"), "fused is the default, left out");
 }
 
 #[test]
@@ -240,6 +273,7 @@ fn nothing_fits_names_what_would() {
         sequence_parallel: None,
         tiles: Some(1),
         offload_to: None,
+        attention: Default::default(),
     };
     let p = plan(&req).unwrap_or_else(|e| panic!("{choice} on {gpus} GPUs: {e}"));
     assert!(p.memory.peak_bytes <= budget);
@@ -525,6 +559,7 @@ fn sequence_parallelism_is_pinned_or_refused_by_name() {
         sequence_parallel: Some(sp),
         tiles: None,
         offload_to: None,
+        attention: Default::default(),
     };
     req.pins = pinned(true);
     let with = planned(&req);

@@ -122,6 +122,7 @@ fn pins() -> impl Strategy<Value = Pins> {
         recompute,
         micro_batch: None,
         offload_to: None,
+        attention: Default::default(),
         // The search tries sequence parallelism wherever there are several tensor ranks.
         sequence_parallel: None,
         tiles: None,

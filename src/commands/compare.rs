@@ -113,6 +113,8 @@ fn overridden(config: Pins, flags: Pins, notes: &mut Vec<String>) -> Pins {
         sequence_parallel: flags.sequence_parallel.or(config.sequence_parallel),
         tiles: flags.tiles.or(config.tiles),
         offload_to: flags.offload_to.or(config.offload_to),
+        // A DeepSpeed configuration does not say how attention runs.
+        attention: flags.attention,
     }
 }
 

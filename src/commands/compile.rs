@@ -94,7 +94,8 @@ fn nvme(args: &ClusterArgs, gpu: &GpuProfile) -> Result<Option<Nvme>, String> {
     Ok(Some(Nvme { bytes, read_gbps, write_gbps }))
 }
 
-/// What `--tp`, `--zero`, `--offload`, `--offload-to`, `--recompute`, `--micro-batch` and `--tiles` pin.
+/// What `--tp`, `--zero`, `--offload`, `--offload-to`, `--recompute`, `--micro-batch`, `--tiles` and
+/// `--attention` pin.
 pub fn pins(args: &CompileArgs) -> Pins {
     Pins {
         tensor_parallel: args.tp,
@@ -111,6 +112,7 @@ pub fn pins(args: &CompileArgs) -> Pins {
         recompute: args.recompute,
         micro_batch: args.micro_batch,
         tiles: args.tiles,
+        attention: args.attention,
     }
 }
 

@@ -107,8 +107,11 @@ pub fn text(plan: &Plan, shown: Candidates) -> String {
         String::new()
     };
     t += &format!(
-        "workload   {} sequences × {} tokens per step, {}\nstrategy   {s}{groups}\n",
-        w.global_batch, w.seq, w.precision
+        "workload   {} sequences × {} tokens per step, {}{}\nstrategy   {s}{groups}\n",
+        w.global_batch,
+        w.seq,
+        w.precision,
+        if w.attention.is_fused() { "" } else { ", attention unfused" }
     );
     let fragmentation =
         m.arena_bytes.saturating_sub(m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes);

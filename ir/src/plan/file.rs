@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::strategy::{Offload, OffloadTo};
+use super::strategy::{Attention, Offload, OffloadTo};
 use super::summary::{CommSummary, MemorySummary, Predicted};
 use crate::graph::{Graph, Place};
 
@@ -66,6 +66,9 @@ pub struct Workload {
     pub global_batch: u64,
     /// `f32`, `bf16` or `f16`.
     pub precision: String,
+    /// How attention runs (`compile --attention`); absent: fused.
+    #[serde(default, skip_serializing_if = "Attention::is_fused")]
+    pub attention: Attention,
 }
 
 /// The choices the search made. The cluster's `world = ranks ×

@@ -9,5 +9,5 @@ pub use file::{
     Buffer, Candidate, ClusterDescription, PLAN_FORMAT, Plan, PlanFileError, Program, RunnerUp, StatesExceed, Strategy,
     Workload, offload_label,
 };
-pub use strategy::{DataParallel, Offload, OffloadTo};
+pub use strategy::{Attention, DataParallel, Offload, OffloadTo};
 pub use summary::{CollectiveTraffic, CommSummary, Launches, MemorySummary, Predicted, Reserve};

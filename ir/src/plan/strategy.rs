@@ -107,3 +107,38 @@ impl DataParallel {
         Ok(())
     }
 }
+
+/// How a step computes self-attention. The search always fuses; unfused is
+/// a pin, for predicting a framework that runs attention as separate
+/// kernels (Megatron-LM before FlashAttention, Hugging Face's eager
+/// attention) or for comparing the two.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    /// One flash-attention kernel per layer and its adjoint (the
+    /// `attention` pass): the `[B, H, S, S]` probabilities are never stored.
+    #[default]
+    Fused,
+    /// Scores, softmax, dropout and the two matmuls as separate tensors:
+    /// the probabilities and their dropped-out copy are written, read back
+    /// and kept for the backward.
+    Unfused,
+}
+
+impl Attention {
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Fused => "fused",
+            Attention::Unfused => "unfused",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Attention> {
+        [Attention::Fused, Attention::Unfused].into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether this is the default (plan files leave it out).
+    pub fn is_fused(&self) -> bool {
+        *self == Attention::Fused
+    }
+}

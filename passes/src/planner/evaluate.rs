@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use zeroplan_ir::plan::{
-    CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy, offload_label,
+    Attention, CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy, offload_label,
 };
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
@@ -182,6 +182,10 @@ impl Step {
             tiles: (choice.tiles > 1).then_some(choice.tiles),
             // Measured, not run: the plan's step is verified once chosen.
             skip_verify: true,
+            disabled: match req.pins.attention {
+                Attention::Fused => Default::default(),
+                Attention::Unfused => [crate::manager::Pass::name(&crate::attention::Attention).to_string()].into(),
+            },
             ..PassOptions::default()
         };
         (train, options)

@@ -26,7 +26,7 @@ pub mod tier;
 pub mod tiles;
 
 use zeroplan_ir::DType;
-use zeroplan_ir::plan::{Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload};
+use zeroplan_ir::plan::{Attention, Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload};
 use zeroplan_ir::spec::{Cluster, ModelSpec, Precision, TrainingSpec};
 
 use crate::cost::Machine;
@@ -52,6 +52,9 @@ pub struct Pins {
     /// Tiles of the largest gathered operator (`--tiles`; `None`: the
     /// search tiles ZeRO-3 choices that do not fit untiled).
     pub tiles: Option<u64>,
+    /// How attention runs (`--attention`): never searched, since fused
+    /// attention does the same FLOPs with less memory traffic and memory.
+    pub attention: Attention,
 }
 
 /// What to plan.
@@ -229,6 +232,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             seq: req.seq,
             global_batch: req.global_batch,
             precision: precision_name(req.train.precision).to_string(),
+            attention: req.pins.attention,
         },
         program: program::program(graph, &memory_plan, winner.strategy.micro_batch, req.seq),
         train: Some(TrainingSpec { micro_batches: winner.strategy.micro_batches, ..req.train.clone() }),
