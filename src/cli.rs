@@ -724,7 +724,8 @@ fn parse_offload_to(s: &str) -> Result<zeroplan_ir::plan::OffloadTo, String> {
 }
 
 fn parse_attention(s: &str) -> Result<zeroplan_ir::plan::Attention, String> {
-    zeroplan_ir::plan::Attention::from_name(s).ok_or_else(|| format!("`{s}` is not a way to run attention: use fused or unfused"))
+    zeroplan_ir::plan::Attention::from_name(s)
+        .ok_or_else(|| format!("`{s}` is not a way to run attention: use fused or unfused"))
 }
 
 fn parse_candidates(s: &str) -> Result<Candidates, String> {

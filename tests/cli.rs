@@ -340,6 +340,28 @@ fn compile_writes_a_plan_that_inspect_reads() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn compile_pins_unfused_attention_by_name() {
+    let args = [
+        "compile",
+        "models/tiny/tiny-bert.ron",
+        "--gpu",
+        "a100-80gb",
+        "--seq",
+        "16",
+        "--global-batch",
+        "4",
+        "--attention",
+    ];
+    let out = zeroplan(&[&args[..], &["unfused"]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("tokens per step, bf16, attention unfused"), "{text}");
+    let fused = zeroplan(&[&args[..], &["fused"]].concat());
+    assert!(!String::from_utf8_lossy(&fused.stdout).contains("attention"), "fused, the default, goes unsaid");
+    let e = failure(&[&args[..], &["flash"]].concat());
+    assert!(e.contains("`flash` is not a way to run attention: use fused or unfused"), "{e}");
+}
+
 /// bert-large on 64 H100s: the search evaluates 168 strategies, many of
 /// them one plan (with fused attention `selective` recomputes nothing
 /// `none` does not). The text lists the plan, the 8 fastest distinct

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 use zeroplan_ir::plan::{
-    Attention, CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy, offload_label,
+    Attention, CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy,
+    offload_label,
 };
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};

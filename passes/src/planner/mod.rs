@@ -26,7 +26,9 @@ pub mod tier;
 pub mod tiles;
 
 use zeroplan_ir::DType;
-use zeroplan_ir::plan::{Attention, Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload};
+use zeroplan_ir::plan::{
+    Attention, Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload,
+};
 use zeroplan_ir::spec::{Cluster, ModelSpec, Precision, TrainingSpec};
 
 use crate::cost::Machine;
