@@ -358,8 +358,15 @@ fn exact(
         .collect();
     for b in sizes {
         let strategy = outcome.choice.strategy(world, b, per_rank / b);
-        let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
-        let (evaluation, memory_plan) = step.evaluate(req, machine, strategy)?;
+        let (step, (evaluation, memory_plan)) = match outcome.whole.take(b) {
+            // The search's evaluation of that step is exact.
+            Some((step, plan)) => (step, (best.clone(), plan)),
+            None => {
+                let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
+                let evaluated = step.evaluate(req, machine, strategy)?;
+                (step, evaluated)
+            }
+        };
         if search::fits(req, &evaluation.memory) {
             return Ok(Some((evaluation, (outcome.choice, step), memory_plan)));
         }

@@ -13,6 +13,7 @@
 //! ([`super::dominance`]).
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use zeroplan_ir::plan::{CommSummary, MemorySummary, Offload, OffloadTo, Predicted, StatesExceed};
@@ -23,6 +24,7 @@ use super::evaluate::{Choice, Evaluation, Step};
 use super::floor::Floors;
 use super::{PlanError, Request};
 use crate::cost::Machine;
+use crate::memory::MemoryPlan;
 use crate::recompute::Policy;
 use zeroplan_ir::build::check_tensor_parallel;
 
@@ -48,18 +50,64 @@ pub struct Outcome {
     /// where the search measured it: what the nothing-fits answer starts
     /// from ([`super::explain`]).
     pub at_one: Option<MemorySummary>,
+    /// The step of `best`, where the search compiled and planned it whole.
+    pub whole: Whole,
+}
+
+/// A step the search compiled whole and planned at its best micro-batch
+/// (an `optimal` recomputation probe), handed on to the exact planning
+/// ([`super::plan`]) so that a deep model's step — 300k nodes for the 100T
+/// model — is not compiled and planned a second time. Taken at most once.
+#[derive(Clone, Default)]
+pub struct Whole(Arc<Mutex<Option<(u64, Step, MemoryPlan)>>>);
+
+impl Whole {
+    fn keep(micro_batch: u64, step: Step, plan: MemoryPlan) -> Whole {
+        Whole(Arc::new(Mutex::new(Some((micro_batch, step, plan)))))
+    }
+
+    /// The step and its memory plan at `micro_batch`, if kept, and no
+    /// longer kept.
+    pub fn take(&self, micro_batch: u64) -> Option<(Step, MemoryPlan)> {
+        let mut kept = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match kept.take() {
+            Some((b, step, plan)) if b == micro_batch => Some((step, plan)),
+            other => {
+                *kept = other;
+                None
+            }
+        }
+    }
 }
 
 impl Outcome {
     /// A choice that was not compiled: `bounded` by its states, or
     /// `dominated_by` a twin.
     fn not_compiled(choice: Choice, min_peak_bytes: u64, bounded: Option<StatesExceed>) -> Outcome {
-        Outcome { choice, min_peak_bytes, best: None, bounded, fits_every: false, dominated_by: None, at_one: None }
+        Outcome {
+            choice,
+            min_peak_bytes,
+            best: None,
+            bounded,
+            fits_every: false,
+            dominated_by: None,
+            at_one: None,
+            whole: Whole::default(),
+        }
     }
 
     /// A compiled choice's outcome.
     fn compiled(choice: Choice, min_peak_bytes: u64, best: Option<Evaluation>, fits_every: bool) -> Outcome {
-        Outcome { choice, min_peak_bytes, best, bounded: None, fits_every, dominated_by: None, at_one: None }
+        Outcome {
+            choice,
+            min_peak_bytes,
+            best,
+            bounded: None,
+            fits_every,
+            dominated_by: None,
+            at_one: None,
+            whole: Whole::default(),
+        }
     }
 
     /// With its memory at one sequence per micro-batch, if `memory` holds it.
@@ -365,13 +413,14 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             }
             let choice = choice_at(target);
             let step = Step::after_training_step(req, choice, ranks, b, micro_batches, before.clone())?;
-            let (_, memory) = step.memory(req, b)?;
+            let (plan, memory) = step.memory(req, b)?;
             if fits(req, &memory) {
                 let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
-                return Ok(Some(Outcome::compiled(choice, min_peak_bytes, best, false)));
+                let whole = Whole::keep(b, step, plan);
+                return Ok(Some(Outcome { whole, ..Outcome::compiled(choice, min_peak_bytes, best, false) }));
             }
             if memory.peak_bytes <= budget {
                 break; // It is the host or NVMe that does not fit: recomputing more cannot help.
