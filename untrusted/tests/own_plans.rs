@@ -65,6 +65,7 @@ fn compiled(model: &ModelSpec, s: &Strategy, seq: u64) -> Plan {
             recompute: Some(s.recompute),
             micro_batch: Some(1),
             tiles: s.tiles,
+            attention: Default::default(),
         },
         extrapolate_depth: false,
         exhaustive: false,
