@@ -15,7 +15,8 @@
 //! flipped ALiBi sign, a shifted dropout index, a tile that drops its last
 //! key, a backward without its row term; on tensor cores, a wrong fragment
 //! mapping: an `ldmatrix` lane address, an accumulator element's row or
-//! column, the packing order, the store) must fail the same comparison.
+//! column, the packing order, the store; and head dim 128's shared operand
+//! buffer never restaged) must fail the same comparison.
 //! Without g++ the test says SKIPPED and passes.
 
 mod common;
@@ -301,7 +302,7 @@ fn tensor_core_attention_matches_the_reference_under_host_emulation() {
             0,
         ),
     ];
-    let mutated: [(&str, usize, Mutation); 7] = [
+    let mutated: [(&str, usize, Mutation); 8] = [
         (
             "A's ldmatrix rows from 8 lanes",
             4,
@@ -353,6 +354,9 @@ fn tensor_core_attention_matches_the_reference_under_host_emulation() {
             ),
         ),
         ("the store's columns", 4, (Pass::Forward, "8 * d + 2 * (lane % 4));", "8 * d + 2 * (lane / 8));")),
+        // Head dim 128 stages V's then K's rows in one buffer: without the
+        // second staging the dQ kernel multiplies by V.
+        ("K's rows never replacing V's", 2, (Pass::Backward, "zp_restage(k_s, k + head, key0, seq);", "")),
     ];
     check("mma", &cases, &mutated);
 }

@@ -112,7 +112,12 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
     assembled.sort_by_key(|&(at, _)| at);
     for (at, found) in assembled {
         let (case, (family, floor)) = (&cases[at], cases[at].checked.as_ref().expect("assembled only if checked"));
-        resources.record(family, found, &threads_of(&case.generated), *floor);
+        let g = &case.generated;
+        // A cross-row kernel's grid: at most CROSS_ROW_BLOCKS_PER_SM blocks an SM.
+        let grid_blocks = |entry: &str| {
+            (g.finish_entry.is_some() && entry == g.entry).then(|| g.launch.grid.div_ceil(device.multiprocessors))
+        };
+        resources.record(family, found, &threads_of(g), &grid_blocks, *floor);
     }
     let failures = failures.into_inner().unwrap();
     let (major, minor) = nvrtc.version();
@@ -228,75 +233,88 @@ fn shared_bytes_of(ptx: &str, symbol: &str) -> u32 {
         .sum()
 }
 
-#[test]
-fn every_attention_specialisation_compiles_for_hopper() {
+/// `f` of every item, on every core (NVRTC and ptxas per source: the slow
+/// part), the results in the items' order.
+fn on_every_core<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let (next, done) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let at = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(at) else { break };
+                    let result = f(item);
+                    done.lock().unwrap().push((at, result));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|&(at, _)| at);
+    done.into_iter().map(|(_, result)| result).collect()
+}
+
+/// Every attention specialisation, with both passes: CUDA cores at head
+/// dims 32/64 over f32/bf16/f16, tensor cores at 32/64/128 over bf16/f16,
+/// each with ALiBi and dropout off and on in all four combinations and an
+/// i64 mask; and the i32 mask (one typedef) once per CUDA-core dtype.
+fn attention_specialisations() -> Vec<(zeroplan_backend_cuda::AttentionKernel, zeroplan_backend_cuda::attention::Pass)>
+{
     use zeroplan_backend_cuda::attention::{AttentionKernel, Pass};
     use zeroplan_ir::DType;
+    let families: [(bool, &[usize], &[DType]); 2] = [
+        (false, &[32, 64], &[DType::F32, DType::BF16, DType::F16]),
+        (true, &[32, 64, 128], &[DType::BF16, DType::F16]),
+    ];
+    let mut kernels = Vec::new();
+    for (tensor_cores, head_dims, dtypes) in families {
+        for &head_dim in head_dims {
+            for &dtype in dtypes {
+                for (alibi, dropout) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let mask = DType::I64;
+                    kernels.push(AttentionKernel { head_dim, dtype, mask, alibi, dropout, tensor_cores });
+                }
+            }
+        }
+    }
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let (mask, tensor_cores) = (DType::I32, false);
+        kernels.push(AttentionKernel { head_dim: 64, dtype, mask, alibi: true, dropout: true, tensor_cores });
+    }
+    kernels.into_iter().flat_map(|k| [Pass::Forward, Pass::Backward].map(|pass| (k, pass))).collect()
+}
+
+#[test]
+fn every_attention_specialisation_compiles_for_hopper() {
     let Some(nvrtc) = nvrtc() else { return };
     let arch = DeviceProperties::H100_SXM.arch();
-    let mut kernels = Vec::new();
-    for head_dim in [32, 64] {
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            for (alibi, dropout) in [(false, false), (true, false), (false, true), (true, true)] {
-                kernels.push(AttentionKernel {
-                    head_dim,
-                    dtype,
-                    mask: DType::I64,
-                    alibi,
-                    dropout,
-                    tensor_cores: false,
-                });
-            }
-        }
-    }
-    // The mask type changes one typedef: once per storage type.
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
-        let tensor_cores = false;
-        kernels.push(AttentionKernel {
-            head_dim: 64,
-            dtype,
-            mask: DType::I32,
-            alibi: true,
-            dropout: true,
-            tensor_cores,
-        });
-    }
-    // Tensor cores: every head dim and 16-bit type, with ALiBi and dropout
-    // both off and both on (the most registers).
-    for head_dim in [32, 64, 128] {
-        for dtype in [DType::BF16, DType::F16] {
-            for on in [false, true] {
-                let mask = DType::I64;
-                kernels.push(AttentionKernel { head_dim, dtype, mask, alibi: on, dropout: on, tensor_cores: true });
-            }
-        }
-    }
-    let mut failures = Vec::new();
-    let mut compiled = 0;
     let mut resources = ResourceCheck::new(SmLimits::SM_90);
-    for kernel in &kernels {
-        for pass in [Pass::Forward, Pass::Backward] {
-            let rendered = kernel.render(pass).unwrap();
-            let name = &rendered.entries[0].1;
-            match nvrtc.compile_ptx(name, &rendered.source, &arch) {
-                Ok(ptx) => {
-                    compiled += 1;
-                    assert!(ptx.contains(".target sm_90"));
-                    for (entry, symbol) in &rendered.entries {
-                        assert!(ptx.contains(&format!(".entry {symbol}(")), "{symbol} missing from the PTX");
-                        // The launch shape states the shared memory the source declares.
-                        assert_eq!(shared_bytes_of(&ptx, symbol), kernel.shared_bytes(*entry), "{symbol}");
-                    }
-                    let family = attention_family(kernel, pass);
-                    resources.add(&family, &ptx, &|_| zeroplan_backend_cuda::attention::THREADS, ATTENTION_FLOOR);
+    let sources = attention_specialisations();
+    let compiled = on_every_core(&sources, |(kernel, pass)| {
+        let rendered = kernel.render(*pass).unwrap();
+        let ptx = nvrtc.compile_ptx(&rendered.entries[0].1, &rendered.source, &arch);
+        let found = ptx.as_ref().map_or(Vec::new(), |ptx| resources.assemble(&attention_family(kernel, *pass), ptx));
+        (rendered, ptx, found)
+    });
+    let mut failures = Vec::new();
+    for ((kernel, pass), (rendered, ptx, found)) in sources.iter().zip(compiled) {
+        match ptx {
+            Ok(ptx) => {
+                assert!(ptx.contains(".target sm_90"));
+                for (entry, symbol) in &rendered.entries {
+                    assert!(ptx.contains(&format!(".entry {symbol}(")), "{symbol} missing from the PTX");
+                    // The launch shape states the shared memory the source declares.
+                    assert_eq!(shared_bytes_of(&ptx, symbol), kernel.shared_bytes(*entry), "{symbol}");
                 }
-                Err(e) => failures.push(format!("{kernel:?} {pass:?}: {e}")),
+                let threads = |_: &str| zeroplan_backend_cuda::attention::THREADS;
+                resources.record(&attention_family(kernel, *pass), found, &threads, &|_| None, ATTENTION_FLOOR);
             }
+            Err(e) => failures.push(format!("{kernel:?} {pass:?}: {e}")),
         }
     }
-    println!("NVRTC compiled {compiled} fused attention sources for {arch}");
+    println!("NVRTC compiled {} fused attention sources for {arch}", sources.len() - failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    assert_eq!(compiled, 2 * kernels.len());
     resources.finish();
 }
 
@@ -319,36 +337,18 @@ fn attention_family(
 #[test]
 fn attention_and_adamw_fit_ampere() {
     use zeroplan_backend_cuda::adamw::{self, AdamWKernel};
-    use zeroplan_backend_cuda::attention::{self, AttentionKernel, Pass};
+    use zeroplan_backend_cuda::attention;
     use zeroplan_ir::DType;
     let Some(nvrtc) = nvrtc() else { return };
     let mut resources = ResourceCheck::new(SmLimits::SM_80);
-    // CUDA cores: every dtype at head dims 32/64; tensor cores: 16-bit at 32/64/128.
-    let families: [(bool, &[usize], &[DType]); 2] = [
-        (false, &[32, 64], &[DType::F32, DType::BF16, DType::F16]),
-        (true, &[32, 64, 128], &[DType::BF16, DType::F16]),
-    ];
-    let mut kernels = Vec::new();
-    for (tensor_cores, head_dims, dtypes) in families {
-        for &head_dim in head_dims {
-            for &dtype in dtypes {
-                kernels.push(AttentionKernel {
-                    head_dim,
-                    dtype,
-                    mask: DType::I64,
-                    alibi: true,
-                    dropout: true,
-                    tensor_cores,
-                });
-            }
-        }
-    }
-    for kernel in kernels {
-        for pass in [Pass::Forward, Pass::Backward] {
-            let r = kernel.render(pass).unwrap();
-            let ptx = nvrtc.compile_ptx(&r.entries[0].1, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
-            resources.add(&attention_family(&kernel, pass), &ptx, &|_| attention::THREADS, ATTENTION_FLOOR);
-        }
+    let sources = attention_specialisations();
+    let found = on_every_core(&sources, |(kernel, pass)| {
+        let r = kernel.render(*pass).unwrap();
+        let ptx = nvrtc.compile_ptx(&r.entries[0].1, &r.source, "compute_80").unwrap_or_else(|e| panic!("{e}"));
+        resources.assemble(&attention_family(kernel, *pass), &ptx)
+    });
+    for ((kernel, pass), found) in sources.iter().zip(found) {
+        resources.record(&attention_family(kernel, *pass), found, &|_| attention::THREADS, &|_| None, ATTENTION_FLOOR);
     }
     for grad in [DType::F32, DType::BF16, DType::F16] {
         let r = AdamWKernel { grad, working: Some(DType::BF16) }.render().unwrap();

@@ -32,8 +32,9 @@ __device__ __forceinline__ float zp_row_term(const float* dorow, const zp_t* out
 }
 
 // dQ. Grid (⌈S/16⌉, B·H), ZP_THREADS threads: 16 query rows per block, 4 per
-// warp; keys in tiles of 64, 2 per lane; lanes split the head dim for Σ_j dS·k.
-extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
+// warp; keys in tiles of ZP_TILE, ZP_PER_LANE per lane; lanes split the head
+// dim for Σ_j dS·k.
+extern "C" __global__ void __launch_bounds__(ZP_THREADS, ZP_MIN_BLOCKS) $BACKWARD_DQ(
     const zp_t* __restrict__ q, const zp_t* __restrict__ k, const zp_t* __restrict__ v,
     const zp_mask_t* __restrict__ mask, const zp_t* __restrict__ out, const float* __restrict__ lse,
     const zp_t* __restrict__ dout, zp_t* __restrict__ dq, int heads, int seq, float scale, int head_offset,
@@ -43,8 +44,8 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
   const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ float q_s[ZP_ROWS][ZP_D];      // broadcast reads
   __shared__ float do_s[ZP_ROWS][ZP_D];     // broadcast reads
-  __shared__ float k_s[ZP_TILE][ZP_PAD];    // lane l reads key rows l, l + 32; then dims across lanes
-  __shared__ float v_s[ZP_TILE][ZP_PAD];    // lane l reads key rows l, l + 32
+  __shared__ float k_s[ZP_TILE][ZP_PAD];    // lane l reads key rows l, l + 32, …; then dims across lanes
+  __shared__ float v_s[ZP_TILE][ZP_PAD];    // lane l reads key rows l, l + 32, …
   __shared__ float ds_s[ZP_WARPS][ZP_TILE]; // a row's dS, from the lanes of its keys
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
@@ -72,10 +73,10 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
     zp_stage(&v_s[0][0], ZP_PAD, v + head, key0, ZP_TILE, seq);
     __syncthreads();
     const int keys = seq - key0 < ZP_TILE ? seq - key0 : ZP_TILE;
-    int j[2];
-    bool live[2];
+    int j[ZP_PER_LANE];
+    bool live[ZP_PER_LANE];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < ZP_PER_LANE; ++c) {
       j[c] = key0 + lane + 32 * c;
       live[c] = j[c] < seq && mask[(long long)b * seq + j[c]] != 0;
     }
@@ -83,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
     for (int r = 0; r < ZP_ROWS_PER_WARP; ++r) {
       const int lr = warp * ZP_ROWS_PER_WARP + r, i = row0 + lr;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < ZP_PER_LANE; ++c) {
         float pz, ds;
         zp_grad_pair(q_s[lr], k_s[lane + 32 * c], do_s[lr], v_s[lane + 32 * c], lse_r[r], d_r[r], scale, slope, i,
                      j[c], live[c] && i < seq, bh, seq, seed, stream, offset, keep_threshold, keep_scale, &pz, &ds);
@@ -110,9 +111,9 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DQ(
 }
 
 // dK and dV. Grid (⌈S/16⌉, B·H), ZP_THREADS threads: 16 key rows per block,
-// 4 per warp; queries in tiles of 64, 2 per lane (with their lse and D_i);
-// lanes split the head dim for Σ_i z·P·dout and Σ_i dS·q.
-extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DKDV(
+// 4 per warp; queries in tiles of ZP_TILE, ZP_PER_LANE per lane (with their
+// lse and D_i); lanes split the head dim for Σ_i z·P·dout and Σ_i dS·q.
+extern "C" __global__ void __launch_bounds__(ZP_THREADS, ZP_MIN_BLOCKS) $BACKWARD_DKDV(
     const zp_t* __restrict__ q, const zp_t* __restrict__ k, const zp_t* __restrict__ v,
     const zp_mask_t* __restrict__ mask, const zp_t* __restrict__ out, const float* __restrict__ lse,
     const zp_t* __restrict__ dout, zp_t* __restrict__ dk, zp_t* __restrict__ dv, int heads, int seq, float scale,
@@ -122,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DKDV(
   const unsigned long long seed = zp_rng[0], offset = zp_rng[1]; // dropout's Philox key and counter word
   __shared__ float k_s[ZP_ROWS][ZP_D];       // broadcast reads
   __shared__ float v_s[ZP_ROWS][ZP_D];       // broadcast reads
-  __shared__ float q_s[ZP_TILE][ZP_PAD];     // lane l reads query rows l, l + 32; then dims across lanes
+  __shared__ float q_s[ZP_TILE][ZP_PAD];     // lane l reads query rows l, l + 32, …; then dims across lanes
   __shared__ float do_s[ZP_TILE][ZP_PAD];
   __shared__ float lse_s[ZP_TILE];
   __shared__ float d_s[ZP_TILE];
@@ -165,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(ZP_THREADS) $BACKWARD_DKDV(
     for (int r = 0; r < ZP_ROWS_PER_WARP; ++r) {
       const int lk = warp * ZP_ROWS_PER_WARP + r, j = key0 + lk;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < ZP_PER_LANE; ++c) {
         const int t = lane + 32 * c, i = query0 + t;
         float pz, ds;
         zp_grad_pair(q_s[t], k_s[lk], do_s[t], v_s[lk], lse_s[t], d_s[t], scale, slope, i, j, live[r] && i < seq, bh,

@@ -8,8 +8,6 @@ use crate::codegen::DeviceProperties;
 /// Threads per block of every attention kernel: 4 warps (`ZP_THREADS`).
 pub const THREADS: u32 = 128;
 const WARPS: usize = 4;
-/// The CUDA-core kernels' other side's rows per shared-memory tile (`ZP_TILE` in `fma.cu`).
-const FMA_TILE: usize = 64;
 /// A tensor-core tile's row stride beyond the head dim, in elements (`ZP_STRIDE` in `mma.cu`).
 const MMA_PAD: usize = 8;
 /// The grid's y extent, `B·H`, is at most this (CUDA's limit on `gridDim.y`).
@@ -63,16 +61,21 @@ impl AttentionKernel {
     }
 
     /// The other side's rows per shared-memory tile (`ZP_TILE`). CUDA
-    /// cores: 64. Tensor cores: what keeps a thread within 128 registers
-    /// (`ZP_MIN_BLOCKS`) without spilling, measured with ptxas 13.0 for
-    /// sm_80 and sm_90: the forward's scores take `tile/2` registers and its
-    /// output `D/2`, so `tile = 2048/D` (64, 32, 16); the backward holds
-    /// scores and their gradients besides its accumulators: 32 at D ≤ 64,
-    /// 16 at D = 128 (which also keeps a block's two 64-row operands of
-    /// 136-element rows under 48 KiB).
+    /// cores: 64 in the forward (its online softmax reduces each row once a
+    /// tile); 32 in the backward, which reduces nothing per tile: the
+    /// smaller tile costs only barriers, and keeps a block at D = 64 to
+    /// 25–26 KiB, 6 blocks in an A100's 164 KiB (with 64, 42–44 KiB: 3,
+    /// under the attention floor of 4). Tensor cores: what keeps a thread
+    /// within 128 registers (`ZP_MIN_BLOCKS`) without spilling, measured
+    /// with ptxas 13.0 for sm_80 and sm_90: the forward's scores take
+    /// `tile/2` registers and its output `D/2`, so `tile = 2048/D` (64, 32,
+    /// 16); the backward holds scores and their gradients besides its
+    /// accumulators: 32 at D ≤ 64, 16 at D = 128 (which also keeps a block's
+    /// two 64-row operands of 136-element rows under 48 KiB).
     pub fn tile(&self, pass: Pass) -> usize {
         match (self.tensor_cores, pass) {
-            (false, _) => FMA_TILE,
+            (false, Pass::Forward) => 64,
+            (false, Pass::Backward) => 32,
             (true, Pass::Forward) => 2048 / self.head_dim,
             (true, Pass::Backward) => {
                 if self.head_dim <= 64 {
@@ -92,37 +95,58 @@ impl AttentionKernel {
         self.tensor_cores && self.head_dim >= 64
     }
 
+    /// Whether the tensor-core backward stages the other side's two
+    /// operands (K and V, or Q and dO) in turn in one tile buffer
+    /// (`ZP_ONE_BUFFER`), at two more barriers a tile: at head dim 128,
+    /// where the block's own two 64-row operands of 136-element rows take
+    /// 34 KiB and two 16-row buffers would bring a block to 43–44 KiB, 3 in
+    /// an A100's 164 KiB (19% of its warp slots, under the attention floor
+    /// of 25%); one brings it to 38–39 KiB, 4 blocks.
+    pub fn one_operand_buffer(&self) -> bool {
+        self.tensor_cores && self.head_dim >= 128
+    }
+
     /// Static shared memory of `entry`, in bytes (the arrays its source declares).
     pub fn shared_bytes(&self, entry: Entry) -> u32 {
         let d = self.head_dim;
         let bytes = if self.tensor_cores {
             let (rows, stride, size) = (self.rows_per_block(), d + MMA_PAD, self.dtype.size_bytes() as usize);
+            let buffers = if self.one_operand_buffer() { 1 } else { 2 };
             match entry {
                 // q_s[rows], k_s, v_s[tile] rows of the storage type; live_s[tile] bool
                 Entry::Forward => {
                     let tile = self.tile(Pass::Forward);
                     (rows + 2 * tile) * stride * size + tile
                 }
-                // q_s, do_s[rows], k_s, v_s[tile] rows; lse_s, d_s[rows] f32; live_s[tile] bool
+                // q_s, do_s[rows], kv_s[buffers·tile] rows; lse_s, d_s[rows] f32; live_s[tile] bool
                 Entry::BackwardDq => {
                     let tile = self.tile(Pass::Backward);
-                    (2 * rows + 2 * tile) * stride * size + 2 * rows * 4 + tile
+                    (2 * rows + buffers * tile) * stride * size + 2 * rows * 4 + tile
                 }
-                // k_s, v_s[rows], q_s, do_s[tile] rows; lse_s, d_s[tile] f32
+                // k_s, v_s[rows], qdo_s[buffers·tile] rows; lse_s, d_s[tile] f32
                 Entry::BackwardDkDv => {
                     let tile = self.tile(Pass::Backward);
-                    (2 * rows + 2 * tile) * stride * size + 2 * tile * 4
+                    (2 * rows + buffers * tile) * stride * size + 2 * tile * 4
                 }
             }
         } else {
             let (rows, pad) = (self.rows_per_block(), d + 1);
             let floats = match entry {
-                // q_s[16][D], k_s[64][D+1], v_s[64][D], p_s[4][64]
-                Entry::Forward => rows * d + FMA_TILE * pad + FMA_TILE * d + WARPS * FMA_TILE,
-                // q_s, do_s [16][D]; k_s, v_s [64][D+1]; ds_s[4][64]
-                Entry::BackwardDq => 2 * rows * d + 2 * FMA_TILE * pad + WARPS * FMA_TILE,
-                // k_s, v_s [16][D]; q_s, do_s [64][D+1]; lse_s, d_s [64]; w_s[4][2][64]
-                Entry::BackwardDkDv => 2 * rows * d + 2 * FMA_TILE * pad + 2 * FMA_TILE + 2 * WARPS * FMA_TILE,
+                // q_s[16][D], k_s[tile][D+1], v_s[tile][D], p_s[4][tile]
+                Entry::Forward => {
+                    let tile = self.tile(Pass::Forward);
+                    rows * d + tile * pad + tile * d + WARPS * tile
+                }
+                // q_s, do_s [16][D]; k_s, v_s [tile][D+1]; ds_s[4][tile]
+                Entry::BackwardDq => {
+                    let tile = self.tile(Pass::Backward);
+                    2 * rows * d + 2 * tile * pad + WARPS * tile
+                }
+                // k_s, v_s [16][D]; q_s, do_s [tile][D+1]; lse_s, d_s [tile]; w_s[4][2][tile]
+                Entry::BackwardDkDv => {
+                    let tile = self.tile(Pass::Backward);
+                    2 * rows * d + 2 * tile * pad + 2 * tile + 2 * WARPS * tile
+                }
             };
             floats * 4
         };

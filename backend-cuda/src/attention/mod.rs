@@ -38,10 +38,13 @@
 //! of one head (query rows for the forward and dQ, key rows for dK/dV) and
 //! walks the other side in tiles staged in static shared memory
 //! ([`KernelLaunch::shared_bytes`]). CUDA cores: 16 rows (4 a warp), tiles
-//! of 64 as f32 (38,144 B forward, 42,496 B dQ, 44,032 B dK/dV at D = 64).
-//! Tensor cores: 64 rows (16 a warp: one m16 tile), tiles in the storage
-//! type of [`AttentionKernel::tile`] rows, sized to fit 128 registers a
-//! thread (18,464 B forward, 28,192 B dQ, 27,904 B dK/dV at D = 64).
+//! of 64 rows (forward) or 32 (backward) as f32 (38,144 B forward, 25,344 B
+//! dQ, 26,112 B dK/dV at D = 64). Tensor cores: 64 rows (16 a warp: one m16
+//! tile), tiles in the storage type of [`AttentionKernel::tile`] rows, sized
+//! to fit 128 registers a thread (18,464 B forward, 28,192 B dQ, 27,904 B
+//! dK/dV at D = 64; at D = 128 the backward's two other-side operands share
+//! one buffer, [`AttentionKernel::one_operand_buffer`]). Every kernel fits 4
+//! blocks in an A100's 164 KiB of shared memory.
 //!
 //! **Parameters** of every entry, in order: the tensor pointers (forward:
 //! `q, k, v, mask, out, lse`; dQ: `q, k, v, mask, out, lse, dout, dq`;
@@ -408,6 +411,7 @@ impl AttentionKernel {
             self.alibi,
             self.dropout,
         ));
+        s.push_str(&format!("constexpr int ZP_TILE = {};\n", self.tile(pass)));
         if self.tensor_cores {
             s.push_str(&self.tensor_core_constants(pass));
         }
@@ -435,17 +439,18 @@ impl AttentionKernel {
         Ok(RenderedAttention { kernel: *self, pass, source: s, entries })
     }
 
-    /// The tensor-core kernels' constants: the other side's tile
-    /// ([`AttentionKernel::tile`]), whether the dK/dV kernel walks the
-    /// queries twice, and the rounding of a float to the storage type's bits.
+    /// The tensor-core kernels' constants: whether the dK/dV kernel walks
+    /// the queries twice, whether the backward's other-side operands share
+    /// one buffer, and the rounding of a float to the storage type's bits.
     fn tensor_core_constants(&self, pass: Pass) -> String {
         let (convert, bits) = match self.dtype {
             DType::BF16 => ("__float2bfloat16_rn", "__bfloat16_as_ushort"),
             _ => ("__float2half_rn", "__half_as_ushort"),
         };
-        let mut s = format!("constexpr int ZP_TILE = {};\n", self.tile(pass));
+        let mut s = String::new();
         if pass == Pass::Backward {
             s.push_str(&format!("constexpr bool ZP_SPLIT = {};\n", self.split_dk_dv()));
+            s.push_str(&format!("constexpr bool ZP_ONE_BUFFER = {};\n", self.one_operand_buffer()));
         }
         s.push_str(&format!(
             "__device__ __forceinline__ unsigned short zp_bits(float x) {{ return {bits}({convert}(x)); }}\n"

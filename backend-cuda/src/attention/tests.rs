@@ -111,9 +111,12 @@ fn launch_shapes_cover_every_row_and_fit_the_device() {
             }
         }
     }
+    // CUDA cores: 16 own rows of D floats; the forward's tiles of 64 rows,
+    // the backward's of 32, of D + 1 floats where read across lanes.
+    assert_eq!([Pass::Forward, Pass::Backward].map(|p| kernel(64, DType::F32).tile(p)), [64, 32]);
     assert_eq!(kernel(64, DType::F32).shared_bytes(Entry::Forward), 38_144);
-    assert_eq!(kernel(64, DType::F32).shared_bytes(Entry::BackwardDq), 42_496);
-    assert_eq!(kernel(64, DType::F32).shared_bytes(Entry::BackwardDkDv), 44_032);
+    assert_eq!(kernel(64, DType::F32).shared_bytes(Entry::BackwardDq), (2 * 16 * 64 + 2 * 32 * 65 + 4 * 32) * 4);
+    assert_eq!(kernel(64, DType::F32).shared_bytes(Entry::BackwardDkDv), (2 * 16 * 64 + 2 * 32 * 65 + 10 * 32) * 4);
     // Tensor cores: 64 own rows and tiles of rows of D + 8 16-bit values
     // (D = 64: 144 B); the tiles shrink as D grows.
     let tiles = |d| [Pass::Forward, Pass::Backward].map(|p| mma_kernel(d, DType::BF16).tile(p));
@@ -122,9 +125,21 @@ fn launch_shapes_cover_every_row_and_fit_the_device() {
     assert_eq!(mma_kernel(64, DType::BF16).shared_bytes(Entry::BackwardDq), (128 + 2 * 32) * 144 + 512 + 32);
     assert_eq!(mma_kernel(64, DType::BF16).shared_bytes(Entry::BackwardDkDv), (128 + 2 * 32) * 144 + 256);
     assert_eq!(mma_kernel(128, DType::F16).shared_bytes(Entry::Forward), (64 + 2 * 16) * 272 + 16);
-    assert_eq!(mma_kernel(128, DType::F16).shared_bytes(Entry::BackwardDkDv), (128 + 2 * 16) * 272 + 128);
+    // Head dim 128: the backward's other-side operands take turns in one buffer.
+    assert!(!mma_kernel(64, DType::F16).one_operand_buffer() && mma_kernel(128, DType::F16).one_operand_buffer());
+    assert_eq!(mma_kernel(128, DType::F16).shared_bytes(Entry::BackwardDq), (128 + 16) * 272 + 512 + 16);
+    assert_eq!(mma_kernel(128, DType::F16).shared_bytes(Entry::BackwardDkDv), (128 + 16) * 272 + 128);
     assert!(!mma_kernel(32, DType::F16).split_dk_dv() && mma_kernel(64, DType::F16).split_dk_dv());
-    let small = crate::DeviceProperties { shared_memory_per_block: 40 << 10, ..H100 };
+    // Every kernel fits 4 blocks in an A100's 164 KiB (1 KiB reserved a
+    // block): the attention floor of 25% of the warp slots.
+    for k in
+        [32, 64].map(|d| kernel(d, DType::F32)).into_iter().chain([32, 64, 128].map(|d| mma_kernel(d, DType::BF16)))
+    {
+        for entry in [Entry::Forward, Entry::BackwardDq, Entry::BackwardDkDv] {
+            assert!(4 * (k.shared_bytes(entry) + 1024) <= 164 << 10, "{k:?} {entry:?}");
+        }
+    }
+    let small = crate::DeviceProperties { shared_memory_per_block: 24 << 10, ..H100 };
     let e = kernel(64, DType::F32).launch(Pass::Backward, shape(1, 1, 8), &small).unwrap_err();
     assert!(matches!(e, AttentionError::SharedMemory { entry: "dQ", .. }), "{e}");
 }
