@@ -414,6 +414,16 @@ fn compiled_kernels_are_cached_by_text_and_dims() {
     assert!(!std::sync::Arc::ptr_eq(&a, &c));
     assert_eq!(compiler.len(), 2);
     assert_eq!(a.name(), kernel.name);
+    // Another compiler of the process reuses a kernel while it is held, and
+    // compiles it again once nobody holds it (dims no other test binds).
+    let mut other = KernelCompiler::new().unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &other.compile(&kernel, &dims(&kernel, 2, 5)).unwrap()));
+    let lone = compiler.compile(&kernel, &dims(&kernel, 3, 11)).unwrap();
+    let held = std::sync::Arc::downgrade(&lone);
+    drop((lone, compiler));
+    assert!(held.upgrade().is_none(), "a dropped compiler's kernel lives on");
+    let again = other.compile(&kernel, &dims(&kernel, 3, 11)).unwrap();
+    assert!(!std::sync::Weak::ptr_eq(&held, &std::sync::Arc::downgrade(&again)));
     fn send_sync<T: Send + Sync>() {}
     send_sync::<zeroplan_backend_cpu::CompiledKernel>();
     send_sync::<KernelCompiler>();

@@ -112,9 +112,8 @@ fn instruction<C: KernelCompile>(
         Op::Input => Instr::Input { name: node.name.clone(), shape: out_shape, out: out(0) },
         Op::Fill { value } => Instr::Fill { value: *value, out: out(0) },
         Op::Arange => Instr::Arange { out: out(0) },
-        Op::Copy | Op::AllReduce { ranks: 1 } | Op::ReduceScatter { ranks: 1 } | Op::AllGather { ranks: 1 } => {
-            Instr::Copy { from: x[0], to: out(0) }
-        }
+        // Refused before a collective over one rank becomes a copy: on a
+        // group of more, the peers would wait for the call this rank skips.
         Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks }
             if *ranks as usize != rank.ranks =>
         {
@@ -123,6 +122,9 @@ fn instruction<C: KernelCompile>(
                  group of {ranks}",
                 rank.ranks
             ));
+        }
+        Op::Copy | Op::AllReduce { ranks: 1 } | Op::ReduceScatter { ranks: 1 } | Op::AllGather { ranks: 1 } => {
+            Instr::Copy { from: x[0], to: out(0) }
         }
         Op::AllReduce { .. } => Instr::AllReduce { x: x[0], out: out(0) },
         Op::ReduceScatter { .. } => Instr::ReduceScatter { x: x[0], out: out(0) },

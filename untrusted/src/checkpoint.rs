@@ -40,6 +40,10 @@ pub struct Seed {
     pub program: Program,
     /// The program's checkpoint layout.
     pub layout: Layout,
+    /// The ranks that saved it, kept loaded (never run): they hold the
+    /// program's compiled kernels, which every mutant's load then reuses
+    /// instead of compiling them again.
+    _warm: std::sync::Mutex<Vec<HostProgram>>,
 }
 
 fn bindings() -> Bindings {
@@ -79,7 +83,7 @@ pub fn seed(root: &Path) -> Seed {
         files,
     };
     training::commit(root, &manifest, 1).expect("the manifest is written");
-    Seed { dir, program, layout }
+    Seed { dir, program, layout, _warm: std::sync::Mutex::new(ranks) }
 }
 
 /// `program` loaded on its ranks, from `given[r]` where given.

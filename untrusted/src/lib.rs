@@ -15,11 +15,15 @@
 //! its serialised form, so every mutant is read the way a plan file is;
 //! [`checkpoint`] mutates a real two-rank ZeRO-3 save on disk (shards
 //! swapped, truncated, resized, duplicated, linked from outside; manifest
-//! fields and paths). [`Choices`] turns the fuzzer's bytes into decisions.
+//! fields and paths); [`ranks`] mutates one rank's program of a two-rank
+//! plan (data-parallel ZeRO-3, tensor-parallel) and runs every rank, each
+//! on a thread, for one step together. [`Choices`] turns the fuzzer's bytes
+//! into decisions.
 
 pub mod checkpoint;
 mod choices;
 mod json;
 pub mod plan;
+pub mod ranks;
 
 pub use choices::Choices;

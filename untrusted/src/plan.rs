@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::Deserialize;
 use serde_json::Value;
 use zeroplan_exec::buffers::constant_update;
 use zeroplan_ir::interp::Feeds;
@@ -34,10 +35,10 @@ const SEQ: u64 = 8;
 
 /// Mutants with larger arenas are not run (a larger batch or sequence than
 /// the seeds' only makes each run slower): 16× the seeds' largest.
-const ARENA_CAP: u64 = 8 << 20;
+pub(crate) const ARENA_CAP: u64 = 8 << 20;
 
 /// More micro-batches than this are not fed (each is a whole pass).
-const MICRO_BATCH_CAP: u64 = 4;
+pub(crate) const MICRO_BATCH_CAP: u64 = 4;
 
 /// A seed program, serialised, and where the memory planner placed its
 /// values: what tells a mutant that moves one onto another live at the
@@ -50,6 +51,15 @@ pub struct Seed {
     owners: HashMap<String, Owner>,
     /// Each update's value and the name of the node it updates.
     targets: HashMap<String, String>,
+    /// Where in the program the mutations strike, found once (a mutant's
+    /// are the seed's until a mutation changes its structure).
+    paths: Paths,
+    /// The strings of each field, which a string leaf is swapped among.
+    strings: BTreeMap<String, Vec<String>>,
+    /// The program loaded on each of its ranks, never run: it holds the
+    /// compiled kernels, which every mutant's load then reuses instead of
+    /// compiling them again (most mutants leave most kernels as they were).
+    warm: std::sync::Mutex<Vec<HostProgram>>,
 }
 
 /// A buffer as the memory planner placed it.
@@ -68,6 +78,17 @@ struct Owner {
 }
 
 impl Seed {
+    /// Keeps `runner` (the seed loaded on one of its ranks), and with it
+    /// its kernels, for the process's life.
+    pub fn keep_warm(&self, runner: HostProgram) {
+        self.warm.lock().unwrap_or_else(|e| e.into_inner()).push(runner);
+    }
+
+    /// Every leaf of the program (numbers and strings), in document order.
+    pub(crate) fn leaves(&self) -> &[json::Path] {
+        &self.paths.leaves
+    }
+
     /// Whether `value` owns a buffer that holds something: its offset is
     /// where its bytes are (a view's or an in-place update's follows its owner's).
     pub fn owns(&self, value: &str) -> bool {
@@ -115,23 +136,38 @@ pub enum Outcome {
 /// f32; and in bf16 with ZeRO-2 and the optimizer offloaded (host arena,
 /// casts, 16-bit buffers).
 pub fn seeds() -> Vec<Seed> {
-    let model = spec::load(&repo().join("models/tiny/tiny-bert.ron")).expect("models/tiny/tiny-bert.ron loads");
+    let model = tiny_bert();
     let offload = Some(DataParallel { ranks: 1, zero_stage: 2, offload: Offload::Optimizer });
     [(Precision::F32, None), (Precision::Bf16, offload)]
         .into_iter()
         .map(|(precision, data_parallel)| {
             let train = TrainingSpec { precision, dropout: Some(0.1), ..TrainingSpec::default() };
-            let bindings: Bindings = [("batch".into(), BATCH), ("seq".into(), SEQ)].into();
-            let options = PassOptions { shape_hint: bindings.clone(), data_parallel, ..PassOptions::default() };
-            let graph = compile(&model, &Target::Training(&train), options).expect("tiny-bert compiles").graph;
-            let memory = zeroplan_passes::memory::plan(&graph, &bindings).expect("tiny-bert plans");
-            let owners = owners(&graph, &memory);
-            let targets =
-                graph.updates.iter().map(|(t, v)| (graph.value_ref(*v), graph.node(*t).name.clone())).collect();
-            let program = zeroplan_passes::planner::program::program(graph, &memory, BATCH, SEQ);
-            Seed { program: serde_json::to_value(&program).expect("programs serialise"), owners, targets }
+            let seed = seed(&model, &train, PassOptions { data_parallel, ..PassOptions::default() });
+            let program = serde_json::from_value(seed.program.clone()).expect("a seed program reads back");
+            seed.keep_warm(HostProgram::load(program, 7).expect("a seed program loads"));
+            seed
         })
         .collect()
+}
+
+/// `models/tiny/tiny-bert.ron`.
+pub fn tiny_bert() -> spec::ModelSpec {
+    spec::load(&repo().join("models/tiny/tiny-bert.ron")).expect("models/tiny/tiny-bert.ron loads")
+}
+
+/// `model` compiled for `train` under `options` (its shape hint set to the
+/// seeds' batch and sequence), planned, as a seed.
+pub fn seed(model: &spec::ModelSpec, train: &TrainingSpec, options: PassOptions) -> Seed {
+    let bindings: Bindings = [("batch".into(), BATCH), ("seq".into(), SEQ)].into();
+    let options = PassOptions { shape_hint: bindings.clone(), ..options };
+    let graph = compile(model, &Target::Training(train), options).expect("the seed compiles").graph;
+    let memory = zeroplan_passes::memory::plan(&graph, &bindings).expect("the seed's memory plans");
+    let owners = owners(&graph, &memory);
+    let targets = graph.updates.iter().map(|(t, v)| (graph.value_ref(*v), graph.node(*t).name.clone())).collect();
+    let program = zeroplan_passes::planner::program::program(graph, &memory, BATCH, SEQ);
+    let program = serde_json::to_value(&program).expect("programs serialise");
+    let (paths, strings) = (Paths::of(&program), json::strings(&program));
+    Seed { program, owners, targets, paths, strings, warm: Default::default() }
 }
 
 /// Every buffer-owning value of `memory`, both arenas, by name.
@@ -175,6 +211,55 @@ const TARGETS: [&str; 10] = [
     "any field",
 ];
 
+/// The field prefixes the mutations draw leaves under ([`Paths::under`]).
+const PREFIXES: [&[&str]; 9] = [
+    &["buffers", "offset"],
+    &["buffers", "bytes"],
+    &["buffers", "place"],
+    &["arena_bytes"],
+    &["host_arena_bytes"],
+    &["nodes", "outputs", "shape"],
+    &["nodes", "operands"],
+    &["nodes", "op"],
+    &[],
+];
+
+/// A program's leaves, those under each of [`PREFIXES`], and its arrays
+/// inside ops: what the mutations choose among. Walking a whole program
+/// for them took most of a mutation's time, so a seed's are found once.
+struct Paths {
+    leaves: Vec<json::Path>,
+    /// Indices into `leaves`, per prefix.
+    under: Vec<Vec<usize>>,
+    op_arrays: Vec<json::Path>,
+}
+
+impl Paths {
+    fn of(program: &Value) -> Paths {
+        let leaves = json::paths(program, &json::is_leaf);
+        let under = PREFIXES
+            .iter()
+            .map(|prefix| (0..leaves.len()).filter(|&i| through(&leaves[i], prefix)).collect())
+            .collect();
+        let op_arrays = json::paths(program, &Value::is_array)
+            .into_iter()
+            .filter(|p| p.iter().any(|k| matches!(k, Key::Field(f) if f == "op")))
+            .collect();
+        Paths { leaves, under, op_arrays }
+    }
+
+    /// The leaves that pass through every field of `prefix` (one of [`PREFIXES`]).
+    fn under(&self, prefix: &[&str]) -> Vec<&json::Path> {
+        let i = PREFIXES.iter().position(|p| *p == prefix).expect("a listed prefix");
+        self.under[i].iter().map(|&j| &self.leaves[j]).collect()
+    }
+}
+
+/// Whether `path` passes through every field of `prefix`.
+fn through(path: &json::Path, prefix: &[&str]) -> bool {
+    prefix.iter().all(|f| path.iter().any(|k| matches!(k, Key::Field(name) if name == f)))
+}
+
 /// A mutated program, what was done to it, and whether loading must refuse it.
 #[derive(Debug)]
 pub struct Mutant {
@@ -190,19 +275,26 @@ pub struct Mutant {
 /// `seed` with one to four mutations the bytes choose.
 pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
     let mut mutant = seed.program.clone();
-    let strings = json::strings(&seed.program);
+    let strings = &seed.strings;
     let arena = seed.program["arena_bytes"].as_u64().unwrap_or(0);
     let mut done = Vec::new();
     let mut collides = false;
+    // The mutant's paths once an array mutation changed its structure
+    // (leaf mutations leave the seed's valid).
+    let (mut own, mut reshaped): (Option<Paths>, bool) = (None, false);
     // Mostly one mutation, so most mutants still read and reach the loader.
     let rounds = *c.pick(&[1, 1, 1, 2, 3, 4]);
     for _ in 0..rounds {
         let target = *c.pick(&TARGETS);
-        let leaves = json::paths(&mutant, &json::is_leaf);
+        if reshaped {
+            own = Some(Paths::of(&mutant));
+            reshaped = false;
+        }
+        let paths = own.as_ref().unwrap_or(&seed.paths);
         let leaf = |m: &mut Value, c: &mut Choices, prefix: &[&str]| {
-            let paths = under(&leaves, prefix);
+            let paths = paths.under(prefix);
             if !paths.is_empty() {
-                json::mutate_leaf(m, paths[c.below(paths.len())], c, arena, &strings);
+                json::mutate_leaf(m, paths[c.below(paths.len())], c, arena, strings);
             }
         };
         match target {
@@ -222,7 +314,7 @@ pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
             "buffer offset" => leaf(&mut mutant, c, &["buffers", "offset"]),
             "buffer bytes" => leaf(&mut mutant, c, &["buffers", "bytes"]),
             "buffer place" => {
-                let places = under(&leaves, &["buffers", "place"]);
+                let places = paths.under(&["buffers", "place"]);
                 if !places.is_empty() {
                     let p = places[c.below(places.len())];
                     if let Some(v) = json::at_mut(&mut mutant, p) {
@@ -240,7 +332,7 @@ pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
                 mutant[key] = Value::from(*c.pick(&[0, 1, n + 1, n * 2, n * 64, 1 << 31, 1 << 32, u64::MAX]));
             }
             "tensor shape" => {
-                let dims = under(&leaves, &["nodes", "outputs", "shape"]);
+                let dims = paths.under(&["nodes", "outputs", "shape"]);
                 if !dims.is_empty() {
                     let p = dims[c.below(dims.len())];
                     let dim = *c.pick(&["0", "1", "3", "4096", "4294967296", "batch*seq", "seq/3", "batch*seq*seq"]);
@@ -250,18 +342,17 @@ pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
                 }
             }
             "schedule order" => {
-                json::mutate_array(&mut mutant, &[Key::Field("graph".into()), Key::Field("nodes".into())], c)
+                json::mutate_array(&mut mutant, &[Key::Field("graph".into()), Key::Field("nodes".into())], c);
+                reshaped = true;
             }
             "operand" => leaf(&mut mutant, c, &["nodes", "operands"]),
             "op or kernel IR" if c.below(2) == 0 => leaf(&mut mutant, c, &["nodes", "op"]),
             "op or kernel IR" => {
-                let arrays: Vec<json::Path> = json::paths(&mutant, &Value::is_array)
-                    .into_iter()
-                    .filter(|p| p.iter().any(|k| matches!(k, Key::Field(f) if f == "op")))
-                    .collect();
+                let arrays = &paths.op_arrays;
                 if !arrays.is_empty() {
                     let p = arrays[c.below(arrays.len())].clone();
                     json::mutate_array(&mut mutant, &p, c);
+                    reshaped = true;
                 }
             }
             _ => leaf(&mut mutant, c, &[]),
@@ -270,12 +361,6 @@ pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
     }
     // With other mutations besides, what is live when is no longer the seed's.
     Mutant { program: mutant, what: done, must_refuse: rounds == 1 && collides }
-}
-
-/// The paths among `paths` that pass through every field of `prefix`.
-fn under<'p>(paths: &'p [json::Path], prefix: &[&str]) -> Vec<&'p json::Path> {
-    let through = |p: &json::Path, field: &str| p.iter().any(|k| matches!(k, Key::Field(name) if name == field));
-    paths.iter().filter(|p| prefix.iter().all(|f| through(p, f))).collect()
 }
 
 /// Reads `mutant` as a plan file's program is read, loads it on the host
@@ -294,7 +379,7 @@ pub fn check(mutant: &Mutant) -> Outcome {
 
 /// The outcome of `program`: unreadable, skipped, refused, or one step run.
 pub fn run(program: &Value) -> Outcome {
-    let program: Program = match serde_json::from_value(program.clone()) {
+    let program = match Program::deserialize(program) {
         Ok(p) => p,
         Err(e) => return Outcome::Unreadable(e.to_string()),
     };

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use zeroplan_untrusted::{Choices, checkpoint, plan};
+use zeroplan_untrusted::{Choices, checkpoint, plan, ranks};
 
 /// Byte strings from a fixed xorshift stream: the same mutants every run.
 fn inputs(count: usize, salt: u64) -> Vec<Vec<u8>> {
@@ -235,4 +235,107 @@ fn checkpoint_mutants_are_refused_or_load_inside_their_arenas() {
     }
     assert!(refused >= 10, "only {refused} of 30 damaged saves refused");
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+fn rank_seeds() -> &'static [ranks::Seed] {
+    static SEEDS: OnceLock<Vec<ranks::Seed>> = OnceLock::new();
+    SEEDS.get_or_init(ranks::seeds)
+}
+
+/// One rank's plan of a two-rank data-parallel (ZeRO-3) or tensor-parallel
+/// plan mutated, both ranks run together: each mutant is unreadable,
+/// refused, or runs its step on both ranks inside their arenas, and no
+/// rank is left waiting ([`ranks::check`]). Each kind of mutation aimed at
+/// the ranks once per seed, on either rank, then random ones.
+#[test]
+fn multi_rank_mutants_are_refused_or_run_together_inside_their_arenas() {
+    let (mut refused, mut ran) = (0, 0);
+    for (s, seed) in rank_seeds().iter().enumerate() {
+        let kinds = (1..7u8).map(|k| [&[k % 2, k][..], &inputs(1, 10 + u64::from(k))[0]].concat());
+        for (i, bytes) in kinds.chain(inputs(20, 4 + s as u64)).enumerate() {
+            let mutant = ranks::mutate(seed, &mut Choices::new(&bytes));
+            let outcome = ranks::check(seed, &mutant);
+            match outcome {
+                plan::Outcome::Refused(_) => refused += 1,
+                plan::Outcome::Ran(_) => ran += 1,
+                plan::Outcome::Unreadable(_) | plan::Outcome::Skipped => {}
+            }
+            eprintln!("{}, input {i}: rank {} {:?} → {outcome:?}", seed.name, mutant.rank, mutant.what);
+        }
+    }
+    assert!(refused >= 12 && ran >= 2, "{refused} refused, {ran} ran");
+}
+
+/// `seed`'s program with node `name`'s op replaced by `op`.
+fn with_op(seed: &ranks::Seed, name: &str, op: Value) -> Value {
+    let mut program = seed.plan.program.clone();
+    let nodes = program["graph"]["nodes"].as_array_mut().unwrap();
+    nodes.iter_mut().find(|n| n["name"] == name).unwrap()["op"] = op;
+    program
+}
+
+/// Runs `seed`'s ranks on `programs` (`None`: the seed's) and returns what
+/// refused them, failing if they ran. A rank left waiting fails within 30 s.
+fn ranks_refused(seed: &ranks::Seed, programs: &[Option<&Value>]) -> String {
+    match ranks::run_ranks(seed, programs, "a crafted plan", std::time::Duration::from_secs(30)) {
+        plan::Outcome::Refused(e) => e,
+        other => panic!("{}: expected a refusal, got {other:?}", seed.name),
+    }
+}
+
+/// Rank 1's schedule gathers two parameter buckets of different sizes in
+/// the other order: each rank's program is valid alone, but the first
+/// collective of each would combine 1,408 elements with 4,096. Both ranks
+/// refuse before the step runs, naming the call.
+#[test]
+fn a_collective_whose_count_differs_between_the_ranks_is_refused_before_the_step() {
+    let seed = &rank_seeds()[0];
+    let mut swapped = seed.plan.program.clone();
+    let nodes = swapped["graph"]["nodes"].as_array_mut().unwrap();
+    let at = |name: &str| nodes.iter().position(|n| n["name"] == name).unwrap();
+    let (a, b) = (at("embeddings.decay.params.forward.gathered"), at("layer0.decay.params.forward.gathered"));
+    nodes.swap(a, b);
+    let e = ranks_refused(seed, &[None, Some(&swapped)]);
+    assert!(e.contains("the ranks' programs differ") && e.contains("collective call 0"), "{e}");
+    assert!(e.contains("1408 f32 elements in") && e.contains("4096 f32 elements in"), "{e}");
+}
+
+/// Rank 1's program computes the gradient norm's sum over the ranks as a
+/// local copy: one collective fewer, the last of the step. Without the
+/// check rank 1 would finish its step and rank 0 wait in the all-reduce
+/// forever; with it both refuse. The same for a tensor-parallel all-reduce.
+#[test]
+fn a_rank_missing_a_collective_is_refused_instead_of_leaving_its_peer_waiting() {
+    for (seed, node) in rank_seeds().iter().zip(["train.grad_sq.all_reduce", "train.grad_sq.tensor_all_reduce"]) {
+        let copy = with_op(seed, node, Value::from("Copy"));
+        let e = ranks_refused(seed, &[None, Some(&copy)]);
+        assert!(e.contains("the ranks' programs differ") && e.contains("schedules"), "{}: {e}", seed.name);
+    }
+}
+
+/// Rank 1 is given the plan compiled for four data-parallel ranks (ZeRO-3
+/// shards cut for 4): it refuses at load, naming the rank count, and rank
+/// 0, which loaded its own plan, ends its step with an error instead of
+/// waiting for rank 1's collectives ([`ranks::run_ranks`] fails on a rank
+/// that ran its step while a peer refused, and on a hang).
+#[test]
+fn a_rank_whose_peer_refused_a_plan_for_another_rank_count_ends_with_an_error() {
+    let seed = &rank_seeds()[0];
+    let mut c = Choices::new(&[1, 6]);
+    let mutant = ranks::mutate(seed, &mut c);
+    assert_eq!((mutant.rank, mutant.what.len()), (1, 1), "{:?}", mutant.what);
+    assert!(mutant.what[0].contains("another rank count"), "{:?}", mutant.what);
+    let e = ranks_refused(seed, &[None, Some(&mutant.program)]);
+    assert!(e.contains("4 data-parallel ranks") || e.contains("a shard over 4 ranks"), "{e}");
+}
+
+/// Every rank's plan sums the gradient norm "over one rank" in a group of
+/// two: the ranks agree with each other, but the sum would silently skip
+/// the peer's share. Each refuses at load, naming the rank count.
+#[test]
+fn a_collective_over_one_rank_in_a_group_of_two_is_refused_at_load() {
+    let seed = &rank_seeds()[0];
+    let one = with_op(seed, "train.grad_sq.all_reduce", serde_json::json!({ "AllReduce": { "ranks": 1 } }));
+    let e = ranks_refused(seed, &[Some(&one), Some(&one)]);
+    assert!(e.contains("the plan runs on 1 data-parallel ranks, this group has 2"), "{e}");
 }

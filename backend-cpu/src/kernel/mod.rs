@@ -2,7 +2,8 @@
 //! code by Cranelift.
 //!
 //! [`KernelCompiler::compile`] binds a kernel's shape to concrete `dims` and
-//! generates one function for it (see `codegen.rs` for its shape and ABI);
+//! generates one function for it (see `codegen.rs` for its shape and ABI),
+//! or reuses one any compiler of this process made and someone still holds;
 //! [`CompiledKernel::launch`] runs it over every row, on rayon's threads when
 //! the kernel is big enough (`launch.rs`).
 //!
@@ -31,7 +32,7 @@ mod simd;
 mod storage;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cranelift_jit::JITModule;
 use zeroplan_ir::kernel::Kernel;
@@ -72,11 +73,43 @@ pub enum CodegenError {
 /// Compiles kernels once and keeps them (in memory) for the plan's life.
 ///
 /// Each kernel gets its own JIT module, owned by its [`CompiledKernel`], so
-/// a kernel's code lives exactly as long as someone holds it. `Send + Sync`.
+/// a kernel's code lives exactly as long as someone holds it. A kernel some
+/// other compiler of this process compiled and is still held (another rank
+/// loaded as a thread of this process, say) is reused rather than compiled
+/// again: Cranelift's compile is most of a program's load. `Send + Sync`.
 #[derive(Default)]
 pub struct KernelCompiler {
     /// `(kernel text, dims)` → the compiled kernel.
-    cache: HashMap<(String, Vec<usize>), Arc<CompiledKernel>>,
+    cache: HashMap<Key, Arc<CompiledKernel>>,
+}
+
+/// A compiled kernel's identity: its IR as text and the dims it is bound to.
+type Key = (String, Vec<usize>);
+
+/// The kernels compiled in this process, by [`Key`], while someone holds
+/// them; pruned of dead entries whenever it doubles.
+struct Shared {
+    kernels: HashMap<Key, Weak<CompiledKernel>>,
+    prune_at: usize,
+}
+
+fn shared() -> &'static Mutex<Shared> {
+    static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
+    SHARED.get_or_init(|| Mutex::new(Shared { kernels: HashMap::new(), prune_at: 256 }))
+}
+
+impl Shared {
+    fn get(&self, key: &Key) -> Option<Arc<CompiledKernel>> {
+        self.kernels.get(key).and_then(Weak::upgrade)
+    }
+
+    fn insert(&mut self, key: Key, kernel: &Arc<CompiledKernel>) {
+        if self.kernels.len() >= self.prune_at {
+            self.kernels.retain(|_, k| k.strong_count() > 0);
+            self.prune_at = (2 * self.kernels.len()).max(256);
+        }
+        self.kernels.insert(key, Arc::downgrade(kernel));
+    }
 }
 
 /// A kernel compiled for one set of dims.
@@ -101,11 +134,18 @@ impl KernelCompiler {
     /// Native code for `kernel` with its symbols bound: `dims` is the
     /// kernel's concrete shape (`kernel.shape` with batch/seq bound).
     /// Compiling the same (kernel, dims) twice returns the cached one (keyed
-    /// by `kernel.to_text()` and `dims`).
+    /// by `kernel.to_text()` and `dims`), as does compiling one that another
+    /// compiler of this process compiled and someone still holds. The text
+    /// is the whole IR, so equal keys are the same code.
     pub fn compile(&mut self, kernel: &Kernel, dims: &[usize]) -> Result<Arc<CompiledKernel>, CodegenError> {
         let key = (kernel.to_text(), dims.to_vec());
         if let Some(k) = self.cache.get(&key) {
             return Ok(Arc::clone(k));
+        }
+        let held = shared().lock().unwrap_or_else(|e| e.into_inner()).get(&key);
+        if let Some(k) = held {
+            self.cache.insert(key, Arc::clone(&k));
+            return Ok(k);
         }
         let name = kernel.name.clone();
         kernel.check().map_err(|message| CodegenError::Invalid { kernel: name.clone(), message })?;
@@ -117,16 +157,17 @@ impl KernelCompiler {
             .map_err(|message| CodegenError::Cranelift { kernel: name.clone(), message })?;
         let chunk_rows = launch::chunk_rows(&layout);
         let compiled = Arc::new(CompiledKernel { name, layout, chunk_rows, entry, module: Mutex::new(Some(module)) });
+        shared().lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), &compiled);
         self.cache.insert(key, Arc::clone(&compiled));
         Ok(compiled)
     }
 
-    /// How many distinct (kernel, dims) are compiled.
+    /// How many distinct (kernel, dims) this compiler holds.
     pub fn len(&self) -> usize {
         self.cache.len()
     }
 
-    /// Whether no kernel is compiled yet.
+    /// Whether it holds no kernel yet.
     pub fn is_empty(&self) -> bool {
         self.cache.is_empty()
     }

@@ -22,7 +22,10 @@
 //!   that needs them. Each group's collectives are issued in schedule order
 //!   on every member, so the two groups cannot wait on each other in a
 //!   cycle: a rank only ever waits for peers to reach a point of the
-//!   schedule it has reached itself.
+//!   schedule it has reached itself. Ranks may load different plan files,
+//!   so before the first step every group checks that its members' steps
+//!   make the same collective calls ([`agree`]); a rank that fails to load
+//!   or to step aborts its groups, so no peer waits for it.
 //!
 //! Nothing is allocated per step besides small temporaries of the device's
 //! routines, so the arena's size is the device memory the plan predicted.
@@ -33,6 +36,7 @@
 //! current one is in use) and written back and released after it closes
 //! ([`tier`]).
 
+mod agree;
 mod graphs;
 mod profile;
 mod stream;
@@ -76,6 +80,13 @@ pub enum RunError {
     Tier(String),
     #[error("{count} micro-batches given, the program accumulates {expected}")]
     MicroBatches { count: usize, expected: u64 },
+    /// Before the first step: a peer's program would call other collectives
+    /// than this rank's ([`agree`]), so neither runs.
+    #[error(
+        "the ranks' programs differ: {0}: every rank must load the same plan (`zeroplan compile` writes one for \
+         all ranks)"
+    )]
+    Diverged(String),
     #[error("state `{name}`: {message}")]
     State { name: String, message: String },
     #[error(
@@ -138,6 +149,8 @@ pub struct Runner<D: Device> {
     /// The capture plan, made at the next step when graphs are wanted
     /// (`None` again whenever what it depends on changes).
     graphs: Option<graphs::Graphs>,
+    /// Whether the group's ranks have agreed on their collectives ([`agree`]).
+    agreed: bool,
 }
 
 /// What a step returns: [`StepOutputs`] as the interpreter gives them, and
@@ -196,7 +209,21 @@ impl<D: Device> Runner<D> {
     /// As [`Runner::load_groups_with`], with the host-placed params and
     /// states (fp32 masters, AdamW's moments, offloaded parameter shards)
     /// kept on `nvme`'s tier rather than in the host arena, when given.
+    ///
+    /// A rank that fails to load aborts its groups, so that peers already
+    /// running end their first step with an error instead of waiting for it.
     pub fn load_tiered(
+        program: Program,
+        seed: u64,
+        groups: Groups,
+        given: &State,
+        nvme: Option<&Nvme>,
+    ) -> Result<Runner<D>, RunError> {
+        let peers = groups.clone();
+        Runner::load_unaborted(program, seed, groups, given, nvme).inspect_err(|_| peers.abort())
+    }
+
+    fn load_unaborted(
         mut program: Program,
         seed: u64,
         groups: Groups,
@@ -236,6 +263,7 @@ impl<D: Device> Runner<D> {
             windows: None,
             graph_mode: GraphMode::default(),
             graphs: None,
+            agreed: false,
         };
         runner.step_ends = runner.steps.iter().map(|s| PLACES.map(|place| runner.end_in(s.node, place))).collect();
         runner.access = accesses(&runner.program.graph, &runner.steps, &runner.bufs);
@@ -491,10 +519,42 @@ impl<D: Device> Runner<D> {
     /// One optimizer step over `micro_batches` (as many as the program
     /// accumulates). Collectives run on the rank's communication stream
     /// ([`stream`]), overlapping the compute that does not depend on them.
+    /// Before the first, the ranks of each group check that their programs
+    /// call the same collectives ([`agree`]). A step that fails aborts the
+    /// rank's groups: its peers end with an error rather than wait for it.
     pub fn step(&mut self, micro_batches: &[Feeds]) -> Result<StepResult, RunError> {
+        let result = self.step_unaborted(micro_batches);
+        if result.is_err() {
+            self.groups.abort();
+        }
+        result
+    }
+
+    /// Checks with every peer that its program calls the collectives this
+    /// rank's does, in the same order ([`agree`]).
+    fn agree(&self) -> Result<(), RunError> {
+        let (g, bufs) = (&self.program.graph, &self.bufs);
+        let steps = self.steps.iter().map(|s| (s.node, s.optimizer));
+        let calls = agree::calls(g, steps, |v| bufs.get(&v).map_or(0, |b| b.len as u64));
+        for (comm, group) in [(&self.groups.data, agree::Group::Data), (&self.groups.tensor, agree::Group::Tensor)] {
+            agree::agree(comm.as_ref(), group, &calls, self.micro_batches).map_err(|e| match e {
+                agree::Disagreement::Differs(message) => RunError::Diverged(message),
+                agree::Disagreement::Comm(e) => {
+                    RunError::Load(format!("agreeing with the peers on the step's collectives: {e}"))
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn step_unaborted(&mut self, micro_batches: &[Feeds]) -> Result<StepResult, RunError> {
         let k = micro_batches.len();
         if k as u64 != self.micro_batches {
             return Err(RunError::MicroBatches { count: k, expected: self.micro_batches });
+        }
+        if !self.agreed {
+            self.agree()?;
+            self.agreed = true;
         }
         self.check_tier()?;
         self.plan_graphs();
