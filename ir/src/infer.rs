@@ -57,9 +57,11 @@ fn check_flat(init: &crate::op::Init, t: &TensorType) -> Result<(), String> {
         if m.offset < end {
             return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
         }
-        end = m.offset + m.len();
+        end = m.checked_len().and_then(|n| m.offset.checked_add(n)).ok_or_else(|| {
+            format!("flat member `{}` at {} of shape {:?} ends past 2⁶⁴ elements", m.name, m.offset, m.shape)
+        })?;
     }
-    if end > len * shards {
+    if len.checked_mul(*shards).is_none_or(|whole| end > whole) {
         return Err(format!("the members need {end} elements, more than {len} × {shards} shards"));
     }
     Ok(())
@@ -266,7 +268,10 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
         }
         Op::AllGather { ranks } => {
             let n = flat_len(op, operands[0], *ranks)?;
-            one(TensorType::new(Shape(vec![Dim::constant(n * ranks)]), operands[0].dtype))
+            let whole = n
+                .checked_mul(*ranks)
+                .ok_or_else(|| format!("all_gather of {n} elements over {ranks} ranks: past 2⁶⁴ elements"))?;
+            one(TensorType::new(Shape(vec![Dim::constant(whole)]), operands[0].dtype))
         }
         Op::AllReduce { ranks } => {
             if *ranks == 0 {
@@ -642,6 +647,29 @@ mod tests {
             infer(&tb, &[&x, &bad], &[]).unwrap()[0].shape,
             shape![Dim::symbol("batch"), Dim::symbol("seq"), 32]
         );
+    }
+
+    #[test]
+    fn a_flat_member_past_two_to_the_64_elements_is_refused() {
+        // A crafted plan file's member: its element count, or its end,
+        // wraps u64 (a debug build panicked, a release build wrapped past
+        // the bounds check).
+        let member = |shape: Vec<u64>, offset| crate::op::FlatMember {
+            name: "w".into(),
+            shape,
+            offset,
+            init: Box::new(crate::op::Init::Zeros),
+        };
+        let flat = t(shape![16], DType::F32);
+        for (m, shards) in
+            [(member(vec![1 << 32, 1 << 32], 0), 1), (member(vec![4], u64::MAX - 1), 1), (member(vec![4], 0), u64::MAX)]
+        {
+            let op = Op::Param { init: crate::op::Init::Flat { members: vec![m], shards } };
+            let err = infer(&op, &[], std::slice::from_ref(&flat)).unwrap_err();
+            assert!(err.contains("2⁶⁴") || err.contains("more than 16"), "{err}");
+        }
+        let fits = Op::Param { init: crate::op::Init::Flat { members: vec![member(vec![4, 4], 0)], shards: 1 } };
+        assert!(infer(&fits, &[], std::slice::from_ref(&flat)).is_ok());
     }
 
     #[test]

@@ -70,6 +70,13 @@ impl FlatMember {
         self.shape.iter().product()
     }
 
+    /// The element count, `None` where it overflows `u64` (a crafted plan
+    /// file's member): what the verifier checks before anything calls
+    /// [`FlatMember::len`].
+    pub fn checked_len(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -329,7 +329,9 @@ pub fn mutate(seed: &Seed, c: &mut Choices) -> Mutant {
             "batch or seq" => {
                 let key = *c.pick(&["batch", "seq"]);
                 let n = mutant[key].as_u64().unwrap_or(0);
-                mutant[key] = Value::from(*c.pick(&[0, 1, n + 1, n * 2, n * 64, 1 << 31, 1 << 32, u64::MAX]));
+                let picks =
+                    [0, 1, n.saturating_add(1), n.saturating_mul(2), n.saturating_mul(64), 1 << 31, 1 << 32, u64::MAX];
+                mutant[key] = Value::from(*c.pick(&picks));
             }
             "tensor shape" => {
                 let dims = paths.under(&["nodes", "outputs", "shape"]);
