@@ -72,46 +72,31 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
             }
         }
     }
-    // NVRTC and ptxas per source on every core: hundreds of compilations.
-    // Each worker takes the next case; resources are recorded in case order.
+    // NVRTC and ptxas per source on every core: hundreds of compilations;
+    // resources are recorded in case order.
     let mut resources = ResourceCheck::new(SmLimits::SM_90);
-    let (failures, assembled) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
-    let next = AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let at = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(case) = cases.get(at) else { break };
-                    let g = &case.generated;
-                    match nvrtc.compile_ptx(&g.entry, &g.source, &arch) {
-                        Ok(ptx) => {
-                            for entry in [Some(&g.entry), g.finish_entry.as_ref()].into_iter().flatten() {
-                                assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
-                            }
-                            assert!(ptx.contains(".target sm_90"), "{}", &ptx[..ptx.len().min(400)]);
-                            if let Some((family, _)) = &case.checked {
-                                let found = resources.assemble(family, &ptx);
-                                assembled.lock().unwrap().push((at, found));
-                            }
-                        }
-                        Err(e) => failures.lock().unwrap().push(format!(
-                            "{} ({}) {:?}: {e}\n{}",
-                            case.model.display(),
-                            case.label,
-                            case.dims,
-                            g.source
-                        )),
-                    }
-                }
-            });
+    let compiled = on_every_core(&cases, |case| {
+        let g = &case.generated;
+        let ptx = nvrtc
+            .compile_ptx(&g.entry, &g.source, &arch)
+            .map_err(|e| format!("{} ({}) {:?}: {e}\n{}", case.model.display(), case.label, case.dims, g.source))?;
+        for entry in [Some(&g.entry), g.finish_entry.as_ref()].into_iter().flatten() {
+            assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
         }
+        assert!(ptx.contains(".target sm_90"), "{}", &ptx[..ptx.len().min(400)]);
+        Ok(case.checked.as_ref().map(|(family, _)| resources.assemble(family, &ptx)))
     });
-    let mut assembled = assembled.into_inner().unwrap();
-    assembled.sort_by_key(|&(at, _)| at);
-    for (at, found) in assembled {
-        let (case, (family, floor)) = (&cases[at], cases[at].checked.as_ref().expect("assembled only if checked"));
+    let mut failures: Vec<String> = Vec::new();
+    for (case, result) in cases.iter().zip(compiled) {
+        let found = match result {
+            Ok(Some(found)) => found,
+            Ok(None) => continue,
+            Err(e) => {
+                failures.push(e);
+                continue;
+            }
+        };
+        let (family, floor) = case.checked.as_ref().expect("assembled only if checked");
         let g = &case.generated;
         // A cross-row kernel's grid: at most CROSS_ROW_BLOCKS_PER_SM blocks an SM.
         let grid_blocks = |entry: &str| {
@@ -119,7 +104,6 @@ fn every_tiny_model_kernel_compiles_for_hopper() {
         };
         resources.record(family, found, &threads_of(g), &grid_blocks, *floor);
     }
-    let failures = failures.into_inner().unwrap();
     let (major, minor) = nvrtc.version();
     println!(
         "NVRTC {major}.{minor} compiled {} distinct sources ({kernels} kernels × 2 shapes) for {arch}",
@@ -297,7 +281,7 @@ fn every_attention_specialisation_compiles_for_hopper() {
         let found = ptx.as_ref().map_or(Vec::new(), |ptx| resources.assemble(&attention_family(kernel, *pass), ptx));
         (rendered, ptx, found)
     });
-    let mut failures = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
     for ((kernel, pass), (rendered, ptx, found)) in sources.iter().zip(compiled) {
         match ptx {
             Ok(ptx) => {
