@@ -14,12 +14,12 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #   scripts/fuzz.sh 60 plan_mutation plan_mutation_ranks checkpoint_mutation   # a minute each
 #
-# The structured targets' corpora are kept in the repo (fuzz/corpus/
-# plan_mutation, plan_mutation_ranks, checkpoint_mutation), minimised after
-# each run (`cargo fuzz cmin`). CI does not fuzz (no nightly, no minutes to
-# spare): it replays the same harness over fixed inputs
-# (untrusted/tests/replay.rs). Builds go to $CARGO_TARGET_DIR/fuzz when that
-# is set, else fuzz/target.
+# Every target's body is a function of zeroplan_untrusted::targets. Their
+# corpora are kept in the repo (fuzz/corpus/TARGET), minimised after each
+# run (`cargo fuzz cmin`). CI has no nightly: it runs the same functions for
+# a minute each on stable, from these corpora (untrusted/tests/timed.rs),
+# and replays fixed mutants (untrusted/tests/replay.rs). Builds go to
+# $CARGO_TARGET_DIR/fuzz when that is set, else fuzz/target.
 #
 # Leak detection is off (-detect_leaks=0): a leak is no memory-safety bug in
 # Rust, and libFuzzer re-runs every input whose allocations outnumber its
@@ -48,6 +48,8 @@ run() {
   inputs=$(ls "fuzz/corpus/$t" | wc -l)
   echo "$t: ${runs:-?} runs, $inputs corpus inputs, $crashes crash files, exit $status"
   printf '| %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$t" "$seconds" "${runs:-?}" "$inputs" "$crashes" >> "$results"
+  (cd fuzz && cargo +nightly fuzz cmin "${target_dir[@]}" "$t" "../fuzz/corpus/$t" -- -detect_leaks=0) \
+    > "fuzz/work/$t.cmin.log" 2>&1
 }
 
 # The structured targets need no seeds from zeroplan runs.
@@ -55,9 +57,7 @@ classic=()
 for t in "${targets[@]}"; do
   case "$t" in
     plan_mutation|plan_mutation_ranks|checkpoint_mutation)
-      run "$t"
-      (cd fuzz && cargo +nightly fuzz cmin "${target_dir[@]}" "$t" "../fuzz/corpus/$t" -- -detect_leaks=0) \
-        > "fuzz/work/$t.cmin.log" 2>&1 ;;
+      run "$t" ;;
     *) classic+=("$t") ;;
   esac
 done
@@ -65,7 +65,7 @@ done
 targets=("${classic[@]}")
 
 cargo build --release --quiet
-bin=target/release/zeroplan
+bin="${CARGO_TARGET_DIR:-target}/release/zeroplan"
 work=fuzz/work
 rm -rf "$work/save" && mkdir -p "$work"
 corpus() { mkdir -p "fuzz/corpus/$1" && echo "fuzz/corpus/$1"; }

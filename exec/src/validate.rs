@@ -37,7 +37,7 @@ use std::collections::HashMap;
 
 use zeroplan_ir::kernel::Kernel;
 use zeroplan_ir::plan::Program;
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Place, Value};
+use zeroplan_ir::{Bindings, Graph, Init, NodeIndex, Op, Place, Value};
 
 use crate::buffers::{Buf, Rank, SelectError, of_offset};
 use crate::instr::MatMulShape;
@@ -78,6 +78,7 @@ pub fn buffers(
         );
         return Err(SelectError::Invalid { at: "the plan".into(), message });
     }
+    inits_cut_for(g, order, rank)?;
     let mut planned: HashMap<&str, &zeroplan_ir::plan::Buffer> = HashMap::new();
     for b in &program.buffers {
         if planned.insert(b.value.as_str(), b).is_some() {
@@ -120,6 +121,43 @@ pub fn buffers(
     }
     live_values_apart(g, order, &bufs)?;
     Ok(bufs)
+}
+
+/// Every parameter's and state's initialiser is cut for this rank's groups:
+/// a flat buffer sharded over more than one rank over the data-parallel
+/// group's ranks, a tensor shard over the tensor-parallel group's. Each is
+/// initialised by drawing the whole tensor and cutting this rank's part,
+/// so a cut for a crafted rank count would make a rank draw that many
+/// times its own memory. A plan for another group size is not corrupt:
+/// the error says how to run it.
+fn inits_cut_for(g: &Graph, order: &[NodeIndex], rank: Rank) -> Result<(), SelectError> {
+    /// The first cut of `init` for another group: its group's name and rank count.
+    fn other_cut(init: &Init, rank: Rank) -> Option<(&'static str, u64, usize)> {
+        match init {
+            Init::Flat { shards, .. } if *shards > 1 && *shards as usize != rank.ranks => {
+                Some(("data", *shards, rank.ranks))
+            }
+            Init::Flat { members, .. } => members.iter().find_map(|m| other_cut(&m.init, rank)),
+            Init::TensorShard { ranks, .. } if *ranks as usize != rank.tensor_ranks => {
+                Some(("tensor", *ranks, rank.tensor_ranks))
+            }
+            Init::TensorShard { init, .. } | Init::Slice { init, .. } => other_cut(init, rank),
+            Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => None,
+        }
+    }
+    for &n in order {
+        let node = g.node(n);
+        if let Op::Param { init } | Op::State { init } = &node.op
+            && let Some((group, cut, has)) = other_cut(init, rank)
+        {
+            let message = format!(
+                "`{}` is cut for {cut} {group}-parallel ranks, this group has {has}: load the plan once per rank of a group of {cut}",
+                node.name
+            );
+            return Err(SelectError::Invalid { at: "the plan".into(), message });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses two values of `bufs` that share a byte of one arena at a

@@ -7,20 +7,4 @@
 //! same property over fixed inputs in CI).
 #![no_main]
 
-use std::sync::OnceLock;
-
-use libfuzzer_sys::fuzz_target;
-use zeroplan_untrusted::{Choices, plan};
-
-/// The seed programs, compiled once per fuzzing process.
-fn seeds() -> &'static [plan::Seed] {
-    static SEEDS: OnceLock<Vec<plan::Seed>> = OnceLock::new();
-    SEEDS.get_or_init(plan::seeds)
-}
-
-fuzz_target!(|data: &[u8]| {
-    let mut choices = Choices::new(data);
-    let seed = &seeds()[choices.below(seeds().len())];
-    let mutant = plan::mutate(seed, &mut choices);
-    let _ = plan::check(&mutant);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| zeroplan_untrusted::targets::plan_mutation(data));

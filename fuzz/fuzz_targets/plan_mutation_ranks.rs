@@ -10,20 +10,4 @@
 //! same property over fixed inputs in CI).
 #![no_main]
 
-use std::sync::OnceLock;
-
-use libfuzzer_sys::fuzz_target;
-use zeroplan_untrusted::{Choices, ranks};
-
-/// The seed plans, compiled once per fuzzing process.
-fn seeds() -> &'static [ranks::Seed] {
-    static SEEDS: OnceLock<Vec<ranks::Seed>> = OnceLock::new();
-    SEEDS.get_or_init(ranks::seeds)
-}
-
-fuzz_target!(|data: &[u8]| {
-    let mut choices = Choices::new(data);
-    let seed = &seeds()[choices.below(seeds().len())];
-    let mutant = ranks::mutate(seed, &mut choices);
-    let _ = ranks::check(seed, &mutant);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| zeroplan_untrusted::targets::plan_mutation_ranks(data));

@@ -6,7 +6,7 @@
 //! and the mismatch; the caller prefixes the node's name.
 
 use crate::dtype::DType;
-use crate::op::Op;
+use crate::op::{Init, Op};
 use crate::shape::{Dim, Shape, TensorType};
 
 /// The length of a constant rank-1 tensor (a flat buffer).
@@ -46,25 +46,78 @@ fn float_sequence(op: &Op, t: &TensorType) -> Result<(), String> {
     Ok(())
 }
 
-/// A flat buffer is rank 1, and its members fit the whole (all shards).
-fn check_flat(init: &crate::op::Init, t: &TensorType) -> Result<(), String> {
-    let crate::op::Init::Flat { members, shards } = init else { return Ok(()) };
-    let Some(len) = rank1_len(t).filter(|_| *shards > 0) else {
-        return Err(format!("a flat buffer is a constant rank-1 tensor over ≥ 1 shards, not {t}"));
+/// The element count of `dims`, `None` where it overflows `u64`.
+fn checked_count(dims: &[u64]) -> Option<u64> {
+    dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
+/// An initialiser fits the tensor it initialises, of constant shape `dims`
+/// (`None`: symbolic). The interpreter draws a tensor shard's or a tile's
+/// whole tensor and cuts this node's part out of it, and writes a flat
+/// buffer's members at their offsets: a plan file whose `whole`, cut or
+/// offsets disagree with the node would make it draw past what the node
+/// holds, or index past what it drew. Checked here, once per node, so
+/// every graph read from a file is safe to initialise.
+fn check_init(init: &Init, dims: Option<&[u64]>) -> Result<(), String> {
+    let shape_of = |what: &str| dims.ok_or_else(|| format!("{what} initialises a tensor of constant shape"));
+    let whole_count = |whole: &[u64]| {
+        checked_count(whole).ok_or_else(|| format!("{init}: the whole tensor {whole:?} has more than 2⁶⁴ elements"))
     };
-    let mut end = 0;
-    for m in members {
-        if m.offset < end {
-            return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
+    match init {
+        Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => Ok(()),
+        Init::Flat { members, shards } => {
+            let Some(&[len]) = dims.filter(|_| *shards > 0) else {
+                return Err(format!("a flat buffer is a constant rank-1 tensor over ≥ 1 shards, not {dims:?}"));
+            };
+            let mut end = 0;
+            for m in members {
+                if m.offset < end {
+                    return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
+                }
+                end = m.checked_len().and_then(|n| m.offset.checked_add(n)).ok_or_else(|| {
+                    format!("flat member `{}` at {} of shape {:?} ends past 2⁶⁴ elements", m.name, m.offset, m.shape)
+                })?;
+                check_init(&m.init, Some(&m.shape)).map_err(|e| format!("flat member `{}`: {e}", m.name))?;
+            }
+            if len.checked_mul(*shards).is_none_or(|whole| end > whole) {
+                return Err(format!("the members need {end} elements, more than {len} × {shards} shards"));
+            }
+            Ok(())
         }
-        end = m.checked_len().and_then(|n| m.offset.checked_add(n)).ok_or_else(|| {
-            format!("flat member `{}` at {} of shape {:?} ends past 2⁶⁴ elements", m.name, m.offset, m.shape)
-        })?;
+        Init::TensorShard { whole, axis, ranks, init: of } => {
+            let dims = shape_of("a tensor shard")?;
+            whole_count(whole)?;
+            let cut = whole.get(*axis).filter(|&&n| *ranks > 0 && n % ranks == 0).map(|n| n / ranks);
+            let Some(cut) = cut else {
+                return Err(format!("{init}: axis {axis} of {whole:?} does not split over {ranks} ranks"));
+            };
+            let mut part = whole.clone();
+            part[*axis] = cut;
+            if part != dims {
+                return Err(format!("{init}: one rank's part of {whole:?} is {part:?}, but the node is {dims:?}"));
+            }
+            check_init(of, Some(whole))
+        }
+        Init::Slice { whole, start, len, init: of, .. } => {
+            let dims = shape_of("a tile")?;
+            whole_count(whole)?;
+            let fits = whole.first().is_some_and(|&rows| start.checked_add(*len).is_some_and(|end| end <= rows));
+            if !fits {
+                return Err(format!("{init}: rows {start}.. ({len} of them) lie outside {whole:?}"));
+            }
+            let part: Vec<u64> = std::iter::once(*len).chain(whole[1..].iter().copied()).collect();
+            if part != dims {
+                return Err(format!("{init}: the tile of {whole:?} is {part:?}, but the node is {dims:?}"));
+            }
+            check_init(of, Some(whole))
+        }
     }
-    if len.checked_mul(*shards).is_none_or(|whole| end > whole) {
-        return Err(format!("the members need {end} elements, more than {len} × {shards} shards"));
-    }
-    Ok(())
+}
+
+/// [`check_init`] for a parameter's or state's declared type `t`.
+fn check_declared_init(init: &Init, t: &TensorType) -> Result<(), String> {
+    let dims: Option<Vec<u64>> = t.shape.dims().iter().map(Dim::as_constant).collect();
+    check_init(init, dims.as_deref())
 }
 
 /// The output types of `op` applied to operands of types `operands`.
@@ -81,7 +134,7 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
         Op::Param { init } => {
             let t = single_declared(op, declared)?;
             require_float("the parameter", &t)?;
-            check_flat(init, &t)?;
+            check_declared_init(init, &t)?;
             if let Some(d) = t.shape.dims().iter().find(|d| d.as_constant().is_none()) {
                 return Err(format!("parameters have constant shapes, but dimension `{d}` of {t} is symbolic"));
             }
@@ -89,7 +142,7 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
         }
         Op::State { init } => {
             let t = single_declared(op, declared)?;
-            check_flat(init, &t)?;
+            check_declared_init(init, &t)?;
             one(t)
         }
         Op::Fill { .. } => one(single_declared(op, declared)?),
@@ -214,8 +267,8 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
         Op::Split { axis, sizes } => {
             let x = operands[0];
             let dim = axis_dim(x, *axis)?;
-            let total: u64 = sizes.iter().sum();
-            if sizes.is_empty() || sizes.contains(&0) || dim.as_constant() != Some(total) {
+            let total = sizes.iter().try_fold(0u64, |t, &s| t.checked_add(s));
+            if sizes.is_empty() || sizes.contains(&0) || total.is_none() || dim.as_constant() != total {
                 return Err(format!("split sizes {sizes:?} must be positive and sum to axis {axis} of {x}"));
             }
             Ok(sizes

@@ -126,6 +126,7 @@ impl Graph {
                 .ok_or_else(|| node_error(&target, format!("update refers to unknown value `{r}`")))?;
             graph.set_update(t, v).map_err(|e| node_error(&target, e.message))?;
         }
+        graph.check_tiles().map_err(|e| node_error(&e.node, e.message))?;
         graph.phase = Phase::Forward;
         graph.place = Place::Device;
         Ok(graph)

@@ -10,6 +10,7 @@ use rustc_hash::FxHashSet;
 
 use crate::graph::Graph;
 use crate::infer::infer;
+use crate::op::Init;
 
 /// A verification failure, naming the node and the mismatch.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -92,10 +93,61 @@ impl Graph {
                 return Err(fail(format!("its update has another type ({ty:?})")));
             }
         }
+        self.check_tiles()?;
         for (name, v) in &self.outputs {
             let exists = self.graph.node_weight(v.node).is_some_and(|n| (v.output as usize) < n.outputs.len());
             if !exists {
                 return Err(VerifyError { node: name.clone(), message: "graph output refers to no value".into() });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every [`Init::Slice`] in `init` (a flat buffer's members included), as
+/// `(of, whole, start, len)`.
+fn tiles<'i>(init: &'i Init, out: &mut Vec<(&'i str, &'i [u64], u64, u64)>) {
+    match init {
+        Init::Slice { of, whole, start, len, init } => {
+            out.push((of, whole, *start, *len));
+            tiles(init, out);
+        }
+        Init::TensorShard { init, .. } => tiles(init, out),
+        Init::Flat { members, .. } => members.iter().for_each(|m| tiles(&m.init, out)),
+        Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => {}
+    }
+}
+
+impl Graph {
+    /// The tiles of a parameter partition its rows: all name the same
+    /// whole, and their distinct row blocks cover `0..rows` without gap or
+    /// overlap, as the tiling pass cuts them. Each tile's initialiser draws
+    /// the whole tensor: this bounds what a plan file can make it draw by
+    /// the tiles the graph itself holds.
+    pub fn check_tiles(&self) -> Result<(), VerifyError> {
+        let mut found = Vec::new();
+        for node in self.graph.node_weights() {
+            if let crate::Op::Param { init } | crate::Op::State { init } = &node.op {
+                tiles(init, &mut found);
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        for of in found.chunk_by(|a, b| a.0 == b.0) {
+            let fail = |message: String| VerifyError { node: of[0].0.to_string(), message };
+            let whole = of[0].1;
+            if of.iter().any(|t| t.1 != whole) {
+                return Err(fail("its tiles name different whole shapes".into()));
+            }
+            let mut end = 0;
+            for &(_, _, start, len) in of {
+                if start != end {
+                    return Err(fail(format!("its tiles leave a gap or overlap at row {}", start.min(end))));
+                }
+                end = start + len;
+            }
+            if whole.first() != Some(&end) {
+                return Err(fail(format!("its tiles cover {end} rows of {whole:?}")));
             }
         }
         Ok(())

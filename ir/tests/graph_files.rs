@@ -58,3 +58,46 @@ fn bf16_graphs_type_every_float_tensor_bf16() {
     assert!(!params.is_empty() && params.iter().all(|l| l.contains(": bf16[")), "{params:?}");
     assert!(text.contains("%loss: f32[]"), "losses accumulate in f32");
 }
+
+/// A graph holding the tiles of `w` [6, 4] with row blocks `blocks`, read
+/// back from its file.
+fn tiled(blocks: &[(u64, u64)]) -> Result<Graph, String> {
+    use zeroplan_ir::{DType, Dim, Init, Shape, TensorType};
+    let mut g = Graph::new("tiles");
+    for (i, &(start, len)) in blocks.iter().enumerate() {
+        let init = Init::Slice { of: "w".into(), whole: vec![6, 4], start, len, init: Box::new(Init::Ones) };
+        let ty = TensorType::new(Shape(vec![Dim::constant(len), Dim::constant(4)]), DType::F32);
+        g.param(format!("w.tile{i}"), ty, init).map_err(|e| e.to_string())?;
+    }
+    Graph::from_ron(&g.to_ron()).map_err(|e| e.to_string())
+}
+
+/// Each tile's initialiser draws its parameter's whole tensor, so the
+/// tiles a file holds must partition the whole's rows: a gap, an overlap
+/// or a whole larger than its tiles is refused; a tile repeated is not.
+#[test]
+fn the_tiles_of_a_parameter_partition_its_rows() {
+    tiled(&[(0, 2), (2, 4)]).unwrap();
+    tiled(&[(0, 2), (2, 4), (0, 2)]).unwrap();
+    for (blocks, expect) in [
+        (&[(0, 2), (3, 3)][..], "gap or overlap at row 2"),
+        (&[(0, 3), (2, 4)][..], "gap or overlap at row 2"),
+        (&[(0, 2), (2, 2)][..], "cover 4 rows of [6, 4]"),
+        (&[(0, 2), (4, 4)][..], "rows 4.. (4 of them) lie outside [6, 4]"),
+    ] {
+        let e = tiled(blocks).unwrap_err();
+        assert!(e.contains(expect), "{blocks:?}: {e}");
+    }
+}
+
+/// Split sizes whose sum wraps `u64` (found by the timed fuzz run, where
+/// it overflowed in a debug build) are refused like any that miss the axis.
+#[test]
+fn split_sizes_past_two_to_the_sixty_four_are_refused() {
+    use zeroplan_ir::{DType, Dim, Init, Op, Shape, TensorType};
+    let mut g = Graph::new("split");
+    let x = g.param("x", TensorType::new(Shape(vec![Dim::constant(4)]), DType::F32), Init::Ones).unwrap();
+    let split = Op::Split { axis: 0, sizes: vec![u64::MAX, 5] };
+    let e = g.add_node("x.split", split, &[x], Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("must be positive and sum to axis 0"), "{e}");
+}

@@ -2,13 +2,17 @@
 //! ones and checks that the runtime either refuses each mutant with an
 //! error or runs it without touching memory outside its arenas.
 //!
-//! The same functions serve two drivers:
+//! The same functions serve three drivers:
 //!
-//! - the cargo-fuzz targets `fuzz/fuzz_targets/plan_mutation.rs` and
-//!   `checkpoint_mutation.rs`, where libFuzzer's bytes choose the mutations
-//!   (coverage-guided, minutes at a time: `scripts/fuzz.sh`);
-//! - `tests/replay.rs`, which replays a fixed set of byte strings through
-//!   them as an ordinary `cargo test` — what CI runs, in seconds.
+//! - the cargo-fuzz targets `fuzz/fuzz_targets/*.rs`, where libFuzzer's
+//!   bytes choose the mutations (coverage-guided, nightly, minutes at a
+//!   time: `scripts/fuzz.sh`); each is one line calling its function in
+//!   [`targets`], which also holds the targets that parse files (specs,
+//!   `config.json`, plans, safetensors, checkpoint manifests);
+//! - `tests/timed.rs`, every target in [`targets`] for a minute each on the
+//!   stable toolchain (its corpus, then mutated and random inputs), in CI;
+//! - `tests/replay.rs`, fixed byte strings through the structured
+//!   mutations, and each mutation the load-time validation exists for.
 //!
 //! [`plan`] mutates a compiled tiny-bert program (buffer offsets and sizes,
 //! arena sizes, shapes, the schedule's order, operands, kernel IR) through
@@ -25,5 +29,6 @@ mod choices;
 mod json;
 pub mod plan;
 pub mod ranks;
+pub mod targets;
 
 pub use choices::Choices;

@@ -326,7 +326,7 @@ fn a_rank_whose_peer_refused_a_plan_for_another_rank_count_ends_with_an_error() 
     assert_eq!((mutant.rank, mutant.what.len()), (1, 1), "{:?}", mutant.what);
     assert!(mutant.what[0].contains("another rank count"), "{:?}", mutant.what);
     let e = ranks_refused(seed, &[None, Some(&mutant.program)]);
-    assert!(e.contains("4 data-parallel ranks") || e.contains("a shard over 4 ranks"), "{e}");
+    assert!(e.contains("4 data-parallel ranks, this group has 2") || e.contains("a shard over 4 ranks"), "{e}");
 }
 
 /// Every rank's plan sums the gradient norm "over one rank" in a group of
@@ -338,4 +338,67 @@ fn a_collective_over_one_rank_in_a_group_of_two_is_refused_at_load() {
     let one = with_op(seed, "train.grad_sq.all_reduce", serde_json::json!({ "AllReduce": { "ranks": 1 } }));
     let e = ranks_refused(seed, &[Some(&one), Some(&one)]);
     assert!(e.contains("the plan runs on 1 data-parallel ranks, this group has 2"), "{e}");
+}
+
+/// The first parameter of `program` whose initialiser (or a flat member's)
+/// is `kind`, as a mutable JSON value of that initialiser.
+fn init_of<'v>(program: &'v mut Value, kind: &str) -> &'v mut Value {
+    fn find<'v>(init: &'v mut Value, kind: &str) -> Option<&'v mut Value> {
+        if init.get(kind).is_some() {
+            return Some(init);
+        }
+        let members = init.get_mut("Flat")?.get_mut("members")?.as_array_mut()?;
+        members.iter_mut().find_map(|m| find(&mut m["init"], kind))
+    }
+    let nodes = program["graph"]["nodes"].as_array_mut().unwrap();
+    nodes.iter_mut().find_map(|n| find(n["op"].get_mut("Param")?.get_mut("init")?, kind)).unwrap()
+}
+
+/// A tensor shard's whole tensor given 2⁶⁴ − 1 rows (found by the timed
+/// fuzz run: the interpreter drew the whole tensor before comparing it with
+/// its node, and its element count overflowed), or two rows more than its
+/// node's two shards hold: the reader refuses both.
+#[test]
+fn a_tensor_shard_whose_whole_disagrees_with_its_node_is_unreadable() {
+    let tensor_parallel = &rank_seeds()[1];
+    for (rows, expect) in [(None, "more than 2⁶⁴ elements"), (Some(2), "one rank's part of")] {
+        let mut program = tensor_parallel.plan.program.clone();
+        let shard = &mut init_of(&mut program, "TensorShard")["TensorShard"];
+        let axis = shard["axis"].as_u64().unwrap() as usize;
+        let whole = shard["whole"][axis].as_u64().unwrap();
+        shard["whole"][axis] = Value::from(rows.map_or(u64::MAX, |more| whole + more));
+        let timeout = std::time::Duration::from_secs(30);
+        match ranks::run_ranks(tensor_parallel, &[Some(&program), None], "a crafted plan", timeout) {
+            plan::Outcome::Unreadable(e) => assert!(e.contains(expect), "{e}"),
+            other => panic!("expected the reader to refuse it, got {other:?}"),
+        }
+    }
+}
+
+/// A tensor shard cut for 2⁴⁰ tensor ranks, its whole tensor scaled to
+/// match: it reads (the shapes agree), but initialising it would draw 2⁴⁰
+/// times the node's elements. Refused at load, naming the group's size.
+#[test]
+fn a_tensor_shard_cut_for_another_group_size_is_refused() {
+    let tensor_parallel = &rank_seeds()[1];
+    let mut program = tensor_parallel.plan.program.clone();
+    let shard = &mut init_of(&mut program, "TensorShard")["TensorShard"];
+    let axis = shard["axis"].as_u64().unwrap() as usize;
+    let part = shard["whole"][axis].as_u64().unwrap() / 2;
+    shard["whole"][axis] = Value::from(part << 40);
+    shard["ranks"] = Value::from(1u64 << 40);
+    let e = ranks_refused(tensor_parallel, &[Some(&program), None]);
+    assert!(e.contains("cut for 1099511627776 tensor-parallel ranks, this group has 2"), "{e}");
+}
+
+/// A ZeRO flat buffer whose initialiser claims 2⁴⁰ shards: the members fit
+/// (the whole is len × shards), but drawing it would take 2⁴⁰ times the
+/// node's memory. Refused at load, naming the group's size.
+#[test]
+fn a_flat_buffer_cut_for_another_group_size_is_refused() {
+    let zero3 = &rank_seeds()[0];
+    let mut program = zero3.plan.program.clone();
+    init_of(&mut program, "Flat")["Flat"]["shards"] = Value::from(1u64 << 40);
+    let e = ranks_refused(zero3, &[Some(&program), None]);
+    assert!(e.contains("cut for 1099511627776 data-parallel ranks, this group has 2"), "{e}");
 }

@@ -1,21 +1,22 @@
-//! The three fuzz targets for a bounded time on the stable toolchain, as CI
-//! can run them (it has no nightly for libFuzzer): each target replays its
+//! Every fuzz target for a bounded time on the stable toolchain, as CI runs
+//! them (it has no nightly for libFuzzer): each target replays its
 //! committed corpus (`fuzz/corpus/TARGET/`, what `scripts/fuzz.sh` found
-//! and minimised), then runs fresh random byte strings until its budget is
-//! spent — a minute, or `ZEROPLAN_FUZZ_SECONDS`. The targets run at once,
+//! and minimised), then runs inputs until its budget is spent — a minute,
+//! or `ZEROPLAN_FUZZ_SECONDS` — alternating a corpus input with a few
+//! random edits and a fresh random byte string. The targets run at once,
 //! one thread each. Without libFuzzer there is no coverage guidance and no
 //! sanitizer, but a debug build's overflow checks: the properties are the
-//! harness's own (unreadable, refused, or run with every arena's guard
-//! pages intact; never left waiting), and a failing input is printed in hex
-//! with the stream seed that made it, to replay through the fuzz target.
-//! The stream is fixed unless `ZEROPLAN_FUZZ_SEED` (hex) sets it, so CI
-//! runs the inputs that passed here.
+//! targets' own (`zeroplan_untrusted::targets`: refused, or run with every
+//! arena's guard pages intact; never left waiting), and a failing input is
+//! printed in hex with the stream seed that made it, to replay through
+//! the fuzz target. The stream is fixed unless `ZEROPLAN_FUZZ_SEED` (hex)
+//! sets it, so CI runs the inputs that passed here.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use zeroplan_untrusted::{Choices, checkpoint, plan, ranks};
+use zeroplan_untrusted::targets;
 
 /// Each target's budget: `ZEROPLAN_FUZZ_SECONDS`, else a minute.
 fn budget() -> Duration {
@@ -23,17 +24,16 @@ fn budget() -> Duration {
     Duration::from_secs(seconds)
 }
 
+/// `target`'s committed corpus, in name order; empty where it has none.
 fn corpus(target: &str) -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .collect();
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries.map(|entry| entry.unwrap().path()).collect();
     files.sort();
     files.iter().map(|f| std::fs::read(f).unwrap()).collect()
 }
 
-/// Byte strings of 1 to 256 bytes from an xorshift stream started at `seed`.
+/// An xorshift stream started at `seed`.
 struct Stream(u64);
 
 impl Stream {
@@ -44,15 +44,46 @@ impl Stream {
         self.0
     }
 
-    fn input(&mut self) -> Vec<u8> {
-        let len = 1 + (self.next() % 256) as usize;
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    /// 1 to 256 random bytes.
+    fn bytes(&mut self) -> Vec<u8> {
+        let len = 1 + self.below(256);
         (0..len).map(|_| self.next() as u8).collect()
+    }
+
+    /// `input` after 1 to 4 random edits: a byte overwritten, inserted or
+    /// removed, or a run of bytes copied over another place.
+    fn edit(&mut self, input: &[u8]) -> Vec<u8> {
+        let mut out = input.to_vec();
+        for _ in 0..1 + self.below(4) {
+            let at = self.below(out.len());
+            match self.below(4) {
+                0 if !out.is_empty() => out[at] = self.next() as u8,
+                1 => out.insert(at, self.next() as u8),
+                2 if !out.is_empty() => {
+                    out.remove(at);
+                }
+                _ if !out.is_empty() => {
+                    let (from, len) = (self.below(out.len()), 1 + self.below(16));
+                    let run: Vec<u8> = out[from..(from + len).min(out.len())].to_vec();
+                    let to = self.below(out.len());
+                    let end = (to + run.len()).min(out.len());
+                    out[to..end].copy_from_slice(&run[..end - to]);
+                }
+                _ => out.push(self.next() as u8),
+            }
+        }
+        out
     }
 }
 
-/// Runs `one` over `target`'s corpus, then over random inputs until the
-/// budget is spent; the inputs run, or the failing input in hex.
-fn fuzz(target: &str, seed: u64, one: impl Fn(&[u8])) -> Result<usize, String> {
+/// Runs `one` over `target`'s corpus, then over edited corpus inputs and
+/// random ones in turn until the budget is spent; the inputs run, or the
+/// failing input in hex.
+fn fuzz(target: &str, seed: u64, one: fn(&[u8])) -> Result<usize, String> {
     let started = Instant::now();
     let mut stream = Stream(seed | 1);
     let corpus = corpus(target);
@@ -60,10 +91,13 @@ fn fuzz(target: &str, seed: u64, one: impl Fn(&[u8])) -> Result<usize, String> {
     loop {
         let input = if runs < corpus.len() {
             corpus[runs].clone()
-        } else if started.elapsed() < budget() {
-            stream.input()
-        } else {
+        } else if started.elapsed() >= budget() {
             return Ok(runs);
+        } else if runs % 2 == 0 && !corpus.is_empty() {
+            let of = stream.below(corpus.len());
+            stream.edit(&corpus[of])
+        } else {
+            stream.bytes()
         };
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| one(&input))) {
             let why =
@@ -78,54 +112,32 @@ fn fuzz(target: &str, seed: u64, one: impl Fn(&[u8])) -> Result<usize, String> {
     }
 }
 
-/// Not yet in CI: on its first runs it found integer overflows a crafted
-/// plan reaches (fuzz/RESULTS.md lists those still open); it joins the
-/// default run once they are fixed. `cargo test -p zeroplan-untrusted
-/// --test timed -- --ignored`.
+/// `cargo test -p zeroplan-untrusted --test timed` (a minute; in CI).
+/// A failure prints the input: replay it with `cargo +nightly fuzz run
+/// TARGET FILE` after writing the hex to FILE, or through the function in
+/// `zeroplan_untrusted::targets`.
 #[test]
-#[ignore = "finds open overflow bugs (fuzz/RESULTS.md); run with --ignored"]
 fn the_fuzz_targets_hold_for_their_budget() {
     // A fixed stream unless told otherwise, so that CI replays what passed here.
     let seed =
         std::env::var("ZEROPLAN_FUZZ_SEED").ok().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
     let seed = seed.unwrap_or(0x2e7f_1a35_c0de_5eed);
     eprintln!("stream seed {seed:#x}, {} s a target", budget().as_secs());
-    let plans = || {
-        let seeds = plan::seeds();
-        fuzz("plan_mutation", seed, |data| {
-            let mut choices = Choices::new(data);
-            let seed = &seeds[choices.below(seeds.len())];
-            let _ = plan::check(&plan::mutate(seed, &mut choices));
-        })
-    };
-    let two_ranks = || {
-        let seeds = ranks::seeds();
-        fuzz("plan_mutation_ranks", seed ^ 0x5eed, |data| {
-            let mut choices = Choices::new(data);
-            let seed = &seeds[choices.below(seeds.len())];
-            let _ = ranks::check(seed, &ranks::mutate(seed, &mut choices));
-        })
-    };
-    let checkpoints = || {
-        let root = std::env::temp_dir().join(format!("zeroplan-timed-checkpoint-{}", std::process::id()));
-        let seed_dir = checkpoint::seed(&root.join("seed"));
-        let into = root.join("mutant").join("step-00000000");
-        let runs = fuzz("checkpoint_mutation", seed ^ 0xc4ec, |data| {
-            let mutation = checkpoint::mutate(&seed_dir, &into, &mut Choices::new(data));
-            // `Err`: refused, as a damaged save may be.
-            let _ = checkpoint::check(&seed_dir, &into, &mutation);
-        });
-        let _ = std::fs::remove_dir_all(&root);
-        runs
-    };
-    let (a, b, c) = std::thread::scope(|s| {
-        let (a, b, c) = (s.spawn(plans), s.spawn(two_ranks), s.spawn(checkpoints));
-        (a.join().unwrap(), b.join().unwrap(), c.join().unwrap())
+    let results: Vec<(&str, Result<usize, String>)> = std::thread::scope(|s| {
+        let runs: Vec<_> = targets::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &(name, one))| (name, s.spawn(move || fuzz(name, seed.rotate_left(8 * i as u32), one))))
+            .collect();
+        runs.into_iter().map(|(name, run)| (name, run.join().unwrap())).collect()
     });
-    for (target, result) in [("plan_mutation", a), ("plan_mutation_ranks", b), ("checkpoint_mutation", c)] {
+    targets::remove_scratch();
+    let mut failed = Vec::new();
+    for (target, result) in results {
         match result {
             Ok(runs) => eprintln!("{target}: {runs} inputs held"),
-            Err(e) => panic!("{e}"),
+            Err(e) => failed.push(e),
         }
     }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
