@@ -11,8 +11,9 @@
 //! - [`buffers`]: every value has exactly one planned buffer, of the bytes
 //!   its dtype × shape needs (counted with checked arithmetic, so a shape
 //!   whose element count overflows is refused rather than wrapped), on the
-//!   place its node runs, inside that place's arena; a view lies inside the
-//!   buffer it views, and a ZeRO shard is cut for this group's rank count;
+//!   place its node runs, inside that place's arena, aligned to its dtype;
+//!   a view lies inside the buffer it views, and a ZeRO shard is cut for
+//!   this group's rank count;
 //! - [`kernel_launch`], [`matmul`]: the launch of every compiled row kernel
 //!   and every GEMM reaches only the elements of the buffers it is given,
 //!   and a kernel's outputs alias nothing but an input of their own shape
@@ -114,6 +115,11 @@ pub fn buffers(
                 if of.place == buf.place {
                     buf.offset = inside;
                 }
+            }
+            // Kernels and GEMMs read a buffer as a slice of its dtype.
+            if buf.offset % ty.dtype.size_bytes() as usize != 0 {
+                let message = format!("it starts at byte {}, not a multiple of {}'s size", buf.offset, ty.dtype);
+                return Err(invalid(at(), message));
             }
             in_arena(program, &name, &buf)?;
             bufs.insert(v, buf);

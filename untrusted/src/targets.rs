@@ -102,19 +102,17 @@ pub fn safetensors(data: &[u8]) {
     let _ = load_batch(&path);
 }
 
-/// A directory holding a real save's shard files, beside which
-/// [`checkpoint_manifest`] writes each input as `manifest.json`: the save
-/// named by `ZEROPLAN_FUZZ_SHARDS`, else [`checkpoint::seed`]'s.
+/// A directory holding the shard files of [`checkpoint::seed`]'s save,
+/// beside which [`checkpoint_manifest`] writes each input as
+/// `manifest.json`. The save is deterministic, so its manifest, kept in the
+/// target's corpus (`fuzz/corpus/checkpoint/seed-manifest.json`), names
+/// these shards and their checksums: edits of it reach the shards.
 fn shard_dir() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = scratch("manifest");
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let from = match std::env::var("ZEROPLAN_FUZZ_SHARDS") {
-            Ok(save) => PathBuf::from(save),
-            Err(_) => checkpoint_seed().dir.clone(),
-        };
-        for entry in std::fs::read_dir(&from).expect("the seed save is readable").flatten() {
+        for entry in std::fs::read_dir(&checkpoint_seed().dir).expect("the seed save is readable").flatten() {
             if entry.file_name().to_string_lossy().ends_with(".safetensors") {
                 std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("the shard copies");
             }

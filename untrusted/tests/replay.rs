@@ -80,6 +80,21 @@ fn a_buffer_of_the_wrong_size_is_refused() {
     );
 }
 
+/// A buffer moved by one byte (found by the timed fuzz run: a debug build's
+/// check of `slice::from_raw_parts_mut` aborted on the misaligned f32
+/// slice a kernel was handed; a release build read it unaligned, which
+/// Rust leaves undefined). Refused at load, naming the alignment.
+#[test]
+fn a_buffer_not_aligned_to_its_dtype_is_refused() {
+    refused(
+        |p| {
+            let b = &mut p["buffers"][0];
+            b["offset"] = Value::from(b["offset"].as_u64().unwrap() + 1);
+        },
+        "not a multiple of",
+    );
+}
+
 /// A shape whose element count wraps around `u64` (2³² × 2³²) once had a
 /// zero-byte buffer, which passed the arena check, and a kernel that
 /// writes 2⁶⁴ elements into it.
