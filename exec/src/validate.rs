@@ -117,7 +117,7 @@ pub fn buffers(
                 }
             }
             // Kernels and GEMMs read a buffer as a slice of its dtype.
-            if buf.offset % ty.dtype.size_bytes() as usize != 0 {
+            if !buf.offset.is_multiple_of(ty.dtype.size_bytes() as usize) {
                 let message = format!("it starts at byte {}, not a multiple of {}'s size", buf.offset, ty.dtype);
                 return Err(invalid(at(), message));
             }
