@@ -80,10 +80,35 @@ impl Stream {
     }
 }
 
+thread_local! {
+    /// The target and input this thread runs, for [`print_input_on_panic`].
+    static RUNNING: std::cell::RefCell<(&'static str, Vec<u8>)> = const { std::cell::RefCell::new(("", Vec::new())) };
+}
+
+fn hex(input: &[u8]) -> String {
+    input.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Prints the input in flight with any panic's message: a panic that
+/// cannot unwind (an unsafe precondition a debug build checks) aborts the
+/// process before [`fuzz`] could print it.
+fn print_input_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        RUNNING.with(|r| {
+            let (target, input) = &*r.borrow();
+            if !target.is_empty() {
+                eprintln!("{target}: the input in flight: {}", hex(input));
+            }
+        });
+    }));
+}
+
 /// Runs `one` over `target`'s corpus, then over edited corpus inputs and
 /// random ones in turn until the budget is spent; the inputs run, or the
 /// failing input in hex.
-fn fuzz(target: &str, seed: u64, one: fn(&[u8])) -> Result<usize, String> {
+fn fuzz(target: &'static str, seed: u64, one: fn(&[u8])) -> Result<usize, String> {
     let started = Instant::now();
     let mut stream = Stream(seed | 1);
     let corpus = corpus(target);
@@ -99,13 +124,14 @@ fn fuzz(target: &str, seed: u64, one: fn(&[u8])) -> Result<usize, String> {
         } else {
             stream.bytes()
         };
+        RUNNING.with(|r| *r.borrow_mut() = (target, input.clone()));
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| one(&input))) {
             let why =
                 panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-            let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
             return Err(format!(
-                "{target}: input {runs} (stream seed {seed:#x}) failed: {}\ninput: {hex}",
-                why.unwrap_or_default()
+                "{target}: input {runs} (stream seed {seed:#x}) failed: {}\ninput: {}",
+                why.unwrap_or_default(),
+                hex(&input)
             ));
         }
         runs += 1;
@@ -123,6 +149,7 @@ fn the_fuzz_targets_hold_for_their_budget() {
         std::env::var("ZEROPLAN_FUZZ_SEED").ok().and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
     let seed = seed.unwrap_or(0x2e7f_1a35_c0de_5eed);
     eprintln!("stream seed {seed:#x}, {} s a target", budget().as_secs());
+    print_input_on_panic();
     let results: Vec<(&str, Result<usize, String>)> = std::thread::scope(|s| {
         let runs: Vec<_> = targets::ALL
             .iter()
