@@ -646,6 +646,8 @@ impl PassArgs {
             tensor_parallel: self.tp,
             sequence_parallel: self.sp,
             tiles: self.tiles,
+            // `graph` and `train` from a spec name no GPU to weigh chunks on.
+            collective_chunks: Default::default(),
             skip_verify: false,
         }
     }

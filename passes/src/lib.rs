@@ -10,7 +10,9 @@
 //! clipping, AdamW, schedule, loss scaling, accumulation), [`recompute`]
 //! (activation checkpointing: full or selective), [`regather`] (with
 //! sequence parallelism, the backward gathers a GEMM's input again instead
-//! of storing it whole), [`partition`] (ZeRO
+//! of storing it whole), [`collective_matmul`] (with sequence parallelism,
+//! each gather → GEMM and GEMM → reduce-scatter cut into chunks that
+//! overlap), [`partition`] (ZeRO
 //! stages 0–3 and offload over flat buffers), and [`fuse`]
 //! (memory-bound ops into kernel-IR kernels). [`accounting`] reads the
 //! model-state bytes back out of a training graph; [`memory`] plans every
@@ -23,6 +25,7 @@ pub mod accounting;
 pub mod attention;
 pub mod autodiff;
 pub mod backward_clones;
+pub mod collective_matmul;
 pub mod cost;
 pub mod fuse;
 pub mod manager;

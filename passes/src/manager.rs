@@ -60,6 +60,9 @@ pub struct PassOptions {
     /// Megatron's sequence parallelism over those tensor ranks (needs more
     /// than one): LayerNorm, dropout and residual regions on `seq/t`.
     pub sequence_parallel: bool,
+    /// How the `collective-matmul` pass cuts sequence-parallel collectives
+    /// and their GEMMs into overlapping chunks; `Whole` leaves them.
+    pub collective_chunks: crate::collective_matmul::Chunks,
     /// Tiles of the largest gathered operator for the `tiling` pass
     /// (memory-centric tiling); `None`: the pass does not run.
     pub tiles: Option<u64>,

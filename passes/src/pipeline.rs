@@ -6,9 +6,9 @@
 //! autodiff differentiates the fused op whole), `tiling` (only when tiles
 //! are asked for; on the forward graph, so autodiff tiles the backward
 //! too), `mixed-precision`,
-//! `training-step`, `recompute`, `regather` (only with sequence
-//! parallelism), `partition` (only when data parallelism is asked for),
-//! `fuse`.
+//! `training-step`, `recompute`, `regather` and `collective-matmul`
+//! (only with sequence parallelism), `partition` (only when data
+//! parallelism is asked for), `fuse`.
 
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::plan::DataParallel;
@@ -16,6 +16,7 @@ use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{DType, Graph};
 
 use crate::attention::Attention;
+use crate::collective_matmul::CollectiveMatmul;
 use crate::fuse::Fuse;
 use crate::manager::{Pass, PassContext, PassOptions, PassRecord, run_passes};
 use crate::partition::Partition;
@@ -43,7 +44,8 @@ pub enum Target<'a> {
 /// The standard passes for `target`, in order, as `options` configure
 /// them: the one list, so names, order and configuration cannot drift
 /// apart. `partition` is built only when data parallelism is asked for,
-/// `tiling` only when tiles are, `regather` only with sequence parallelism.
+/// `tiling` only when tiles are, `regather` and `collective-matmul` only
+/// with sequence parallelism.
 fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
     match target {
         Target::Forward(_) => vec![Box::new(Rewrite), Box::new(Attention), Box::new(Fuse)],
@@ -57,6 +59,7 @@ fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
             ]);
             if options.sequence_parallel {
                 passes.push(Box::new(Regather));
+                passes.push(Box::new(CollectiveMatmul));
             }
             passes.extend(options.data_parallel.map(|data_parallel| Box::new(Partition { data_parallel }) as _));
             passes.push(Box::new(Fuse));
@@ -66,8 +69,8 @@ fn passes(target: &Target, options: &PassOptions) -> Vec<Box<dyn Pass>> {
 }
 
 /// The names of the passes a target can run, in order (`tiling`,
-/// `regather` and `partition` among them, though they run only when asked
-/// for).
+/// `regather`, `collective-matmul` and `partition` among them, though they
+/// run only when asked for).
 pub fn pass_names(target: &Target) -> Vec<&'static str> {
     let every = PassOptions {
         data_parallel: Some(DataParallel::single()),

@@ -22,6 +22,7 @@ use zeroplan_ir::interp::{Feeds, Rounding as Exactness, State};
 use zeroplan_ir::plan::{DataParallel, Offload, Program};
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, Init, Op};
+use zeroplan_passes::collective_matmul::Chunks;
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
 use zeroplan_passes::recompute::Policy;
@@ -40,21 +41,24 @@ const STEPS: i64 = 3;
 const SP_SEQ: usize = 8;
 
 fn program(model: &ModelSpec, train: &TrainingSpec, t: u64, dp: Option<DataParallel>) -> Program {
-    program_of(model, train, Split { t, sp: false, seq: SEQ, recompute: Policy::None }, dp)
+    program_of(model, train, Split { t, sp: false, seq: SEQ, recompute: Policy::None, chunks: 1 }, dp)
 }
 
 /// How one replica is split: `t` tensor ranks, with sequence parallelism
-/// or not, at sequence length `seq`, recomputing as `recompute` says.
+/// or not, at sequence length `seq`, recomputing as `recompute` says, each
+/// sequence-parallel collective and its GEMM cut into `chunks`
+/// (`collective-matmul`; 1: whole).
 #[derive(Clone, Copy)]
 struct Split {
     t: u64,
     sp: bool,
     seq: usize,
     recompute: Policy,
+    chunks: u64,
 }
 
 fn program_of(model: &ModelSpec, train: &TrainingSpec, split: Split, dp: Option<DataParallel>) -> Program {
-    let Split { t, sp, seq, recompute } = split;
+    let Split { t, sp, seq, recompute, chunks } = split;
     let bindings: Bindings = [("batch".to_string(), BATCH as u64), ("seq".to_string(), seq as u64)].into();
     let options = PassOptions {
         shape_hint: bindings.clone(),
@@ -62,6 +66,7 @@ fn program_of(model: &ModelSpec, train: &TrainingSpec, split: Split, dp: Option<
         tensor_parallel: (t > 1).then_some(t),
         sequence_parallel: sp,
         recompute,
+        collective_chunks: if chunks > 1 { Chunks::Fixed(chunks) } else { Chunks::Whole },
         ..PassOptions::default()
     };
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
@@ -87,7 +92,13 @@ fn close(what: &str, got: f64, want: f64) -> f64 {
 /// steps and checks it against one rank; returns every rank's final state
 /// (global rank order) and the worst errors.
 fn agree(model: &ModelSpec, t: usize, d: usize, stage: u8, offload: Offload) -> (Vec<State>, Worst) {
-    agree_split(model, Split { t: t as u64, sp: false, seq: SEQ, recompute: Policy::None }, d, stage, offload)
+    agree_split(
+        model,
+        Split { t: t as u64, sp: false, seq: SEQ, recompute: Policy::None, chunks: 1 },
+        d,
+        stage,
+        offload,
+    )
 }
 
 /// [`agree`] for any [`Split`] of the replica.
@@ -101,10 +112,12 @@ fn agree_split(model: &ModelSpec, split: Split, d: usize, stage: u8, offload: Of
     let plan = program_of(model, &train, split, Some(dp));
     let scatters = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "sequence_reduce_scatter").count();
     assert_eq!(scatters > 0, split.sp, "{what}: sequence reduce-scatters in the plan");
+    let chunked = plan.graph.petgraph().node_weights().filter(|n| n.name.contains(".chunk1")).count();
+    assert_eq!(chunked > 0, split.chunks > 1, "{what}: {chunked} chunks of collective matmuls");
     let recomputed = plan.graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).count();
     assert_eq!(recomputed > 0, split.recompute != Policy::None, "{what}: {recomputed} recomputed nodes");
     let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
-    let one = Split { t: 1, sp: false, seq, recompute: Policy::None };
+    let one = Split { t: 1, sp: false, seq, recompute: Policy::None, chunks: 1 };
     let mut reference =
         ReferenceTrainer::new(program_of(model, &accumulated, one, None).graph, 7, Exactness::Native).unwrap();
     let mut hosts: Vec<HostProgram> = InProcess::grid(d, t)
@@ -314,7 +327,7 @@ fn sequence_parallel_ranks_train_as_one_rank() {
         ("tiny-bert-sts", 4, 2, 2),
     ] {
         let model = model(name);
-        let split = Split { t, sp: true, seq: SP_SEQ, recompute: Policy::None };
+        let split = Split { t, sp: true, seq: SP_SEQ, recompute: Policy::None, chunks: 1 };
         let (_, worst) = agree_split(&model, split, d, stage, Offload::None);
         report(&model, t as usize, d, stage, &worst);
     }
@@ -326,9 +339,31 @@ fn sequence_parallel_ranks_train_as_one_rank() {
 fn recomputed_sequence_parallel_ranks_train_as_one_rank() {
     for (name, recompute) in [("tiny-bert", Policy::Full), ("tiny-megatron-bert", Policy::Full)] {
         let model = model(name);
-        let split = Split { t: 2, sp: true, seq: SP_SEQ, recompute };
+        let split = Split { t: 2, sp: true, seq: SP_SEQ, recompute, chunks: 1 };
         let (_, worst) = agree_split(&model, split, 2, 2, Offload::None);
         report(&model, 2, 2, 2, &worst);
+    }
+}
+
+/// Each sequence-parallel gather and its GEMMs, and each GEMM and its
+/// reduce-scatter, cut into two chunks (`collective-matmul`), forward and
+/// backward, with the chunks' collectives running on the communication
+/// thread beside the GEMMs: the step trains as one rank within the same
+/// bounds, with and without (full) recomputation, ZeRO and two data ranks;
+/// MosaicBERT's gate and up projections read one gather.
+#[test]
+fn chunked_collective_matmuls_train_as_one_rank() {
+    for (name, t, d, stage, recompute) in [
+        ("tiny-bert", 2, 1, 0, Policy::None),
+        ("tiny-bert", 4, 1, 0, Policy::None),
+        ("tiny-bert", 2, 2, 2, Policy::Full),
+        ("tiny-megatron-bert", 2, 2, 1, Policy::None),
+        ("tiny-mosaicbert", 2, 1, 0, Policy::None),
+    ] {
+        let model = model(name);
+        let split = Split { t, sp: true, seq: SP_SEQ, recompute, chunks: 2 };
+        let (_, worst) = agree_split(&model, split, d, stage, Offload::None);
+        report(&model, t as usize, d, stage, &worst);
     }
 }
 

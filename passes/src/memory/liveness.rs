@@ -77,6 +77,18 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     for (_, v) in &graph.outputs {
         last_use.insert(*v, last);
     }
+    // A sequence collective runs on the communication stream until its
+    // result is first read (`collective-matmul` issues it ahead of the
+    // GEMM it overlaps): its operand lives until then, so no instruction
+    // between the two is given the bytes it is still reading.
+    for &n in order {
+        if matches!(graph.node(n).op, Op::SequenceAllGather { .. } | Op::SequenceReduceScatter { .. }) {
+            let first_read = graph.users(n).iter().map(|u| position[u]).min().unwrap_or(position[&n]);
+            for v in graph.operands(n) {
+                last_use.entry(v).and_modify(|e| *e = (*e).max(first_read)).or_insert(first_read);
+            }
+        }
+    }
     // A view is read wherever its views are: the viewed buffer lives until
     // the last of them (reverse order reaches views of views first).
     let mut alias: FxHashMap<Value, Value> = FxHashMap::default();

@@ -181,6 +181,13 @@ impl Step {
             tensor_parallel: Some(choice.tensor_parallel),
             sequence_parallel: choice.sequence_parallel,
             tiles: (choice.tiles > 1).then_some(choice.tiles),
+            // The planned GPU weighs each collective matmul's chunks.
+            collective_chunks: crate::collective_matmul::Chunks::Cost(Box::new(Machine {
+                cluster: req.cluster.clone(),
+                dtype: super::compute_dtype(req.train.precision),
+                offload_to: choice.offload_to,
+                launches: req.launches,
+            })),
             // Measured, not run: the plan's step is verified once chosen.
             skip_verify: true,
             disabled: match req.pins.attention {

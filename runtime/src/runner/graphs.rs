@@ -7,8 +7,8 @@
 //! between two steps: reading a captured value back, making the
 //! micro-batch's deferred updates take effect (copies and fills the
 //! runner issues, which must land between the steps that straddle them).
-//! A data-parallel collective runs on the communication thread, which
-//! waits on the host, so it is never recorded. Profiling and finite checks
+//! A collective runs on the communication thread, which waits on the
+//! host, so it is never recorded. Profiling and finite checks
 //! read after every instruction, and the NVMe tier moves slots between
 //! steps: with any of them on, every instruction is launched eagerly.
 
@@ -58,7 +58,7 @@ pub fn plan<D: Device>(
         .map(|(at, s)| {
             let capture = s.instr.as_ref().map(|instr| {
                 if on_stream(&g.node(s.node).op) {
-                    Capture::Breaks("a data-parallel collective: the communication thread runs it".into())
+                    Capture::Breaks("a collective: the communication thread runs it".into())
                 } else {
                     device.capture(instr)
                 }

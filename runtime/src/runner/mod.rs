@@ -16,13 +16,14 @@
 //! - updates the memory plan made in place need nothing; the others are
 //!   copied into their target when their phase ends (the plan keeps the new
 //!   value alive until then);
-//! - data-parallel collectives go through the rank's data group on its
-//!   communication stream; tensor-parallel all-reduces (Megatron-LM's `g`,
-//!   on the critical path) through its tensor group, blocking the compute
-//!   that needs them. Each group's collectives are issued in schedule order
-//!   on every member, so the two groups cannot wait on each other in a
-//!   cycle: a rank only ever waits for peers to reach a point of the
-//!   schedule it has reached itself. Ranks may load different plan files,
+//! - collectives run on the rank's communication stream, data-parallel
+//!   ones through its data group and tensor-parallel ones (Megatron-LM's
+//!   `g`, sequence parallelism's gathers and reduce-scatters) through its
+//!   tensor group; the compute that reads a result waits for it. The one
+//!   stream issues both groups' collectives in schedule order on every
+//!   member, so the two groups cannot wait on each other in a cycle: a
+//!   rank only ever waits for peers to reach a point of the schedule it
+//!   has reached itself. Ranks may load different plan files,
 //!   so before the first step every group checks that its members' steps
 //!   make the same collective calls ([`agree`]); a rank that fails to load
 //!   or to step aborts its groups, so no peer waits for it.
@@ -776,12 +777,15 @@ impl<D: Device> Runner<D> {
     }
 }
 
-/// Whether `op` runs on the communication stream: the data-parallel
-/// collectives. A tensor all-reduce's result is needed by the very next
-/// node, so it runs in place on the compute thread (through the tensor
-/// group), after the in-flight collectives it conflicts with.
+/// Whether `op` runs on the communication stream: every collective, of
+/// either group. A sequence-parallel chunk's gather or reduce-scatter
+/// (`collective-matmul`) runs there while the compute thread multiplies
+/// the chunk before it; a collective whose result the next node reads
+/// (a tensor all-reduce) makes that node wait, as a data-parallel one
+/// does. One thread issues both groups' collectives in schedule order, so
+/// every member of a group calls its collectives in the same order.
 fn on_stream(op: &Op) -> bool {
-    op.is_collective() && op.tensor_ranks().is_none()
+    op.is_collective()
 }
 
 /// What is wrong with `n`'s outputs, if any holds a NaN or an infinity
