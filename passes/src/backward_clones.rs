@@ -45,7 +45,7 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     suffix: &str,
     cx: &mut PassContext,
 ) -> Result<Cloned, GraphError> {
-    let mut out = Graph::new(graph.name.clone());
+    let mut out = Graph::with_capacity(graph.name.clone(), graph.node_count(), graph.petgraph().edge_count());
     let mut map = ValueMap::default();
     // Per group, the clones' values once made.
     let mut clones: FxHashMap<K, ValueMap> = FxHashMap::default();
