@@ -94,9 +94,9 @@ fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
 /// one walk over every block in address order is faster than collecting
 /// and sorting the live ones (the search places thousands of programs of
 /// a few thousand buffers); above, the walk and the insertions into the
-/// address-ordered list are quadratic in buffers (the short stacks of the
-/// 100T model's tiled layers, 5–15k buffers each, and most of its exact
-/// plan).
+/// address-ordered list are quadratic in buffers (the search's short
+/// stacks of the 100T model's tiled layers, 10–30k nodes each, and its
+/// exact plan).
 const INDEXED_FROM: usize = 4_096;
 
 /// The blocks placed so far, each an address range `[lo, hi)` live over a
