@@ -100,10 +100,11 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
 
 /// Clones the forward nodes of a group (`members`, in schedule order) that
 /// the backward needs into the backward phase, reading the clones of each
-/// other and the original values of everything else. A group node no backward node reads, directly or
-/// through another clone (a pre-LN layer's last dropout: its gradient needs
-/// only the mask, redrawn), is not cloned: its clone would be dead code,
-/// computed and given memory for nothing.
+/// other and the original values of everything else. A group node no
+/// backward node reads, directly or through another clone (a pre-LN
+/// layer's last dropout: its gradient needs only the mask, redrawn), is not
+/// cloned: its clone would be dead code, computed and given memory for
+/// nothing.
 fn clone_group(
     graph: &Graph,
     members: &[NodeIndex],
