@@ -106,6 +106,19 @@ impl Graph {
         Graph { name: name.into(), ..Graph::default() }
     }
 
+    /// An empty graph with room for `nodes` nodes and `edges` edges: a pass
+    /// that rebuilds a 300k-node step into one of about the same size would
+    /// otherwise rehash every name and move every node each time the
+    /// tables double.
+    pub fn with_capacity(name: impl Into<String>, nodes: usize, edges: usize) -> Graph {
+        Graph {
+            name: name.into(),
+            graph: StableGraph::with_capacity(nodes, edges),
+            by_name: HashMap::with_capacity(nodes),
+            ..Graph::default()
+        }
+    }
+
     /// Runs `add` with new nodes placed at `place`, then restores the cursor:
     /// the one way passes put nodes on the host.
     pub fn at_place<T>(&mut self, place: Place, add: impl FnOnce(&mut Graph) -> T) -> T {

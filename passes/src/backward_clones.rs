@@ -45,8 +45,16 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     suffix: &str,
     cx: &mut PassContext,
 ) -> Result<Cloned, GraphError> {
-    let mut out = Graph::new(graph.name.clone());
+    let mut out = Graph::with_capacity(graph.name.clone(), graph.node_count(), graph.petgraph().edge_count());
     let mut map = ValueMap::default();
+    // Each group's members in schedule order, gathered in one walk rather
+    // than one per group (312 layers of 190k nodes for the 100T model).
+    let mut members: FxHashMap<K, Vec<NodeIndex>> = FxHashMap::default();
+    for &n in order {
+        if let Some(&g) = group.get(&n) {
+            members.entry(g).or_default().push(n);
+        }
+    }
     // Per group, the clones' values once made.
     let mut clones: FxHashMap<K, ValueMap> = FxHashMap::default();
     let mut nodes = 0usize;
@@ -62,7 +70,7 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
         needed.dedup();
         for g in needed {
             if !clones.contains_key(&g) && cx.may_apply() {
-                let made = clone_group(graph, order, group, g, &map, suffix, &mut out)?;
+                let made = clone_group(graph, &members[&g], &map, suffix, &mut out)?;
                 nodes += made.len();
                 clones.insert(g, made);
             }
@@ -90,22 +98,20 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     Ok(Cloned { graph: out, groups: clones.len(), nodes })
 }
 
-/// Clones group `g`'s forward nodes that the backward needs into the
-/// backward phase, reading the clones of each other and the original values
-/// of everything else. A group node no backward node reads, directly or
-/// through another clone (a pre-LN layer's last dropout: its gradient needs
-/// only the mask, redrawn), is not cloned: its clone would be dead code,
-/// computed and given memory for nothing.
-fn clone_group<K: Eq>(
+/// Clones the forward nodes of a group (`members`, in schedule order) that
+/// the backward needs into the backward phase, reading the clones of each
+/// other and the original values of everything else. A group node no
+/// backward node reads, directly or through another clone (a pre-LN
+/// layer's last dropout: its gradient needs only the mask, redrawn), is not
+/// cloned: its clone would be dead code, computed and given memory for
+/// nothing.
+fn clone_group(
     graph: &Graph,
-    order: &[NodeIndex],
-    group: &HashMap<NodeIndex, K>,
-    g: K,
+    members: &[NodeIndex],
     map: &ValueMap,
     suffix: &str,
     out: &mut Graph,
 ) -> Result<ValueMap, GraphError> {
-    let members: Vec<NodeIndex> = order.iter().filter(|n| group.get(n) == Some(&g)).copied().collect();
     let mut needed = FxHashSet::default();
     for &n in members.iter().rev() {
         if graph.users(n).iter().any(|u| graph.node(*u).phase == Phase::Backward || needed.contains(u)) {

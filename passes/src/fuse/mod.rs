@@ -117,7 +117,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         let outputs = group::outputs(g, &nodes, &users, &exported);
         let name = format!("{}.fused", g.node(anchor).name);
         let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
-        kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &kshape);
+        kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &exported, &kshape);
         let pattern = patterns::classify(g, &nodes);
         kernel.pattern = Some(pattern.to_string());
         *counts.entry(pattern).or_default() += 1;
@@ -184,7 +184,7 @@ fn rebuild(
     let key = |u: usize| members(u).iter().map(|n| position[n]).max().unwrap_or(0);
     let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
         units.iter().filter(|u| indegree[u] == 0).map(|&u| Reverse((key(u), u))).collect();
-    let mut out = Graph::new(g.name.clone());
+    let mut out = Graph::with_capacity(g.name.clone(), g.node_count(), g.petgraph().edge_count());
     let mut map = ValueMap::default();
     while let Some(Reverse((_, u))) = ready.pop() {
         if u < groups.len() {

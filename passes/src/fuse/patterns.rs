@@ -14,7 +14,7 @@
 
 use rustc_hash::FxHashSet;
 
-use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Shape};
+use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Shape, Value};
 
 use super::group::Users;
 
@@ -86,7 +86,13 @@ pub(super) fn classify(g: &Graph, nodes: &[NodeIndex]) -> &'static str {
 /// cuBLASLt backend can fold that add (and GELU) into the GEMM as its
 /// epilogue. The matmul output must have the kernel's shape and no other
 /// reader. The first such add in group order.
-pub(super) fn epilogue(g: &Graph, nodes: &[NodeIndex], users: &Users, kshape: &Shape) -> Option<String> {
+pub(super) fn epilogue(
+    g: &Graph,
+    nodes: &[NodeIndex],
+    users: &Users,
+    exported: &FxHashSet<Value>,
+    kshape: &Shape,
+) -> Option<String> {
     let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     for &n in nodes {
         if g.node(n).op != Op::Add {
@@ -94,9 +100,9 @@ pub(super) fn epilogue(g: &Graph, nodes: &[NodeIndex], users: &Users, kshape: &S
         }
         let ops = g.operands(n);
         for (mm, bias) in [(ops[0], ops[1]), (ops[1], ops[0])] {
+            let outputs = 0..g.node(mm.node).outputs.len() as u32;
             let only_reader = users.get(&mm.node).is_some_and(|u| u.as_slice() == [n])
-                && !g.outputs.iter().any(|(_, v)| v.node == mm.node)
-                && !g.updates.iter().any(|(_, v)| v.node == mm.node);
+                && !outputs.into_iter().any(|output| exported.contains(&Value { node: mm.node, output }));
             let bias_ty = g.value_type(bias);
             let is_bias = !set.contains(&bias.node)
                 && bias_ty.shape.rank() == 1

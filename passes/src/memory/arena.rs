@@ -93,9 +93,11 @@ fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
 /// Buffers past which the placed blocks are indexed by lifetime: below,
 /// one walk over every block in address order is faster than collecting
 /// and sorting the live ones (the search places thousands of programs of
-/// a few thousand buffers); above, the walk is quadratic in buffers (most
-/// of the exact plan of the 100T model's 312 tiled layers).
-const INDEXED_FROM: usize = 16_384;
+/// a few thousand buffers); above, the walk and the insertions into the
+/// address-ordered list are quadratic in buffers (the search's short
+/// stacks of the 100T model's tiled layers, 10–30k nodes each, and its
+/// exact plan).
+const INDEXED_FROM: usize = 4_096;
 
 /// The blocks placed so far, each an address range `[lo, hi)` live over a
 /// span of schedule positions.

@@ -109,8 +109,11 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     // (target, optimizer phase?) of each update made in place: a target may be
     // updated in place once per phase group (an accumulator: added to in the
     // backward, zeroed by the optimizer).
-    let mut updated_in_place: Vec<(Value, bool)> = Vec::new();
+    let mut updated_in_place: FxHashSet<(Value, bool)> = FxHashSet::default();
     let optimizer = |n: NodeIndex| graph.node(n).phase == Phase::Optimizer;
+    // Where the micro-batch phases end: an update not made in place is
+    // copied into its target there.
+    let micro_batch_end = order.iter().rposition(|&n| !optimizer(n)).unwrap_or(last);
     for (target, v) in &graph.updates {
         let old = Value { node: *target, output: 0 };
         let last_reader = graph
@@ -136,11 +139,10 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
             && !updated_in_place.contains(&(old, optimizer(v.node)))
         {
             alias.insert(*v, old);
-            updated_in_place.push((old, optimizer(v.node)));
+            updated_in_place.insert((old, optimizer(v.node)));
         } else {
             // Copied into the target when its phase ends: it lives until then.
-            let phase_end =
-                if optimizer(v.node) { last } else { order.iter().rposition(|&n| !optimizer(n)).unwrap_or(last) };
+            let phase_end = if optimizer(v.node) { last } else { micro_batch_end };
             last_use.entry(*v).and_modify(|e| *e = (*e).max(phase_end)).or_insert(phase_end);
         }
     }

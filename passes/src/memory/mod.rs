@@ -40,7 +40,12 @@ pub struct MemoryPlan {
 
 /// Plans `graph` for `bindings` (e.g. `batch = 32, seq = 128`).
 pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
-    let order = graph.topo_order().ok_or(LivenessError::Cycle)?;
+    plan_in_order(graph, graph.topo_order().ok_or(LivenessError::Cycle)?, bindings)
+}
+
+/// [`plan`] under the schedule `order`, the graph's topological order
+/// already computed: the search plans each probe at several micro-batches.
+pub fn plan_in_order(graph: &Graph, order: Vec<NodeIndex>, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
     let (mut intervals, mut host_intervals): (Vec<Interval>, Vec<Interval>) =
         liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
     own_buffers_across_places(&mut intervals);

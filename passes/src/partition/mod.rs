@@ -190,7 +190,7 @@ impl<'a> Builder<'a> {
             step,
             buckets,
             dp,
-            out: Graph::new(graph.name.clone()),
+            out: Graph::with_capacity(graph.name.clone(), graph.node_count(), graph.petgraph().edge_count()),
             map: ValueMap::default(),
             made: buckets.iter().map(|b| Made { grads: vec![None; b.slots.len()], ..Made::default() }).collect(),
             member_of,

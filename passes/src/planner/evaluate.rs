@@ -201,7 +201,7 @@ impl Step {
 
     /// Plans the memory at `micro_batch` sequences.
     pub fn memory(&self, req: &Request, micro_batch: u64) -> Result<(MemoryPlan, MemorySummary), PlanError> {
-        let plan = memory::plan(&self.graph, &bindings(micro_batch, req.seq))
+        let plan = memory::plan_in_order(&self.graph, self.order.clone(), &bindings(micro_batch, req.seq))
             .map_err(|e| PlanError::Compile(e.to_string()))?;
         let reserve = memory::reserve::reserve(&self.graph);
         let live = |c: Category| plan.at_peak.get(&c).copied().unwrap_or(0);
