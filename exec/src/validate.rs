@@ -116,12 +116,12 @@ pub fn buffers(
                     buf.offset = inside;
                 }
             }
+            in_arena(program, &name, &buf)?;
             // Kernels and GEMMs read a buffer as a slice of its dtype.
             if !buf.offset.is_multiple_of(ty.dtype.size_bytes() as usize) {
                 let message = format!("it starts at byte {}, not a multiple of {}'s size", buf.offset, ty.dtype);
                 return Err(invalid(at(), message));
             }
-            in_arena(program, &name, &buf)?;
             bufs.insert(v, buf);
         }
     }
