@@ -79,7 +79,7 @@ pub fn buffers(
         );
         return Err(SelectError::Invalid { at: "the plan".into(), message });
     }
-    inits_cut_for(g, order, rank)?;
+    inits_cut_for(g, rank)?;
     let mut planned: HashMap<&str, &zeroplan_ir::plan::Buffer> = HashMap::new();
     for b in &program.buffers {
         if planned.insert(b.value.as_str(), b).is_some() {
@@ -136,7 +136,7 @@ pub fn buffers(
 /// so a cut for a crafted rank count would make a rank draw that many
 /// times its own memory. A plan for another group size is not corrupt:
 /// the error says how to run it.
-fn inits_cut_for(g: &Graph, order: &[NodeIndex], rank: Rank) -> Result<(), SelectError> {
+fn inits_cut_for(g: &Graph, rank: Rank) -> Result<(), SelectError> {
     /// The first cut of `init` for another group: its group's name and rank count.
     fn other_cut(init: &Init, rank: Rank) -> Option<(&'static str, u64, usize)> {
         match init {
@@ -151,8 +151,8 @@ fn inits_cut_for(g: &Graph, order: &[NodeIndex], rank: Rank) -> Result<(), Selec
             Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => None,
         }
     }
-    for &n in order {
-        let node = g.node(n);
+    // Every node of the graph, scheduled or not: the loader initialises them all.
+    for node in g.petgraph().node_weights() {
         if let Op::Param { init } | Op::State { init } = &node.op
             && let Some((group, cut, has)) = other_cut(init, rank)
         {
