@@ -137,19 +137,23 @@ pub fn buffers(
 /// times its own memory. A plan for another group size is not corrupt:
 /// the error says how to run it.
 fn inits_cut_for(g: &Graph, rank: Rank) -> Result<(), SelectError> {
-    /// The first cut of `init` for another group: its group's name and rank count.
+    /// The first cut of `init` (or of one nested in it) for another group:
+    /// its group's name, its rank count and the group's.
     fn other_cut(init: &Init, rank: Rank) -> Option<(&'static str, u64, usize)> {
-        match init {
-            Init::Flat { shards, .. } if *shards > 1 && *shards as usize != rank.ranks => {
-                Some(("data", *shards, rank.ranks))
-            }
-            Init::Flat { members, .. } => members.iter().find_map(|m| other_cut(&m.init, rank)),
-            Init::TensorShard { ranks, .. } if *ranks as usize != rank.tensor_ranks => {
-                Some(("tensor", *ranks, rank.tensor_ranks))
-            }
-            Init::TensorShard { init, .. } | Init::Slice { init, .. } => other_cut(init, rank),
-            Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => None,
-        }
+        let mut found = None;
+        init.visit(&mut |i| {
+            let cut = match i {
+                Init::Flat { shards, .. } if *shards > 1 && *shards as usize != rank.ranks => {
+                    Some(("data", *shards, rank.ranks))
+                }
+                Init::TensorShard { ranks, .. } if *ranks as usize != rank.tensor_ranks => {
+                    Some(("tensor", *ranks, rank.tensor_ranks))
+                }
+                _ => None,
+            };
+            found = found.or(cut);
+        });
+        found
     }
     // Every node of the graph, scheduled or not: the loader initialises them all.
     for node in g.petgraph().node_weights() {

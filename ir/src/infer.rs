@@ -74,7 +74,7 @@ fn check_init(init: &Init, dims: Option<&[u64]>) -> Result<(), String> {
                 if m.offset < end {
                     return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
                 }
-                end = m.checked_len().and_then(|n| m.offset.checked_add(n)).ok_or_else(|| {
+                end = checked_count(&m.shape).and_then(|n| m.offset.checked_add(n)).ok_or_else(|| {
                     format!("flat member `{}` at {} of shape {:?} ends past 2⁶⁴ elements", m.name, m.offset, m.shape)
                 })?;
                 check_init(&m.init, Some(&m.shape)).map_err(|e| format!("flat member `{}`: {e}", m.name))?;

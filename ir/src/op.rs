@@ -70,19 +70,23 @@ impl FlatMember {
         self.shape.iter().product()
     }
 
-    /// The element count, `None` where it overflows `u64` (a crafted plan
-    /// file's member): what the verifier checks before anything calls
-    /// [`FlatMember::len`].
-    pub fn checked_len(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
-    }
-
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 impl Init {
+    /// Calls `f` on this initialiser and every one nested in it (a flat
+    /// buffer's members', a shard's or a tile's whole), parents first.
+    pub fn visit<'i>(&'i self, f: &mut impl FnMut(&'i Init)) {
+        f(self);
+        match self {
+            Init::Flat { members, .. } => members.iter().for_each(|m| m.init.visit(f)),
+            Init::TensorShard { init, .. } | Init::Slice { init, .. } => init.visit(f),
+            Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => {}
+        }
+    }
+
     /// The tensor-parallel ranks a parameter of this init is split over:
     /// `Some(t)` for a tensor shard (or a flat buffer of them), `None` for
     /// a tensor every tensor rank holds whole and computes identically.

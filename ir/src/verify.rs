@@ -104,20 +104,6 @@ impl Graph {
     }
 }
 
-/// Every [`Init::Slice`] in `init` (a flat buffer's members included), as
-/// `(of, whole, start, len)`.
-fn tiles<'i>(init: &'i Init, out: &mut Vec<(&'i str, &'i [u64], u64, u64)>) {
-    match init {
-        Init::Slice { of, whole, start, len, init } => {
-            out.push((of, whole, *start, *len));
-            tiles(init, out);
-        }
-        Init::TensorShard { init, .. } => tiles(init, out),
-        Init::Flat { members, .. } => members.iter().for_each(|m| tiles(&m.init, out)),
-        Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Normal { .. } => {}
-    }
-}
-
 impl Graph {
     /// The tiles of a parameter partition its rows: all name the same
     /// whole, and their distinct row blocks cover `0..rows` without gap or
@@ -128,7 +114,11 @@ impl Graph {
         let mut found = Vec::new();
         for node in self.graph.node_weights() {
             if let crate::Op::Param { init } | crate::Op::State { init } = &node.op {
-                tiles(init, &mut found);
+                init.visit(&mut |i| {
+                    if let Init::Slice { of, whole, start, len, .. } = i {
+                        found.push((of.as_str(), whole.as_slice(), *start, *len));
+                    }
+                });
             }
         }
         found.sort_unstable();
