@@ -16,7 +16,7 @@ use zeroplan_passes::planner::evaluate::bindings;
 use zeroplan_runtime::runner::{Profile, Track};
 
 /// The streams as threads of a rank, in this order.
-pub const STREAMS: [Stream; 4] = [Stream::Compute, Stream::Comm, Stream::Copy, Stream::Host];
+pub const STREAMS: [Stream; 5] = [Stream::Compute, Stream::Comm, Stream::TensorComm, Stream::Copy, Stream::Host];
 
 /// The thread id of `stream`.
 pub fn tid(stream: Stream) -> u64 {
@@ -134,8 +134,9 @@ pub fn measured(program: &Program, ranks: &[&Profile]) -> Result<Trace, String> 
     for (rank, profile) in ranks.iter().enumerate() {
         let pid = rank as u64;
         trace.process(pid, &format!("rank {rank} (measured, host runtime)"));
-        trace.thread(pid, tid(Stream::Compute), "compute");
-        trace.thread(pid, tid(Stream::Comm), "comm");
+        for stream in [Stream::Compute, Stream::Comm, Stream::TensorComm] {
+            trace.thread(pid, tid(stream), stream.name());
+        }
         for span in profile.spans() {
             let w = work(graph, span.node, &bindings)
                 .ok_or_else(|| format!("error: node `{}` has unbound sizes", graph.node(span.node).name))?;
@@ -143,6 +144,7 @@ pub fn measured(program: &Program, ranks: &[&Profile]) -> Result<Trace, String> 
             let stream = match span.track {
                 Track::Compute => Stream::Compute,
                 Track::Comm => Stream::Comm,
+                Track::TensorComm => Stream::TensorComm,
             };
             let start = origin.map_or(0.0, |o| span.start.duration_since(o).as_secs_f64());
             trace.slice((pid, tid(stream)), &graph.node(span.node).name, cat, (start, start + span.seconds), args);

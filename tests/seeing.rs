@@ -178,6 +178,30 @@ fn train_profile_is_the_measured_step_of_every_rank() {
     assert!(err.contains("add --backend cpu"), "{err}");
 }
 
+/// Under tensor × data parallelism each rank's collectives run on its
+/// group's thread: the tensor group's on `tensor_comm`, ZeRO's on `comm`.
+#[test]
+fn train_profile_shows_each_group_on_its_stream() {
+    let scratch = Scratch::new("profile-tp");
+    let out = scratch.path("measured.json");
+    let args = ["train", "models/tiny/tiny-bert.ron", "--backend", "cpu", "--steps", "1", "--log-json"];
+    succeed(&[&args[..], &["--tp", "2", "--ranks", "2", "--zero", "1", "--profile", &out]].concat());
+    let threads = validate(&read_json(&out));
+    let tensor_ops = ["tensor_all_reduce", "sequence_all_gather", "sequence_reduce_scatter"];
+    for ((process, thread), slices) in &threads {
+        match thread.as_str() {
+            "tensor_comm" => assert!(slices.iter().all(|s| tensor_ops.contains(&s.args["op"].as_str().unwrap()))),
+            "comm" => assert!(
+                slices.iter().all(|s| s.cat == "collective" && !tensor_ops.contains(&s.args["op"].as_str().unwrap()))
+            ),
+            "compute" => assert!(slices.iter().all(|s| s.cat != "collective")),
+            other => panic!("{process}: thread {other}"),
+        }
+    }
+    let ranks: BTreeSet<&str> = threads.keys().filter(|(_, t)| t == "tensor_comm").map(|(p, _)| p.as_str()).collect();
+    assert_eq!(ranks.len(), 4, "every rank's tensor group communicates: {ranks:?}");
+}
+
 /// `compile` of tiny-bert on 2 GPUs with `extra` flags, to `plan`; its inspection.
 fn compile_tiny(plan: &str, extra: &[&str]) -> Json {
     let base = ["compile", "models/tiny/tiny-bert.ron", "--gpus", "2", "--gpu", "a100-40gb", "--seq", "16", "--json"];

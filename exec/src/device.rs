@@ -130,6 +130,15 @@ pub trait Device: Sized + Sync {
         instrs.iter().enumerate().try_for_each(|(i, instr)| self.run(instr, cx).map_err(|e| (i, e)))
     }
 
+    /// Whether the data-parallel and the tensor-parallel group's
+    /// collectives may run at once, each on a thread (and communicator
+    /// stream) of its own, as the plan's cost model times them. A device
+    /// that answers `false` runs every collective on one thread, in
+    /// schedule order. The default: they may.
+    fn concurrent_groups(&self) -> bool {
+        true
+    }
+
     /// Drops the graphs recorded so far: the runner's plan changed, and
     /// its keys name other segments from now on.
     fn forget_graphs(&mut self) {}

@@ -648,6 +648,12 @@ impl Op {
         )
     }
 
+    /// Collectives of the tensor-parallel group (inside a node, over
+    /// NVLink); the others are the data-parallel group's.
+    pub fn is_tensor_collective(&self) -> bool {
+        matches!(self, Op::TensorAllReduce { .. } | Op::SequenceAllGather { .. } | Op::SequenceReduceScatter { .. })
+    }
+
     /// The tensor-parallel ranks an op of a tensor-parallel graph spans;
     /// `None` for ops that do not depend on the tensor rank.
     pub fn tensor_ranks(&self) -> Option<u64> {

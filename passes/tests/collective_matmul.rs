@@ -1,5 +1,6 @@
 //! The `collective-matmul` pass: where it cuts the sequence-parallel
-//! collectives, and what that does to the predicted step. (That the
+//! collectives, and what that does to the predicted step; and the two
+//! groups' communication streams it overlaps them on. (That the
 //! chunked step trains as the whole one does is checked by running it:
 //! `runtime/tests/tensor_parallel.rs`.)
 
@@ -11,6 +12,8 @@ use zeroplan_ir::plan::{DataParallel, Offload, OffloadTo, Predicted};
 use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
 use zeroplan_ir::{Bindings, DType, Graph, Phase};
 use zeroplan_passes::collective_matmul::Chunks;
+use zeroplan_passes::cost::simulate::timeline;
+use zeroplan_passes::cost::work::Stream;
 use zeroplan_passes::cost::{Machine, simulate};
 use zeroplan_passes::manager::PassOptions;
 use zeroplan_passes::pipeline::{Target, compile};
@@ -98,8 +101,36 @@ fn chunks_hide_the_sequence_parallel_collectives_behind_the_gemms() {
     assert!(saved > 2e-3, "step {} s against {} s", after.step_seconds, before.step_seconds);
     let hidden = before.stalled_seconds - after.stalled_seconds;
     assert!(hidden > 2e-3, "exposed {} s against {} s", after.stalled_seconds, before.stalled_seconds);
-    let comm = |p: &Predicted| p.busy_seconds["comm"];
+    let comm = |p: &Predicted| p.busy_seconds["tensor_comm"];
     assert!(comm(&after) >= comm(&before), "communication {} s against {} s", comm(&after), comm(&before));
+}
+
+/// The data-parallel group's collectives (ZeRO-1's gradient
+/// reduce-scatters) and the tensor-parallel group's (the sequence
+/// all-gathers and reduce-scatters) queue on streams of their own, so the
+/// simulation runs some of them at once: across nodes on the network
+/// ports, inside the node on NVLink.
+#[test]
+fn the_two_groups_communicate_on_streams_of_their_own() {
+    let (m, bound, machine) = (gpt_32b_layers(), bindings(4, 4096), h100s(64));
+    let g = step(&m, 8, &bound, Chunks::Whole);
+    let order = g.topo_order().unwrap();
+    let events = timeline(&g, &order, &bound, &machine).unwrap();
+    let on = |stream: Stream| -> Vec<(f64, f64)> {
+        let mut spans = Vec::new();
+        for e in events.iter().filter(|e| e.stream == Some(stream)) {
+            let op = &g.node(e.node).op;
+            assert!(op.is_collective() && op.is_tensor_collective() == (stream == Stream::TensorComm), "{op:?}");
+            spans.push((e.start, e.end));
+        }
+        spans
+    };
+    let (data, tensor) = (on(Stream::Comm), on(Stream::TensorComm));
+    assert!(!data.is_empty() && !tensor.is_empty());
+    let overlapping = data.iter().any(|&(s, e)| tensor.iter().any(|&(ts, te)| ts < e && s < te));
+    assert!(overlapping, "no data-parallel collective runs beside a tensor-parallel one");
+    let p = predict(&g, &bound, &machine);
+    assert!(p.busy_seconds["comm"] > 0.0 && p.busy_seconds["tensor_comm"] > 0.0, "{:?}", p.busy_seconds);
 }
 
 /// Where a chunk would hold less than one GEMM tile (tiny-bert's 8

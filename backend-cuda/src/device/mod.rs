@@ -234,6 +234,14 @@ impl Device for Cuda {
         exec::settle(self)
     }
 
+    /// One thread for both groups: NCCL does not promise that kernels of
+    /// two communicators in flight at once both progress (its guide,
+    /// "Using multiple NCCL communicators concurrently"), and this has not
+    /// been run on GPUs with both groups yet.
+    fn concurrent_groups(&self) -> bool {
+        false
+    }
+
     fn capture(&self, instr: &Self::Instr) -> Capture {
         graphs::capture(instr)
     }

@@ -1,8 +1,9 @@
-//! The step simulation: the schedule played on four in-order streams.
+//! The step simulation: the schedule played on five in-order streams.
 //!
-//! Compute (GEMMs and kernels), communication (NCCL), copy (PCIe) and host
-//! (CPU AdamW) each run their instructions in schedule order, one at a
-//! time; an instruction starts when its stream is free and its operands
+//! Compute (GEMMs and kernels), the data-parallel and the tensor-parallel
+//! group's communication (NCCL, a stream per communicator), copy (PCIe)
+//! and host (CPU AdamW) each run their instructions in schedule order, one
+//! at a time; an instruction starts when its stream is free and its operands
 //! are ready. So a reduce-scatter issued mid-backward overlaps the rest of
 //! the backward, a prefetched all-gather overlaps the layer before, and
 //! what cannot overlap shows as exposed time. The step is the forward and
@@ -58,7 +59,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         let node = graph.node(n);
         let w = work(graph, n, bindings)?;
         let inputs_ready = graph.operands(n).iter().map(|v| ready[&v.node]).fold(0.0, f64::max);
-        let stream = w.engine.stream();
+        let stream = super::work::stream(&node.op, w.engine);
         let (start, finish) = match stream {
             None => (inputs_ready, inputs_ready),
             Some(stream) => {

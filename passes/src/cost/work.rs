@@ -45,8 +45,9 @@ impl Engine {
         }
     }
 
-    /// The stream an instruction waits in: GEMMs and kernels share the
-    /// compute stream.
+    /// The stream an instruction of this engine waits in: GEMMs and
+    /// kernels share the compute stream. A collective's is its group's:
+    /// see [`stream`].
     pub fn stream(self) -> Option<Stream> {
         match self {
             Engine::Gemm | Engine::Kernel => Some(Stream::Compute),
@@ -58,12 +59,28 @@ impl Engine {
     }
 }
 
+/// The stream instruction `op`, run by `engine`, waits in. A rank holds
+/// one NCCL communicator per group, each on a stream of its own (as
+/// Megatron-LM and PyTorch DDP run theirs): the tensor-parallel group's
+/// collectives cross the node's NVLink, the data-parallel group's its
+/// network ports, so a gradient reduce-scatter does not queue the
+/// sequence-parallel all-gather the next GEMM waits for.
+pub fn stream(op: &Op, engine: Engine) -> Option<Stream> {
+    match engine.stream() {
+        Some(Stream::Comm) if op.is_tensor_collective() => Some(Stream::TensorComm),
+        other => other,
+    }
+}
+
 /// One in-order queue of the step simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stream {
     Compute,
+    /// The data-parallel group's collectives.
     Comm,
+    /// The tensor-parallel group's collectives.
+    TensorComm,
     Copy,
     Host,
 }
@@ -73,6 +90,7 @@ impl Stream {
         match self {
             Stream::Compute => "compute",
             Stream::Comm => "comm",
+            Stream::TensorComm => "tensor_comm",
             Stream::Copy => "copy",
             Stream::Host => "host",
         }

@@ -54,7 +54,7 @@ use zeroplan_ir::{Bindings, Graph, Init, NodeIndex, Op, Phase, Place, Tensor, Va
 const PLACES: [Place; 2] = [Place::Device, Place::Host];
 
 pub use profile::{Entry as ProfileEntry, Profile, Span, Track};
-use stream::{Access, CommStream};
+use stream::{Access, CommStreams};
 use zeroplan_exec::buffers::{concrete, constant_update};
 pub use zeroplan_exec::graphs::GraphMode;
 use zeroplan_exec::graphs::{Masks, Pass};
@@ -607,12 +607,12 @@ impl<D: Device> Runner<D> {
         std::thread::scope(|scope| -> Result<(), RunError> {
             let steps_ref: &[Step<D::Instr>] = steps;
             let collective = move |at: usize| steps_ref[at].instr.as_ref().expect("a collective has an instruction");
-            let mut stream = CommStream::start(scope, &*device, collective, comm, tensor, *seed);
+            let mut stream = CommStreams::start(scope, &*device, collective, comm, tensor, *seed);
             let finish = |done: Vec<stream::Done>, profile: &mut Option<Profile>| -> Result<(), RunError> {
                 for d in done {
                     d.result.map_err(|message| fail(d.at, message))?;
                     if let (Some(p), Some(instr)) = (profile.as_mut(), &steps[d.at].instr) {
-                        p.record(instr, steps[d.at].node, Track::Comm, d.started, d.took);
+                        p.record(instr, steps[d.at].node, d.track, d.started, d.took);
                     }
                 }
                 Ok(())
@@ -643,8 +643,9 @@ impl<D: Device> Runner<D> {
                         *water = (*water).max(end);
                     }
                     if let Some(instr) = &step.instr {
-                        if on_stream(&g.node(step.node).op) {
-                            stream.submit(at, &access[at], feeds);
+                        let op = &g.node(step.node).op;
+                        if on_stream(op) {
+                            finish(stream.submit(at, op.is_tensor_collective(), &access[at], feeds), profile)?;
                             if check_finite {
                                 finish(stream.drain(), profile)?;
                             }

@@ -32,12 +32,16 @@ pub struct Entry {
     pub flops: f64,
 }
 
-/// Where an instruction ran: in the rank's schedule, or on its
-/// communication stream (the collectives' thread).
+/// Where an instruction ran: in the rank's schedule, or on one of its
+/// communication streams (the collectives' threads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Track {
     Compute,
+    /// The data-parallel group's collectives (and, on a device that runs
+    /// the groups on one thread, the tensor-parallel group's too).
     Comm,
+    /// The tensor-parallel group's collectives.
+    TensorComm,
 }
 
 /// One instruction's run.
