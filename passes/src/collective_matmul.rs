@@ -42,6 +42,7 @@
 //! its result is first read ([`crate::memory`]), so no GEMM output is
 //! placed over a chunk the communication stream still reads.
 
+use std::cell::OnceCell;
 use rustc_hash::{FxHashMap, FxHashSet};
 use zeroplan_ir::shape::{Dim, Shape};
 use zeroplan_ir::{Bindings, Graph, GraphError, NodeIndex, Op, Value};
@@ -92,16 +93,24 @@ impl Pass for CollectiveMatmul {
         let order = graph.topo_order().expect("a verified graph is acyclic");
         let chunks = cx.options.collective_chunks.clone();
         let bindings = cx.options.shape_hint.clone();
+        // Found once: each is a walk of the whole step.
+        let tp = graph.tensor_parallel();
+        let at: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         let mut gathers: FxHashMap<NodeIndex, Gather> = FxHashMap::default();
         // Reduce-scatters by the GEMM they sum.
         let mut scatters: FxHashMap<NodeIndex, (NodeIndex, u64)> = FxHashMap::default();
         for &n in &order {
             if let Some((gemms, axis, ranks)) = gather_site(&graph, n) {
                 let most = axis.eval(&bindings).unwrap_or(0) * ranks / GEMM_TILE;
+                // The work beside the whole gather, the same at every `k`.
+                let before = OnceCell::new();
                 let seconds = |m: &Machine, k| {
-                    let whole = collective_chunk_seconds(&graph, m, n, 1, &bindings)?;
-                    let before = slack(&graph, m, &order, n, |x| gemms.contains(&x), whole, &bindings);
-                    gather_seconds(&graph, m, n, &gemms, before, k, &bindings)
+                    let m = Timing { machine: m, tensor_parallel: tp };
+                    let before = *before.get_or_init(|| {
+                        let whole = collective_chunk_seconds(&graph, m, n, 1, &bindings)?;
+                        Some(slack(&graph, m, &order[at[&n]..], |x| gemms.contains(&x), whole, &bindings))
+                    });
+                    gather_seconds(&graph, m, n, &gemms, before?, k, &bindings)
                 };
                 let k = choose(&chunks, &bindings, &axis, most, seconds);
                 if k > 1 && cx.may_apply() {
@@ -109,11 +118,15 @@ impl Pass for CollectiveMatmul {
                 }
             } else if let Some((mm, columns)) = scatter_site(&graph, n) {
                 let most = columns.eval(&bindings).unwrap_or(0) / GEMM_TILE;
+                let after = OnceCell::new();
                 let seconds = |m: &Machine, k| {
-                    let whole = collective_chunk_seconds(&graph, m, n, 1, &bindings)?;
-                    let readers = graph.users(n);
-                    let after = slack(&graph, m, &order, mm, |x| readers.contains(&x), whole, &bindings);
-                    scatter_seconds(&graph, m, mm, n, after, k, &bindings)
+                    let m = Timing { machine: m, tensor_parallel: tp };
+                    let after = *after.get_or_init(|| {
+                        let whole = collective_chunk_seconds(&graph, m, n, 1, &bindings)?;
+                        let readers = graph.users(n);
+                        Some(slack(&graph, m, &order[at[&mm]..], |x| readers.contains(&x), whole, &bindings))
+                    });
+                    scatter_seconds(&graph, m, mm, n, after?, k, &bindings)
                 };
                 let k = choose(&chunks, &bindings, &columns, most, seconds);
                 if k > 1 && cx.may_apply() {
@@ -290,11 +303,25 @@ fn choose(
     }
 }
 
+/// The GPU the chunks are timed on, and the step's tensor-parallel degree
+/// (which collectives' groups span), found once per pass.
+#[derive(Clone, Copy)]
+struct Timing<'m> {
+    machine: &'m Machine,
+    tensor_parallel: u64,
+}
+
+impl Timing<'_> {
+    fn seconds(&self, op: &Op, work: &Work) -> f64 {
+        self.machine.seconds(op, work, self.tensor_parallel)
+    }
+}
+
 /// Seconds of one GEMM of `mm`'s with its rows (`rows`) or its output
 /// columns cut `k` ways.
 fn gemm_chunk_seconds(
     graph: &Graph,
-    machine: &Machine,
+    machine: Timing,
     mm: NodeIndex,
     k: u64,
     rows: bool,
@@ -311,21 +338,21 @@ fn gemm_chunk_seconds(
         (GemmShape { n: g.n / k, ..g }, a + w / kf + out / kf)
     };
     let chunk = Work { engine: Engine::Gemm, flops: whole.flops / kf, bytes, gemm: Some(shape) };
-    Some(machine.seconds(&graph.node(mm).op, &chunk, graph.tensor_parallel()))
+    Some(machine.seconds(&graph.node(mm).op, &chunk))
 }
 
 /// Seconds of one of `k` chunks of collective `c`.
-fn collective_chunk_seconds(graph: &Graph, machine: &Machine, c: NodeIndex, k: u64, b: &Bindings) -> Option<f64> {
+fn collective_chunk_seconds(graph: &Graph, machine: Timing, c: NodeIndex, k: u64, b: &Bindings) -> Option<f64> {
     let whole = work(graph, c, b)?;
     let chunk = Work { bytes: whole.bytes / k as f64, ..whole };
-    Some(machine.seconds(&graph.node(c).op, &chunk, graph.tensor_parallel()))
+    Some(machine.seconds(&graph.node(c).op, &chunk))
 }
 
 /// Seconds of a copy kernel (split, slice, concatenation) of `bytes`: read
 /// and written once.
-fn copy_seconds(machine: &Machine, bytes: f64) -> f64 {
+fn copy_seconds(machine: Timing, bytes: f64) -> f64 {
     let copy = Work { engine: Engine::Kernel, flops: 0.0, bytes: 2.0 * bytes, gemm: None };
-    machine.seconds(&Op::Concat { axis: 0 }, &copy, 1)
+    machine.machine.seconds(&Op::Concat { axis: 0 }, &copy, 1)
 }
 
 fn bytes(graph: &Graph, v: Value, b: &Bindings) -> Option<f64> {
@@ -336,22 +363,22 @@ fn out_of(n: NodeIndex) -> Value {
     Value { node: n, output: 0 }
 }
 
-/// Compute-stream seconds of the nodes after `from` in `order` that do
-/// not read it, up to the first node `stop` accepts: the work that runs
-/// beside `from`'s collective anyway. Counted up to `enough` (beyond it
-/// the collective is hidden whole).
+/// Compute-stream seconds of the nodes after the first of `order` (the
+/// schedule from `from` on) that do not read it, up to the first node
+/// `stop` accepts: the work that runs beside `from`'s collective anyway.
+/// Counted up to `enough` (beyond it the collective is hidden whole).
 fn slack(
     graph: &Graph,
-    machine: &Machine,
+    machine: Timing,
     order: &[NodeIndex],
-    from: NodeIndex,
     stop: impl Fn(NodeIndex) -> bool,
     enough: f64,
     b: &Bindings,
 ) -> f64 {
+    let from = order[0];
     let readers = graph.users(from);
     let mut seconds = 0.0;
-    for &n in order.iter().skip_while(|&&n| n != from).skip(1) {
+    for &n in &order[1..] {
         if stop(n) || seconds >= enough {
             break;
         }
@@ -359,7 +386,7 @@ fn slack(
             continue;
         }
         if let Some(w) = work(graph, n, b).filter(|w| w.engine.stream() == Some(Stream::Compute)) {
-            seconds += machine.seconds(&graph.node(n).op, &w, graph.tensor_parallel());
+            seconds += machine.seconds(&graph.node(n).op, &w);
         }
     }
     seconds
@@ -372,7 +399,7 @@ fn slack(
 /// gather, where another node reads it whole) put back in order.
 fn gather_seconds(
     graph: &Graph,
-    machine: &Machine,
+    machine: Timing,
     g: NodeIndex,
     gemms: &[NodeIndex],
     before: f64,
@@ -407,7 +434,7 @@ fn gather_seconds(
 /// the slices' concatenation once the last is reduced.
 fn scatter_seconds(
     graph: &Graph,
-    machine: &Machine,
+    machine: Timing,
     mm: NodeIndex,
     r: NodeIndex,
     after: f64,
