@@ -42,8 +42,8 @@
 //! its result is first read ([`crate::memory`]), so no GEMM output is
 //! placed over a chunk the communication stream still reads.
 
-use std::cell::OnceCell;
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::cell::OnceCell;
 use zeroplan_ir::shape::{Dim, Shape};
 use zeroplan_ir::{Bindings, Graph, GraphError, NodeIndex, Op, Value};
 
@@ -319,14 +319,7 @@ impl Timing<'_> {
 
 /// Seconds of one GEMM of `mm`'s with its rows (`rows`) or its output
 /// columns cut `k` ways.
-fn gemm_chunk_seconds(
-    graph: &Graph,
-    machine: Timing,
-    mm: NodeIndex,
-    k: u64,
-    rows: bool,
-    b: &Bindings,
-) -> Option<f64> {
+fn gemm_chunk_seconds(graph: &Graph, machine: Timing, mm: NodeIndex, k: u64, rows: bool, b: &Bindings) -> Option<f64> {
     let whole = work(graph, mm, b)?;
     let g = whole.gemm?;
     let operands = graph.operands(mm);
