@@ -159,11 +159,13 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         let _span = tracing::info_span!("plan.nothing_fits").entered();
         return Err(explain::nothing_fits(req, &outcomes)?);
     }
-    let ((winner, step, memory_plan), beaten) = exact_best(req, &machine, &outcomes)?;
+    let ((winner, step, memory_plan), beaten, unfit) = exact_best(req, &machine, &outcomes)?;
+    let unfit_peak = |c: evaluate::Choice| unfit.iter().find(|(u, _)| *u == c).map(|&(_, peak)| peak);
     // The fastest other choice: exact where it was compiled whole, else the
     // search's estimate (the first of equals, as the search listed them).
     // Not the winner's twin: a choice the search predicts as the same plan
-    // (`explain::same_plan`, estimate against estimate) is no alternative.
+    // (`explain::same_plan`, estimate against estimate) is no alternative;
+    // nor a choice whose exact plan did not fit.
     let estimate = |c: evaluate::Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
     let twin = |c: evaluate::Choice| {
         estimate(c).zip(estimate(step.0)).is_some_and(|(e, w)| c != step.0 && explain::same_plan(e, w))
@@ -171,6 +173,7 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     let estimates = outcomes
         .iter()
         .filter(|o| o.choice != step.0 && !twin(o.choice) && !beaten.iter().any(|(c, _)| *c == o.choice))
+        .filter(|o| unfit_peak(o.choice).is_none())
         .filter_map(|o| o.best.as_ref());
     let fastest_first =
         |a: &&Evaluation, b: &&Evaluation| b.predicted.tokens_per_second.total_cmp(&a.predicted.tokens_per_second);
@@ -183,8 +186,12 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         reason: explain::why_slower(&winner, r),
     });
     // Each candidate with its figures: exact for the winner, its twins and
-    // the choices compiled whole to check it, else the search's estimate.
+    // the choices compiled whole to check it, else the search's estimate; a
+    // choice whose exact plan did not fit, its least exact peak.
     let figures = |o: &Outcome| -> Option<(u64, f64)> {
+        if unfit_peak(o.choice).is_some() {
+            return None;
+        }
         let exact = if o.choice == step.0 || twin(o.choice) {
             Some(&winner)
         } else {
@@ -195,13 +202,15 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     let mut candidates: Vec<Candidate> = outcomes
         .iter()
         .map(|o| Candidate {
-            strategy: o
-                .best
-                .as_ref()
-                .map_or_else(|| o.choice.strategy(req.cluster.world_size(), 1, 0), |b| b.strategy.clone()),
-            peak_bytes: figures(o).map_or(o.min_peak_bytes, |(peak, _)| peak),
+            strategy: match &o.best {
+                // The winner's exact plan may use a smaller micro-batch than its estimate.
+                _ if o.choice == step.0 => winner.strategy.clone(),
+                Some(b) => b.strategy.clone(),
+                None => o.choice.strategy(req.cluster.world_size(), 1, 0),
+            },
+            peak_bytes: figures(o).map_or_else(|| unfit_peak(o.choice).unwrap_or(o.min_peak_bytes), |(peak, _)| peak),
             min_peak_bytes: o.min_peak_bytes,
-            fits: o.best.is_some(),
+            fits: o.best.is_some() && unfit_peak(o.choice).is_none(),
             tokens_per_second: figures(o).map(|(_, speed)| speed),
             states_exceed: o.bounded,
             dominated_by: o.dominated_by.and_then(&estimate).map(|e| e.strategy.clone()),
@@ -321,17 +330,31 @@ fn check(req: &Request) -> Result<Machine, PlanError> {
 /// and the step's memory plan.
 type Exact = (Evaluation, (evaluate::Choice, Step), crate::memory::MemoryPlan);
 
+/// Choices the search estimated to fit whose exact plans, compiled and
+/// planned whole, fit at no micro-batch: each with the least exact peak.
+type Unfit = Vec<(evaluate::Choice, u64)>;
+
 /// The best outcome compiled and planned whole, and its place in
 /// `outcomes`. The search's figures for deep models are extrapolated; where
 /// the exact plan no longer fits, the next smaller micro-batch of the same
-/// choice is tried, then the next choice.
-fn exact_winner(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(usize, Exact), PlanError> {
+/// choice is tried, then the next choice (the one that did not fit goes to
+/// `unfit`).
+fn exact_winner(
+    req: &Request,
+    machine: &Machine,
+    outcomes: &[Outcome],
+    unfit: &mut Unfit,
+) -> Result<(usize, Exact), PlanError> {
     let budget = req.cluster.budget_bytes();
     let mut smallest_peak = u64::MAX;
     for (at, outcome) in outcomes.iter().enumerate() {
-        if let Some(exact) = exact(req, machine, outcome, &mut smallest_peak)? {
-            return Ok((at, exact));
+        let mut peak = u64::MAX;
+        match exact(req, machine, outcome, &mut peak)? {
+            Some(exact) => return Ok((at, exact)),
+            None if outcome.best.is_some() => unfit.push((outcome.choice, peak)),
+            None => {}
         }
+        smallest_peak = smallest_peak.min(peak);
     }
     Err(PlanError::Compile(format!(
         "the search's estimates fit but no exact plan does (least peak {smallest_peak} bytes, budget {budget}): \
@@ -384,7 +407,8 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
     a.predicted.tokens_per_second > 1.001 * b.predicted.tokens_per_second
 }
 
-/// The winner, and the exact figures of the choices it beat whole.
+/// The winner, the exact figures of the choices it beat whole, and the
+/// choices whose exact plans did not fit.
 ///
 /// A deep model's estimates come from a line through two short stacks
 /// ([`depth`]), so the next choice's estimate can beat the winner's exact
@@ -395,18 +419,22 @@ fn exact_best(
     req: &Request,
     machine: &Machine,
     outcomes: &[Outcome],
-) -> Result<(Exact, Vec<(evaluate::Choice, Evaluation)>), PlanError> {
-    let (at, mut winner) = exact_winner(req, machine, outcomes)?;
+) -> Result<(Exact, Vec<(evaluate::Choice, Evaluation)>, Unfit), PlanError> {
+    let mut unfit = Unfit::new();
+    let (at, mut winner) = exact_winner(req, machine, outcomes, &mut unfit)?;
     let mut beaten = Vec::new();
-    let mut smallest_peak = u64::MAX;
     for outcome in outcomes[at + 1..].iter().take(RECHECKS) {
         match &outcome.best {
             Some(estimate) if faster(estimate, &winner.0) => {}
             _ => break,
         }
-        let Some(candidate) = exact(req, machine, outcome, &mut smallest_peak)? else { continue };
+        let mut peak = u64::MAX;
+        let Some(candidate) = exact(req, machine, outcome, &mut peak)? else {
+            unfit.push((outcome.choice, peak));
+            continue;
+        };
         let loser = if faster(&candidate.0, &winner.0) { std::mem::replace(&mut winner, candidate) } else { candidate };
         beaten.push((loser.1.0, loser.0));
     }
-    Ok((winner, beaten))
+    Ok((winner, beaten, unfit))
 }
