@@ -334,6 +334,10 @@ type Exact = (Evaluation, (evaluate::Choice, Step), crate::memory::MemoryPlan);
 /// planned whole, fit at no micro-batch: each with the least exact peak.
 type Unfit = Vec<(evaluate::Choice, u64)>;
 
+/// Choices compiled whole to check the winner, slower than it: each with
+/// its exact figures.
+type Beaten = Vec<(evaluate::Choice, Evaluation)>;
+
 /// The best outcome compiled and planned whole, and its place in
 /// `outcomes`. The search's figures for deep models are extrapolated; where
 /// the exact plan no longer fits, the next smaller micro-batch of the same
@@ -415,11 +419,7 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
 /// figure (bert-base on 8 A100s: 91.4 against 92.3 ms). Such a choice is
 /// compiled whole too, and the faster exact plan wins; the user never
 /// reads a runner-up faster than the plan they got.
-fn exact_best(
-    req: &Request,
-    machine: &Machine,
-    outcomes: &[Outcome],
-) -> Result<(Exact, Vec<(evaluate::Choice, Evaluation)>, Unfit), PlanError> {
+fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(Exact, Beaten, Unfit), PlanError> {
     let mut unfit = Unfit::new();
     let (at, mut winner) = exact_winner(req, machine, outcomes, &mut unfit)?;
     let mut beaten = Vec::new();
