@@ -385,28 +385,29 @@ fn a_candidate_over_host_memory_shows_no_gpu_figure() {
     }
 }
 
-/// transformer-100t on 512 H100: the search's short-stack estimate of
-/// TP-4+SP ZeRO-3 with 8 tiles fits (77.7 GiB) but its plan compiled whole
-/// does not (98.2 GiB of 79.6): the table says so with the exact peak, it
-/// is not the runner-up, and the winner's line shows the micro-batch its
-/// exact plan runs. A minute of CPU in release:
-/// `cargo test --release --test cli -- --ignored an_exact_plan_that_does_not_fit`.
+/// transformer-100t on 512 H100: TP-4+SP ZeRO-3 with 8 tiles wins, its
+/// plan compiled whole holding what its short-stack estimate said (77.7
+/// GiB: `collective-matmul` multiplies a tiled operator one tile at a
+/// time; across the tiles it held 98.2 GiB and lost to TP-8+SP at half the
+/// speed); the winner's row shows the micro-batch its exact plan runs; the
+/// runner-up is no faster. 15 s of CPU in release:
+/// `cargo test --release --test cli -- --ignored the_100t_plan`.
 #[test]
-#[ignore = "slow: a 100T model's search compiles six whole steps"]
-fn an_exact_plan_that_does_not_fit_is_listed_as_not_fitting() {
+#[ignore = "slow in a debug build: a 100T model's search compiles whole steps"]
+fn the_100t_plan_on_512_h100_fits_as_estimated() {
     let args = ["compile", "models/transformer-100t.ron", "--gpus", "512", "--nodes", "64"];
     let more = ["--gpu", "h100-80gb-sxm", "--seq", "2048", "--global-batch", "512"];
     let out = zeroplan(&[&args[..], &more[..]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let strategy = text.lines().find_map(|l| l.strip_prefix("strategy")).expect("a strategy line").trim();
+    assert!(strategy.starts_with("TP-4+SP ZeRO-3") && strategy.contains("tiles 8"), "{text}");
     let chosen = strategy.split(" (").next().unwrap();
     let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("candidates")).skip(1).collect();
     assert!(rows[0].contains(chosen), "the winner's row is its exact plan `{chosen}`: {text}");
-    let unfit = rows.iter().find(|r| r.contains("TP-4+SP ZeRO-3 offload optimizer+params recompute full")).unwrap();
-    assert!(unfit.contains("does not fit"), "{text}");
     let runner_up = text.lines().last().unwrap();
-    assert!(runner_up.starts_with("runner-up") && !runner_up.contains("TP-4+SP"), "{text}");
+    assert!(runner_up.starts_with("runner-up") && runner_up.contains("% fewer tokens/s"), "{text}");
+    assert!(!runner_up.contains("a tie"), "{text}");
 }
 
 #[test]

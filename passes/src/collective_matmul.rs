@@ -45,7 +45,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::OnceCell;
 use zeroplan_ir::shape::{Dim, Shape};
-use zeroplan_ir::{Bindings, Graph, GraphError, NodeIndex, Op, Value};
+use zeroplan_ir::{Bindings, Graph, GraphError, Init, NodeIndex, Op, Value};
 
 use crate::cost::time::{GEMM_TILE, Machine};
 use crate::cost::work::{Engine, GemmShape, Stream, Work, work};
@@ -160,9 +160,12 @@ impl Pass for CollectiveMatmul {
                 // Chunk by chunk across the gather's GEMMs where their weights
                 // are at hand, so each gathered chunk is multiplied whole
                 // while the next is gathered; else this GEMM's chunks alone.
+                // A tiled operator's GEMMs go alone too: across them, every
+                // tile's gathered weight would be live at once, which is
+                // what tiling is there to prevent.
                 let left: Vec<NodeIndex> =
                     gathers[&g].gemms.iter().copied().filter(|&m| !map.contains_key(&out_of(m))).collect();
-                let all = left.iter().all(|&m| map.contains_key(&graph.operands(m)[1]));
+                let all = left.iter().all(|&m| map.contains_key(&graph.operands(m)[1]) && !tiled(&graph, m));
                 let together = if all { left } else { vec![n] };
                 let parts = &gathered[&g];
                 let ys = out.at_place(node.place, |out| gemm_chunks(&graph, &together, parts, &map, out));
@@ -222,6 +225,21 @@ fn hoisted(graph: &Graph, order: &[NodeIndex], gathers: &FxHashMap<NodeIndex, Ga
         place(graph, n, &mut placed, &mut out);
     }
     out
+}
+
+/// Whether GEMM `mm`'s weight is a tile the `tiling` pass cut (an
+/// [`Init::Slice`] parameter, read through casts, views and tensor copies).
+fn tiled(graph: &Graph, mm: NodeIndex) -> bool {
+    let mut n = graph.operands(mm)[1].node;
+    loop {
+        match &graph.node(n).op {
+            Op::Param { init } => return matches!(init, Init::Slice { .. }),
+            op if op.is_view() || matches!(op, Op::Cast { .. } | Op::TensorCopy { .. }) => {
+                n = graph.operands(n)[0].node;
+            }
+            _ => return false,
+        }
+    }
 }
 
 /// Places `n` after its operands not yet placed.
