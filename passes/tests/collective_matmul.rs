@@ -143,21 +143,28 @@ fn tiny_shapes_stay_whole() {
     assert_eq!(whole.to_text(), cut.to_text());
 }
 
+/// tiny-bert's training step at TP 2 with sequence parallelism, every
+/// collective matmul cut in two, under `options`' other settings.
+fn tiny_in_two_chunks(options: PassOptions) -> Graph {
+    let (m, bound) = (load_model("tiny/tiny-bert.ron"), bindings(2, 8));
+    let options = PassOptions {
+        shape_hint: bound,
+        tensor_parallel: Some(2),
+        sequence_parallel: true,
+        collective_chunks: Chunks::Fixed(2),
+        ..options
+    };
+    compile(&m, &Target::Training(&TrainingSpec::default()), options).unwrap_or_else(|e| panic!("{e}")).graph
+}
+
 /// A fixed count cuts every site whose axis it divides; the chunks of a
 /// recomputed node stay `*.recompute`, which model FLOPs leave out.
 #[test]
 fn fixed_chunks_cut_every_site_and_keep_recomputed_names() {
-    let (m, bound) = (load_model("tiny/tiny-bert.ron"), bindings(2, 8));
-    let train = TrainingSpec::default();
-    let options = PassOptions {
-        shape_hint: bound.clone(),
-        tensor_parallel: Some(2),
-        sequence_parallel: true,
+    let g = tiny_in_two_chunks(PassOptions {
         recompute: zeroplan_passes::recompute::Policy::Full,
-        collective_chunks: Chunks::Fixed(2),
         ..PassOptions::default()
-    };
-    let g = compile(&m, &Target::Training(&train), options).unwrap_or_else(|e| panic!("{e}")).graph;
+    });
     let names: Vec<&str> = g.petgraph().node_weights().map(|n| n.name.as_str()).collect();
     assert!(names.iter().any(|n| n.ends_with(".chunk1.recompute")), "no recomputed chunk");
     let misnamed: Vec<&&str> = names.iter().filter(|n| n.contains(".recompute.chunk")).collect();
@@ -175,17 +182,7 @@ fn fixed_chunks_cut_every_site_and_keep_recomputed_names() {
 /// the peak where one tile's 6 GiB belong).
 #[test]
 fn a_tiled_operator_is_multiplied_one_tile_at_a_time() {
-    let (m, bound) = (load_model("tiny/tiny-bert.ron"), bindings(2, 8));
-    let train = TrainingSpec::default();
-    let options = PassOptions {
-        shape_hint: bound.clone(),
-        tensor_parallel: Some(2),
-        sequence_parallel: true,
-        tiles: Some(2),
-        collective_chunks: Chunks::Fixed(2),
-        ..PassOptions::default()
-    };
-    let g = compile(&m, &Target::Training(&train), options).unwrap_or_else(|e| panic!("{e}")).graph;
+    let g = tiny_in_two_chunks(PassOptions { tiles: Some(2), ..PassOptions::default() });
     // Each tile parameter's forward GEMMs by place in the schedule.
     let mut spans: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     let mut chunked_tiles = 0;
