@@ -352,13 +352,14 @@ fn exact_winner(
     let budget = req.cluster.budget_bytes();
     let mut smallest_peak = u64::MAX;
     for (at, outcome) in outcomes.iter().enumerate() {
-        let mut peak = u64::MAX;
-        match exact(req, machine, outcome, &mut peak)? {
-            Some(exact) => return Ok((at, exact)),
-            None if outcome.best.is_some() => unfit.push((outcome.choice, peak)),
-            None => {}
+        match exact(req, machine, outcome)? {
+            Ok(exact) => return Ok((at, exact)),
+            Err(peak) if outcome.best.is_some() => {
+                unfit.push((outcome.choice, peak));
+                smallest_peak = smallest_peak.min(peak);
+            }
+            Err(_) => {}
         }
-        smallest_peak = smallest_peak.min(peak);
     }
     Err(PlanError::Compile(format!(
         "the search's estimates fit but no exact plan does (least peak {smallest_peak} bytes, budget {budget}): \
@@ -367,16 +368,12 @@ fn exact_winner(
 }
 
 /// `outcome`'s choice compiled and planned whole at its estimated
-/// micro-batch, else the largest smaller one that fits; `None` (and the
-/// least peak seen in `smallest_peak`) where none does.
-fn exact(
-    req: &Request,
-    machine: &Machine,
-    outcome: &Outcome,
-    smallest_peak: &mut u64,
-) -> Result<Option<Exact>, PlanError> {
+/// micro-batch, else the largest smaller one that fits; where none does,
+/// the least peak seen (`u64::MAX` where the search estimated none).
+fn exact(req: &Request, machine: &Machine, outcome: &Outcome) -> Result<Result<Exact, u64>, PlanError> {
     let world = req.cluster.world_size();
-    let Some(best) = &outcome.best else { return Ok(None) };
+    let mut smallest_peak = u64::MAX;
+    let Some(best) = &outcome.best else { return Ok(Err(smallest_peak)) };
     let (ranks, per_rank) = (outcome.choice.data_ranks(world), search::per_rank(req, outcome.choice));
     let sizes: Vec<u64> = search::divisors(per_rank)
         .into_iter()
@@ -395,11 +392,11 @@ fn exact(
             }
         };
         if search::fits(req, &evaluation.memory) {
-            return Ok(Some((evaluation, (outcome.choice, step), memory_plan)));
+            return Ok(Ok((evaluation, (outcome.choice, step), memory_plan)));
         }
-        *smallest_peak = (*smallest_peak).min(evaluation.memory.peak_bytes);
+        smallest_peak = smallest_peak.min(evaluation.memory.peak_bytes);
     }
-    Ok(None)
+    Ok(Err(smallest_peak))
 }
 
 /// How many choices whose estimate beats the winner's exact figure are
@@ -428,10 +425,12 @@ fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<
             Some(estimate) if faster(estimate, &winner.0) => {}
             _ => break,
         }
-        let mut peak = u64::MAX;
-        let Some(candidate) = exact(req, machine, outcome, &mut peak)? else {
-            unfit.push((outcome.choice, peak));
-            continue;
+        let candidate = match exact(req, machine, outcome)? {
+            Ok(candidate) => candidate,
+            Err(peak) => {
+                unfit.push((outcome.choice, peak));
+                continue;
+            }
         };
         let loser = if faster(&candidate.0, &winner.0) { std::mem::replace(&mut winner, candidate) } else { candidate };
         beaten.push((loser.1.0, loser.0));
