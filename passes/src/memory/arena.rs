@@ -153,28 +153,35 @@ impl Placed {
 }
 
 /// The placed blocks' address ranges, indexed by lifetime: which blocks
-/// are live at some position of `[start, stop]` costs time in how many
-/// there are, not in how many were placed. A block live somewhere in
-/// `[start, stop]` is either live at `start` (a stabbing query on a
-/// segment tree over schedule positions, each block stored at the
-/// O(log n) nodes that tile its lifetime) or starts inside `(start, stop]`
-/// (an ordered map by start), never both.
+/// are live at some position of `[start, stop]` costs time in the number
+/// of ranges their union makes, not in how many blocks were placed. A
+/// block live somewhere in `[start, stop]` is either live at `start` (a
+/// stabbing query on a segment tree over schedule positions, each block
+/// stored at the O(log n) nodes that tile its lifetime) or starts inside
+/// `(start, stop]` (a range query on a second tree, each block stored at
+/// the O(log n) ancestors of the position it starts at), never both.
+///
+/// A first fit needs only the union of the address ranges the query
+/// meets, so each node keeps its blocks as a union: sorted, disjoint
+/// ranges, merged where they touch or overlap. The offloaded states of a
+/// ZeRO-3 model — a hundred thousand host blocks, most live from where
+/// they start to the end of the step and stacked end to end — are then a
+/// handful of ranges per node, where listing every block that starts
+/// later made placing them quadratic.
 struct Lifetimes {
-    /// Positions: the tree's leaves.
+    /// Positions: the trees' leaves.
     positions: usize,
     /// Bottom-up segment tree: node `positions + p` is position `p`. Each
-    /// node holds the address ranges of the blocks live over all of its
-    /// positions, sorted and merged where they touch: the offloaded states
-    /// of a ZeRO-3 model, tens of thousands of blocks live throughout the
-    /// step and stacked end to end, are a handful of ranges.
+    /// node holds the union of the blocks live over all of its positions.
     covering: Vec<Vec<(u64, u64)>>,
-    /// Blocks by the position their lifetime starts at.
-    by_start: std::collections::BTreeMap<usize, Vec<(u64, u64)>>,
+    /// The same shape of tree: each node holds the union of the blocks
+    /// that start at one of its positions.
+    starting: Vec<Vec<(u64, u64)>>,
 }
 
 impl Lifetimes {
     fn new(positions: usize) -> Lifetimes {
-        Lifetimes { positions, covering: vec![Vec::new(); 2 * positions], by_start: Default::default() }
+        Lifetimes { positions, covering: vec![Vec::new(); 2 * positions], starting: vec![Vec::new(); 2 * positions] }
     }
 
     /// Adds the block `range` live over `[start, stop]`.
@@ -192,7 +199,11 @@ impl Lifetimes {
             lo /= 2;
             hi /= 2;
         }
-        self.by_start.entry(start).or_default().push(range);
+        let mut node = start + self.positions;
+        while node > 0 {
+            coalesce(&mut self.starting[node], range);
+            node /= 2;
+        }
     }
 
     /// The blocks live at some position of `[start, stop]`.
@@ -203,18 +214,26 @@ impl Lifetimes {
             out.extend_from_slice(&self.covering[node]);
             node /= 2;
         }
-        if stop > start {
-            for blocks in self.by_start.range(start + 1..=stop).map(|(_, b)| b) {
-                out.extend_from_slice(blocks);
+        let (mut lo, mut hi) = (start + 1 + self.positions, stop + 1 + self.positions);
+        while lo < hi {
+            if lo & 1 == 1 {
+                out.extend_from_slice(&self.starting[lo]);
+                lo += 1;
             }
+            if hi & 1 == 1 {
+                hi -= 1;
+                out.extend_from_slice(&self.starting[hi]);
+            }
+            lo /= 2;
+            hi /= 2;
         }
         out
     }
 }
 
-/// Adds `[lo, hi)` to `ranges`, disjoint and sorted, merging it with the
-/// ranges it touches. Blocks stored at one node are live at once, so they
-/// never overlap; merging touching ones leaves every first fit as it was.
+/// Adds `[lo, hi)` to the union `ranges` (disjoint, sorted), merging it
+/// with the ranges it touches or overlaps: a first fit among blocks
+/// depends only on the union of their ranges.
 fn coalesce(ranges: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) {
     let at = ranges.partition_point(|&(_, h)| h < lo);
     let mut merged = (lo, hi);

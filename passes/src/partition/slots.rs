@@ -2,7 +2,7 @@
 //! each AdamW node, the parameter, its working copy, the raw gradient the
 //! backward computes, and every node the partition pass replaces.
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Value};
 
 /// One parameter's place in the per-parameter optimizer.
@@ -36,6 +36,12 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
     let mut shared = None;
     // The gradients AdamW applies: what the squared global norm sums.
     let mut applied: FxHashSet<Value> = FxHashSet::default();
+    // Each state's updates, in the graph's order: an accumulator's are
+    // looked up once per parameter.
+    let mut updates: FxHashMap<NodeIndex, Vec<Value>> = FxHashMap::default();
+    for (target, v) in &graph.updates {
+        updates.entry(*target).or_default().push(*v);
+    }
     for &n in &order {
         let Op::AdamW { beta1, beta2, eps, weight_decay } = graph.node(n).op else { continue };
         let ops = graph.operands(n);
@@ -53,7 +59,7 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
         let working = graph.users(param).into_iter().find(|&u| matches!(graph.node(u).op, Op::Cast { .. }));
         replaced.extend(working);
         applied.insert(ops[1]);
-        let raw_grad = raw_gradient(graph, ops[1], &mut replaced)?;
+        let raw_grad = raw_gradient(graph, ops[1], &updates, &mut replaced)?;
         slots.push(Slot { param, working, raw_grad, weight_decay });
     }
     let Some(((beta1, beta2, eps), scalars)) = shared else { return Ok(None) };
@@ -83,16 +89,18 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
 /// The gradient as computed once per micro-batch: `grad` itself, or, when
 /// `grad` is an accumulator, what the backward adds into it (the raw
 /// gradient before its cast to f32). Accumulator nodes join `replaced`.
-fn raw_gradient(graph: &Graph, grad: Value, replaced: &mut FxHashSet<NodeIndex>) -> Result<Value, String> {
+fn raw_gradient(
+    graph: &Graph,
+    grad: Value,
+    updates: &FxHashMap<NodeIndex, Vec<Value>>,
+    replaced: &mut FxHashSet<NodeIndex>,
+) -> Result<Value, String> {
     if !matches!(graph.node(grad.node).op, Op::State { .. }) {
         return Ok(grad);
     }
     replaced.insert(grad.node);
     let mut raw = None;
-    for (target, v) in &graph.updates {
-        if *target != grad.node {
-            continue;
-        }
+    for v in updates.get(&grad.node).into_iter().flatten() {
         replaced.insert(v.node);
         if graph.node(v.node).phase == Phase::Backward {
             let added = graph.operands(v.node).into_iter().find(|o| o.node != grad.node);
