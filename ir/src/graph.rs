@@ -9,6 +9,7 @@
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::infer::infer;
@@ -140,23 +141,76 @@ impl Graph {
         declared: Vec<TensorType>,
     ) -> Result<NodeIndex, GraphError> {
         let name = name.into();
-        let fail = |message: String| GraphError { node: name.clone(), op: op.name(), message };
-        if self.by_name.contains_key(&name) {
-            return Err(fail("a node of this name already exists".into()));
-        }
         if !op.is_source() && !declared.is_empty() {
-            return Err(fail("only sources declare their type".into()));
+            return Err(GraphError { node: name, op: op.name(), message: "only sources declare their type".into() });
         }
+        let outputs = self.infer(&name, &op, operands, &declared)?;
+        self.insert(name, op, operands, outputs)
+    }
+
+    /// Adds a copy of a node of another graph: the same `op`, over
+    /// `operands` whose types there were `was`, with outputs `outputs`.
+    /// Inference is a function of the op and its operands' types, so where
+    /// the operands here have the types `was` lists, the outputs are taken
+    /// as they are rather than inferred again — a pass that rebuilds a
+    /// 300k-node step copies most nodes unchanged. Otherwise, and for
+    /// sources, it is [`Graph::add_node`].
+    pub fn add_copy(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        operands: &[Value],
+        was: &[&TensorType],
+        outputs: &[TensorType],
+    ) -> Result<NodeIndex, GraphError> {
+        let name = name.into();
+        if op.is_source() {
+            return self.add_node(name, op, operands, outputs.to_vec());
+        }
+        let unchanged = operands.len() == was.len()
+            && operands.iter().zip(was).all(|(v, &ty)| self.try_type(*v).is_some_and(|t| t == ty));
+        let outputs = if unchanged { outputs.to_vec() } else { self.infer(&name, &op, operands, &[])? };
+        self.insert(name, op, operands, outputs)
+    }
+
+    /// The output types of `op` over `operands`, or the error naming `name`.
+    fn infer(
+        &self,
+        name: &str,
+        op: &Op,
+        operands: &[Value],
+        declared: &[TensorType],
+    ) -> Result<Vec<TensorType>, GraphError> {
+        let fail = |message: String| GraphError { node: name.to_string(), op: op.name(), message };
         let types: Vec<&TensorType> = operands
             .iter()
             .map(|v| self.try_type(*v).ok_or_else(|| fail(format!("operand {v:?} does not exist"))))
             .collect::<Result<_, _>>()?;
-        let outputs = infer(&op, &types, &declared).map_err(fail)?;
-        let index = self.graph.add_node(Node { name: name.clone(), op, outputs, phase: self.phase, place: self.place });
+        infer(op, &types, declared).map_err(fail)
+    }
+
+    /// Adds the node and its operand edges under a name not yet taken;
+    /// the operands are known to exist.
+    fn insert(
+        &mut self,
+        name: String,
+        op: Op,
+        operands: &[Value],
+        outputs: Vec<TensorType>,
+    ) -> Result<NodeIndex, GraphError> {
+        let slot = match self.by_name.entry(name) {
+            Entry::Occupied(taken) => {
+                let message = "a node of this name already exists".into();
+                return Err(GraphError { node: taken.key().clone(), op: op.name(), message });
+            }
+            Entry::Vacant(slot) => slot,
+        };
+        let node = Node { name: slot.key().clone(), op, outputs, phase: self.phase, place: self.place };
+        let index = self.graph.add_node(node);
+        slot.insert(index);
         for (i, v) in operands.iter().enumerate() {
             self.graph.add_edge(v.node, index, Operand { output: v.output, operand: i as u32 });
         }
-        self.by_name.insert(name, index);
         Ok(index)
     }
 
@@ -257,13 +311,14 @@ impl Graph {
 
     /// The operands of a node, in operand order.
     pub fn operands(&self, index: NodeIndex) -> Vec<Value> {
-        let mut edges: Vec<(u32, Value)> = self
-            .graph
-            .edges_directed(index, Direction::Incoming)
-            .map(|e| (e.weight().operand, Value { node: e.source(), output: e.weight().output }))
-            .collect();
-        edges.sort_by_key(|(i, _)| *i);
-        edges.into_iter().map(|(_, v)| v).collect()
+        // Each operand index in `0..k` has exactly one edge (only
+        // `Graph::insert` adds edges), so the edges fill the list in place.
+        let count = self.graph.edges_directed(index, Direction::Incoming).count();
+        let mut operands = vec![Value { node: index, output: 0 }; count];
+        for e in self.graph.edges_directed(index, Direction::Incoming) {
+            operands[e.weight().operand as usize] = Value { node: e.source(), output: e.weight().output };
+        }
+        operands
     }
 
     /// Nodes in a deterministic topological order: among ready nodes, the one

@@ -2,6 +2,7 @@
 //! passes build a transformed graph without mutating the input.
 
 use rustc_hash::FxHashMap;
+use zeroplan_ir::shape::TensorType;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Value};
 
 /// Old values to new values.
@@ -10,8 +11,14 @@ pub type ValueMap = FxHashMap<Value, Value>;
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
-    let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
-    copy_node_as(src, n, src.node(n).op.clone(), &operands, dst, map)
+    let was = src.operands(n);
+    let operands: Vec<Value> = was.iter().map(|v| map[v]).collect();
+    let was: Vec<&TensorType> = was.iter().map(|&v| src.value_type(v)).collect();
+    let node = src.node(n);
+    let copy = dst
+        .at_place(node.place, |dst| dst.add_copy(node.name.clone(), node.op.clone(), &operands, &was, &node.outputs))?;
+    map_outputs(n, copy, node.outputs.len(), map);
+    Ok(())
 }
 
 /// [`copy_node`] with the pass's own `op` and `operands` in place of the
@@ -27,10 +34,15 @@ pub fn copy_node_as(
     let node = src.node(n);
     let declared = if op.is_source() { node.outputs.clone() } else { Vec::new() };
     let copy = dst.at_place(node.place, |dst| dst.add_node(node.name.clone(), op, operands, declared))?;
-    for output in 0..node.outputs.len() as u32 {
+    map_outputs(n, copy, node.outputs.len(), map);
+    Ok(())
+}
+
+/// Maps each of the `outputs` outputs of `n` to the same output of `copy`.
+fn map_outputs(n: NodeIndex, copy: NodeIndex, outputs: usize, map: &mut ValueMap) {
+    for output in 0..outputs as u32 {
         map.insert(Value { node: n, output }, Value { node: copy, output });
     }
-    Ok(())
 }
 
 /// Re-declares `src`'s outputs in `dst` through `map`.

@@ -158,6 +158,8 @@ struct Builder<'a> {
     rephased: FxHashMap<(NodeIndex, Read), Value>,
     /// The tile buckets the backward's recomputed forward reads.
     recomputed_tiles: FxHashSet<usize>,
+    /// Layer → its buckets, ascending: whom a gather prefetches.
+    by_layer: FxHashMap<usize, Vec<usize>>,
     /// The squared gradient norm summed so far, over the last `summed`
     /// buckets (the order `gradients_for_optimizer` sums in).
     norm: Option<Value>,
@@ -181,6 +183,10 @@ impl<'a> Builder<'a> {
         }
         let first = &step.slots[0];
         let compute = graph.node(first.working.unwrap_or(first.param)).outputs[0].dtype;
+        let mut by_layer: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
+        for (b, bucket) in buckets.iter().enumerate() {
+            by_layer.entry(bucket.layer).or_default().push(b);
+        }
         let micro_batches = match graph.node(step.grad_scale).op {
             Op::GradScale { micro_batches, .. } => micro_batches,
             _ => 1,
@@ -201,6 +207,7 @@ impl<'a> Builder<'a> {
             tensor_ranks: graph.tensor_parallel(),
             rephased: FxHashMap::default(),
             recomputed_tiles: FxHashSet::default(),
+            by_layer,
             norm: None,
             summed: 0,
         }
@@ -388,8 +395,8 @@ impl<'a> Builder<'a> {
             return Ok(w);
         }
         let g = self.gather(b, read)?;
-        let next = read.next(self.buckets[b].layer);
-        for n in 0..self.buckets.len() {
+        let next = read.next(self.buckets[b].layer).and_then(|l| self.by_layer.get(&l)).cloned().unwrap_or_default();
+        for n in next {
             // A tile is prefetched only by the tile before it: a layer's
             // bucket is read at both ends of its backward, and a tile
             // gathered that early would stay beside the next ones. The
@@ -403,7 +410,7 @@ impl<'a> Builder<'a> {
                     (!self.buckets[n].tile || self.buckets[b].tile) && !(recomputed && phase == Phase::Backward)
                 }
             };
-            if Some(self.buckets[n].layer) == next && prefetch && !self.made[n].gathered.contains_key(&read) {
+            if prefetch && !self.made[n].gathered.contains_key(&read) {
                 self.gather(n, read)?;
             }
         }
