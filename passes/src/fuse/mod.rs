@@ -159,31 +159,39 @@ fn rebuild(
     position: &FxHashMap<NodeIndex, usize>,
     groups: &[Group],
 ) -> Result<Graph, zeroplan_ir::GraphError> {
-    // Units: a group (by index) or a single node (groups.len() + position).
-    let single = |n: NodeIndex| groups.len() + position[&n];
-    let mut unit_of: FxHashMap<NodeIndex, usize> = order.iter().map(|&n| (n, single(n))).collect();
+    // Units: a group (by index) or a single node (groups.len() + position),
+    // in dense tables: a step has 300k of them.
+    let singles = groups.len();
+    let total = singles + order.len();
+    let mut unit_at: Vec<usize> = (singles..total).collect();
     for (i, grp) in groups.iter().enumerate() {
         for &n in &grp.nodes {
-            unit_of.insert(n, i);
+            unit_at[position[&n]] = i;
         }
     }
-    let members = |u: usize| -> Vec<NodeIndex> {
-        if u < groups.len() { groups[u].nodes.clone() } else { vec![order[u - groups.len()]] }
+    let is_unit = |u: usize| u < singles || unit_at[u - singles] == u;
+    let members = |u: usize| -> &[NodeIndex] {
+        if u < singles { &groups[u].nodes } else { std::slice::from_ref(&order[u - singles]) }
     };
-    let units: FxHashSet<usize> = unit_of.values().copied().collect();
-    let mut indegree: FxHashMap<usize, usize> = FxHashMap::default();
-    let mut next: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
-    for &u in &units {
-        let deps: FxHashSet<usize> =
-            members(u).iter().flat_map(|&n| g.operands(n)).map(|v| unit_of[&v.node]).filter(|&d| d != u).collect();
-        indegree.insert(u, deps.len());
-        for d in deps {
-            next.entry(d).or_default().push(u);
+    // A unit's place among the ready ones: its last member's position.
+    let key: Vec<usize> = (0..total).map(|u| members(u).iter().map(|n| position[n]).max().unwrap_or(0)).collect();
+    let mut indegree = vec![0usize; total];
+    let mut next: Vec<Vec<usize>> = vec![Vec::new(); total];
+    let mut deps = Vec::new();
+    for u in (0..total).filter(|&u| is_unit(u)) {
+        deps.clear();
+        for &n in members(u) {
+            deps.extend(g.operands(n).iter().map(|v| unit_at[position[&v.node]]).filter(|&d| d != u));
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        indegree[u] = deps.len();
+        for &d in &deps {
+            next[d].push(u);
         }
     }
-    let key = |u: usize| members(u).iter().map(|n| position[n]).max().unwrap_or(0);
     let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
-        units.iter().filter(|u| indegree[u] == 0).map(|&u| Reverse((key(u), u))).collect();
+        (0..total).filter(|&u| is_unit(u) && indegree[u] == 0).map(|u| Reverse((key[u], u))).collect();
     let mut out = Graph::with_capacity(g.name.clone(), g.node_count(), g.petgraph().edge_count());
     let mut map = ValueMap::default();
     while let Some(Reverse((_, u))) = ready.pop() {
@@ -202,11 +210,10 @@ fn rebuild(
             out.phase = g.node(n).phase;
             copy_node(g, n, &mut out, &mut map)?;
         }
-        for &w in next.get(&u).map(Vec::as_slice).unwrap_or(&[]) {
-            let d = indegree.get_mut(&w).expect("every unit has a degree");
-            *d -= 1;
-            if *d == 0 {
-                ready.push(Reverse((key(w), w)));
+        for &w in &next[u] {
+            indegree[w] -= 1;
+            if indegree[w] == 0 {
+                ready.push(Reverse((key[w], w)));
             }
         }
     }
