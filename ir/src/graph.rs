@@ -85,9 +85,10 @@ pub struct GraphError {
 pub struct Graph {
     pub name: String,
     pub(crate) graph: StableGraph<Node, Operand>,
-    /// SipHash, not Fx: names come from plan and graph files, which are
-    /// untrusted, and colliding names must not make loading one quadratic.
-    pub(crate) by_name: HashMap<String, NodeIndex>,
+    /// Seeded per map (foldhash), not Fx: names come from plan and graph
+    /// files, which are untrusted, and names made to collide must not make
+    /// loading one quadratic; a file written offline cannot know the seed.
+    pub(crate) by_name: HashMap<String, NodeIndex, foldhash::quality::RandomState>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace
@@ -115,7 +116,7 @@ impl Graph {
         Graph {
             name: name.into(),
             graph: StableGraph::with_capacity(nodes, edges),
-            by_name: HashMap::with_capacity(nodes),
+            by_name: HashMap::with_capacity_and_hasher(nodes, Default::default()),
             ..Graph::default()
         }
     }
