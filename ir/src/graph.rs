@@ -10,7 +10,7 @@ use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::infer::infer;
 use crate::op::{Init, Op};
@@ -324,27 +324,18 @@ impl Graph {
 
     /// Nodes in a deterministic topological order: among ready nodes, the one
     /// added first goes first. `None` if the graph has a cycle.
+    ///
+    /// A node is added after its operands (`Graph::insert`) and none is
+    /// removed, so the order of addition is that order: an edge from a node
+    /// to one added before it — which a cycle needs — is checked for, not
+    /// assumed away.
     pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
-        // Operands not yet ordered, by node index (a stable graph's indices
-        // stay below its bound; a removed node's slot is never read).
-        let mut pending = vec![0usize; self.graph.node_bound()];
-        for n in self.graph.node_indices() {
-            pending[n.index()] = self.graph.edges_directed(n, Direction::Incoming).count();
-        }
-        let mut ready: BinaryHeap<std::cmp::Reverse<NodeIndex>> =
-            self.graph.node_indices().filter(|n| pending[n.index()] == 0).map(std::cmp::Reverse).collect();
-        let mut order = Vec::with_capacity(self.graph.node_count());
-        while let Some(std::cmp::Reverse(n)) = ready.pop() {
-            order.push(n);
-            for e in self.graph.edges_directed(n, Direction::Outgoing) {
-                let count = &mut pending[e.target().index()];
-                *count -= 1;
-                if *count == 0 {
-                    ready.push(std::cmp::Reverse(e.target()));
-                }
-            }
-        }
-        (order.len() == self.graph.node_count()).then_some(order)
+        let forward = self.graph.node_count() == self.graph.node_bound()
+            && self
+                .graph
+                .node_indices()
+                .all(|n| self.graph.edges_directed(n, Direction::Incoming).all(|e| e.source() < n));
+        forward.then(|| self.graph.node_indices().collect())
     }
 
     /// Parameter nodes, in topological order.
