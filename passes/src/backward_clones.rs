@@ -13,10 +13,11 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::HashMap;
 use std::hash::Hash;
+use zeroplan_ir::shape::TensorType;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Phase, Value};
 
 use crate::manager::PassContext;
-use crate::rebuild::{ValueMap, copy_node};
+use crate::rebuild::{ValueMap, copy_node, copy_node_over};
 
 /// A rebuilt graph and what was cloned.
 pub struct Cloned {
@@ -81,11 +82,7 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
             .iter()
             .map(|v| group.get(&v.node).and_then(|g| clones.get(g)).and_then(|m| m.get(v)).copied().unwrap_or(map[v]))
             .collect();
-        let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
-        let copy = out.add_node(node.name.clone(), node.op.clone(), &operands, declared)?;
-        for output in 0..node.outputs.len() as u32 {
-            map.insert(Value { node: n, output }, Value { node: copy, output });
-        }
+        copy_node_over(graph, n, &operands, &mut out, &mut map)?;
     }
     for (name, v) in &graph.outputs {
         out.set_output(name.clone(), map[v]);
@@ -122,7 +119,8 @@ fn clone_group(
     for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
         let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
-        let copy = out.add_node(format!("{}.{suffix}", node.name), node.op.clone(), &operands, Vec::new())?;
+        let was: Vec<&TensorType> = graph.operands(n).into_iter().map(|v| graph.value_type(v)).collect();
+        let copy = out.add_copy(format!("{}.{suffix}", node.name), node.op.clone(), &operands, &was, &node.outputs)?;
         for output in 0..node.outputs.len() as u32 {
             made.insert(Value { node: n, output }, Value { node: copy, output });
         }

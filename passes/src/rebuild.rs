@@ -11,12 +11,24 @@ pub type ValueMap = FxHashMap<Value, Value>;
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
-    let was = src.operands(n);
-    let operands: Vec<Value> = was.iter().map(|v| map[v]).collect();
-    let was: Vec<&TensorType> = was.iter().map(|&v| src.value_type(v)).collect();
+    let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
+    copy_node_over(src, n, &operands, dst, map)
+}
+
+/// [`copy_node`] over the pass's own `operands` in place of the node's:
+/// its outputs are inferred again only where an operand's type changed
+/// ([`Graph::add_copy`]).
+pub fn copy_node_over(
+    src: &Graph,
+    n: NodeIndex,
+    operands: &[Value],
+    dst: &mut Graph,
+    map: &mut ValueMap,
+) -> Result<(), GraphError> {
+    let was: Vec<&TensorType> = src.operands(n).into_iter().map(|v| src.value_type(v)).collect();
     let node = src.node(n);
     let copy = dst
-        .at_place(node.place, |dst| dst.add_copy(node.name.clone(), node.op.clone(), &operands, &was, &node.outputs))?;
+        .at_place(node.place, |dst| dst.add_copy(node.name.clone(), node.op.clone(), operands, &was, &node.outputs))?;
     map_outputs(n, copy, node.outputs.len(), map);
     Ok(())
 }

@@ -49,7 +49,7 @@ use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Pla
 
 use crate::manager::{Pass, PassContext, PassError};
 use crate::optimizer::{norm_share, tensor_sum};
-use crate::rebuild::{ValueMap, copy_node_as};
+use crate::rebuild::{ValueMap, copy_node_as, copy_node_over};
 use crate::recompute;
 pub use buckets::SHARD_ALIGN;
 use buckets::{Bucket, flat_init, flat_zeros};
@@ -259,13 +259,13 @@ impl<'a> Builder<'a> {
         for v in self.graph.operands(n) {
             operands.push(self.operand(v, phase, recompute)?);
         }
-        let op = match &node.op {
+        match node.op {
             Op::GradScale { max_norm, micro_batches } => {
-                Op::GradScale { max_norm: *max_norm, micro_batches: micro_batches * self.dp.ranks }
+                let op = Op::GradScale { max_norm, micro_batches: micro_batches * self.dp.ranks };
+                copy_node_as(self.graph, n, op, &operands, &mut self.out, &mut self.map)
             }
-            op => op.clone(),
-        };
-        copy_node_as(self.graph, n, op, &operands, &mut self.out, &mut self.map)
+            _ => copy_node_over(self.graph, n, &operands, &mut self.out, &mut self.map),
+        }
     }
 
     /// Operand `v` as a node of `phase` (a recomputed clone, if
