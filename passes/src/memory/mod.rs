@@ -50,8 +50,9 @@ pub fn plan_in_order(graph: &Graph, order: Vec<NodeIndex>, bindings: &Bindings) 
         liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
     own_buffers_across_places(&mut intervals);
     own_buffers_across_places(&mut host_intervals);
-    let arena = arena::place(&intervals);
-    let host = arena::place(&host_intervals);
+    // The two arenas are independent: a ZeRO-3 offload plan's host arena
+    // holds a hundred thousand states.
+    let (arena, host) = rayon::join(|| arena::place(&intervals), || arena::place(&host_intervals));
     let phase_at: Vec<Phase> = order.iter().map(|&n| graph.node(n).phase).collect();
     let (at_peak, phase_peaks) = peaks(&intervals, &arena, &phase_at);
     Ok(MemoryPlan { order, intervals, arena, at_peak, phase_peaks, host_intervals, host })

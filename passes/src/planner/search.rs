@@ -413,9 +413,12 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             }
             let choice = choice_at(target);
             let step = Step::after_training_step(req, choice, ranks, b, micro_batches, before.clone())?;
-            let (plan, memory) = step.memory(req, b)?;
+            // A whole step: its time is simulated beside its memory planning,
+            // and kept if the plan fits.
+            let (planned, timed) = rayon::join(|| step.memory(req, b), || step.predict(req, machine, b, micro_batches));
+            let (plan, memory) = planned?;
             if fits(req, &memory) {
-                let (comm, predicted) = step.predict(req, machine, b, micro_batches)?;
+                let (comm, predicted) = timed?;
                 let strategy = choice.strategy(world, b, micro_batches);
                 let min_peak_bytes = memory.peak_bytes;
                 let best = Some(Evaluation { strategy, memory, comm, predicted });
