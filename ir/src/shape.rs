@@ -31,8 +31,62 @@ pub type Bindings = BTreeMap<String, u64>;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Dim {
     factor: u64,
-    symbols: Vec<String>,
+    symbols: Symbols,
     divisor: u64,
+}
+
+/// A dimension's symbols, shared: a pass that rebuilds a 300k-node step
+/// copies every node's output types, and `batch × seq` must not cost an
+/// allocation per string each time. None for a constant (most dimensions),
+/// so a constant allocates nothing. Compares, orders, hashes and prints as
+/// the slice of names it holds.
+#[derive(Clone, Default)]
+struct Symbols(Option<std::sync::Arc<[String]>>);
+
+impl Symbols {
+    fn of(names: Vec<String>) -> Symbols {
+        Symbols((!names.is_empty()).then(|| names.into()))
+    }
+}
+
+impl std::ops::Deref for Symbols {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl PartialEq for Symbols {
+    fn eq(&self, other: &Symbols) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Symbols {}
+
+impl PartialOrd for Symbols {
+    fn partial_cmp(&self, other: &Symbols) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Symbols {
+    fn cmp(&self, other: &Symbols) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl std::hash::Hash for Symbols {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state)
+    }
+}
+
+impl fmt::Debug for Symbols {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -41,15 +95,15 @@ fn gcd(a: u64, b: u64) -> u64 {
 
 impl Dim {
     pub fn constant(n: u64) -> Dim {
-        Dim { factor: n, symbols: Vec::new(), divisor: 1 }
+        Dim { factor: n, symbols: Symbols::default(), divisor: 1 }
     }
 
     pub fn symbol(name: &str) -> Dim {
-        Dim { factor: 1, symbols: vec![name.to_string()], divisor: 1 }
+        Dim { factor: 1, symbols: Symbols::of(vec![name.to_string()]), divisor: 1 }
     }
 
     /// `factor·Π symbols / divisor` in lowest terms.
-    fn reduced(factor: u64, symbols: Vec<String>, divisor: u64) -> Dim {
+    fn reduced(factor: u64, symbols: Symbols, divisor: u64) -> Dim {
         let g = gcd(factor, divisor).max(1);
         let (factor, divisor) = if factor == 0 { (0, 1) } else { (factor / g, divisor / g) };
         Dim { factor, symbols, divisor }
@@ -110,9 +164,10 @@ impl Dim {
     /// shapes get there, and loading refuses any tensor whose bound element
     /// count overflows (`zeroplan_exec::validate`).
     pub fn product(&self, other: &Dim) -> Dim {
-        let mut symbols: Vec<String> = self.symbols.iter().chain(&other.symbols).cloned().collect();
+        let mut symbols: Vec<String> = self.symbols.iter().chain(other.symbols.iter()).cloned().collect();
         symbols.sort();
         // Symbols are never cancelled, so a divisor keeps its symbols.
+        let symbols = Symbols::of(symbols);
         Dim::reduced(self.factor.saturating_mul(other.factor), symbols, self.divisor.saturating_mul(other.divisor))
     }
 
@@ -270,7 +325,7 @@ impl Shape {
                 let g = gcd(f, q).max(1);
                 (factor, divisor) = if f == 0 { (0, 1) } else { (f / g, q / g) };
             }
-            for s in &d.symbols {
+            for s in d.symbols.iter() {
                 symbols = symbols.checked_mul(*bindings.get(s)?)?;
             }
         }
