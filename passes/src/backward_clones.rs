@@ -118,8 +118,9 @@ fn clone_group(
     let mut made = ValueMap::default();
     for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
-        let operands: Vec<Value> = graph.operands(n).iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
-        let was: Vec<&TensorType> = graph.operands(n).into_iter().map(|v| graph.value_type(v)).collect();
+        let reads = graph.operands(n);
+        let operands: Vec<Value> = reads.iter().map(|v| made.get(v).copied().unwrap_or(map[v])).collect();
+        let was: Vec<&TensorType> = reads.iter().map(|&v| graph.value_type(v)).collect();
         let copy = out.add_copy(format!("{}.{suffix}", node.name), node.op.clone(), &operands, &was, &node.outputs)?;
         for output in 0..node.outputs.len() as u32 {
             made.insert(Value { node: n, output }, Value { node: copy, output });
