@@ -11,8 +11,9 @@ pub type ValueMap = FxHashMap<Value, Value>;
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
-    let operands: Vec<Value> = src.operands(n).iter().map(|v| map[v]).collect();
-    copy_node_over(src, n, &operands, dst, map)
+    let reads = src.operands(n);
+    let operands: Vec<Value> = reads.iter().map(|v| map[v]).collect();
+    copy_reading(src, n, &reads, &operands, dst, map)
 }
 
 /// [`copy_node`] over the pass's own `operands` in place of the node's:
@@ -25,7 +26,19 @@ pub fn copy_node_over(
     dst: &mut Graph,
     map: &mut ValueMap,
 ) -> Result<(), GraphError> {
-    let was: Vec<&TensorType> = src.operands(n).into_iter().map(|v| src.value_type(v)).collect();
+    copy_reading(src, n, &src.operands(n), operands, dst, map)
+}
+
+/// The copy of `n`, which reads `reads` in `src`, over `operands`.
+fn copy_reading(
+    src: &Graph,
+    n: NodeIndex,
+    reads: &[Value],
+    operands: &[Value],
+    dst: &mut Graph,
+    map: &mut ValueMap,
+) -> Result<(), GraphError> {
+    let was: Vec<&TensorType> = reads.iter().map(|&v| src.value_type(v)).collect();
     let node = src.node(n);
     let copy = dst
         .at_place(node.place, |dst| dst.add_copy(node.name.clone(), node.op.clone(), operands, &was, &node.outputs))?;

@@ -350,17 +350,14 @@ fn exact_winner(
     unfit: &mut Unfit,
 ) -> Result<(usize, Exact), PlanError> {
     let budget = req.cluster.budget_bytes();
-    let mut smallest_peak = u64::MAX;
     for (at, outcome) in outcomes.iter().enumerate() {
         match exact(req, machine, outcome)? {
             Ok(exact) => return Ok((at, exact)),
-            Err(peak) if outcome.best.is_some() => {
-                unfit.push((outcome.choice, peak));
-                smallest_peak = smallest_peak.min(peak);
-            }
+            Err(peak) if outcome.best.is_some() => unfit.push((outcome.choice, peak)),
             Err(_) => {}
         }
     }
+    let smallest_peak = unfit.iter().map(|&(_, peak)| peak).min().unwrap_or(u64::MAX);
     Err(PlanError::Compile(format!(
         "the search's estimates fit but no exact plan does (least peak {smallest_peak} bytes, budget {budget}): \
          a bug in the depth extrapolation; plan again with a larger --memory"
