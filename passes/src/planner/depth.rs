@@ -66,7 +66,9 @@ impl Probe {
             let model = ModelSpec { layers, ..req.model.clone() };
             Step::compile(req, &model, choice, ranks, hint_batch, micro_batches).map(Box::new)
         };
-        Ok(Probe::Stacks { short: at(SHORT)?, long: at(LONG)?, extra_layers: req.model.layers - LONG })
+        // The two stacks are independent: compiled at once where a core is free.
+        let (short, long) = rayon::join(|| at(SHORT), || at(LONG));
+        Ok(Probe::Stacks { short: short?, long: long?, extra_layers: req.model.layers - LONG })
     }
 
     /// Memory at `micro_batch` sequences.
@@ -74,8 +76,8 @@ impl Probe {
         Ok(match self {
             Probe::Whole(step) => step.memory(req, micro_batch)?.1,
             Probe::Stacks { short, long, extra_layers } => {
-                let (short_plan, short) = short.memory(req, micro_batch)?;
-                let (long_plan, long) = long.memory(req, micro_batch)?;
+                let (short, long) = rayon::join(|| short.memory(req, micro_batch), || long.memory(req, micro_batch));
+                let ((short_plan, short), (long_plan, long)) = (short?, long?);
                 extend_memory((&short_plan, &short), (&long_plan, &long), *extra_layers as f64)
             }
         })
@@ -94,8 +96,11 @@ impl Probe {
             Probe::Whole(step) => step.predict(req, machine, micro_batch, micro_batches),
             Probe::Stacks { short, long, extra_layers } => {
                 let extra = *extra_layers as f64;
-                let (sc, sp) = short.predict(req, machine, micro_batch, micro_batches)?;
-                let (lc, lp) = long.predict(req, machine, micro_batch, micro_batches)?;
+                let (short, long) = rayon::join(
+                    || short.predict(req, machine, micro_batch, micro_batches),
+                    || long.predict(req, machine, micro_batch, micro_batches),
+                );
+                let ((sc, sp), (lc, lp)) = (short?, long?);
                 Ok((extend_comm(&sc, &lc, extra), extend_predicted(&sp, &lp, extra)))
             }
         }

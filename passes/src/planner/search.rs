@@ -452,56 +452,84 @@ pub fn fits(req: &Request, memory: &MemorySummary) -> bool {
 }
 
 fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Outcome, PlanError> {
-    let (ranks, per_rank) = (choice.data_ranks(req.cluster.world_size()), per_rank(req, choice));
+    let per_rank = per_rank(req, choice);
     let sizes: Vec<u64> =
         divisors(per_rank).into_iter().filter(|b| req.pins.micro_batch.is_none_or(|p| p == *b)).collect();
     let (accumulating, whole): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&b| b < per_rank);
-    let mut memory: HashMap<u64, MemorySummary> = HashMap::new();
-    let mut fitting: Vec<u64> = Vec::new();
-    let mut min_peak_bytes = u64::MAX;
-
-    if let (Some(&first), Some(&last)) = (accumulating.first(), accumulating.last()) {
-        let probe = Probe::compile(req, choice, ranks, last, per_rank / first)?;
-        // A micro-batch's peak, and whether it fits.
-        let measure = |b: u64, memory: &mut HashMap<u64, MemorySummary>| -> Result<(u64, bool), PlanError> {
-            let m = probe.memory(req, b)?;
-            let measured = (m.peak_bytes, fits(req, &m));
-            memory.insert(b, m);
-            Ok(measured)
-        };
-        let (least, least_fits) = measure(first, &mut memory)?;
-        min_peak_bytes = min_peak_bytes.min(least);
-        if least_fits {
-            // Invariant: sizes[..lo] fit, sizes[hi..] do not.
-            let (mut lo, mut hi) = (1, accumulating.len());
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if measure(accumulating[mid], &mut memory)?.1 {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            fitting.extend(&accumulating[..lo]);
-        }
-        let best = best_of(req, machine, &probe, choice, &fitting, per_rank, &memory)?;
-        let every_accumulating = fitting.len() == accumulating.len();
+    if accumulating.is_empty() {
         if whole.is_empty() {
-            return Ok(Outcome::compiled(choice, min_peak_bytes, best, every_accumulating).measured_at_one(&memory));
+            return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
         }
-        let rest = search_whole(req, machine, choice, per_rank)?;
-        min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
-        let best = [best, rest.best]
-            .into_iter()
-            .flatten()
-            .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
-        let outcome = Outcome::compiled(choice, min_peak_bytes, best, every_accumulating && rest.fits_every);
-        return Ok(outcome.measured_at_one(&memory));
+        return search_whole(req, machine, choice, per_rank);
     }
-    if whole.is_empty() {
-        return Err(PlanError::MicroBatch { micro_batch: req.pins.micro_batch.unwrap_or(0), per_rank });
+    // The two compile different steps (with and without accumulators):
+    // at once where a core is free.
+    let (accumulated, rest) = rayon::join(
+        || search_accumulating(req, machine, choice, &accumulating, per_rank),
+        || (!whole.is_empty()).then(|| search_whole(req, machine, choice, per_rank)).transpose(),
+    );
+    let Accumulated { best, min_peak_bytes, fits_every, memory } = accumulated?;
+    let Some(rest) = rest? else {
+        return Ok(Outcome::compiled(choice, min_peak_bytes, best, fits_every).measured_at_one(&memory));
+    };
+    let best = [best, rest.best]
+        .into_iter()
+        .flatten()
+        .max_by(|x, y| x.predicted.tokens_per_second.total_cmp(&y.predicted.tokens_per_second));
+    let min_peak_bytes = min_peak_bytes.min(rest.min_peak_bytes);
+    let outcome = Outcome::compiled(choice, min_peak_bytes, best, fits_every && rest.fits_every);
+    Ok(outcome.measured_at_one(&memory))
+}
+
+/// What the micro-batches that accumulate gradients gave.
+struct Accumulated {
+    /// The fastest that fits.
+    best: Option<Evaluation>,
+    /// The least peak: at the smallest micro-batch.
+    min_peak_bytes: u64,
+    /// Whether every one fits.
+    fits_every: bool,
+    /// The memory of each one measured.
+    memory: HashMap<u64, MemorySummary>,
+}
+
+/// The micro-batches `accumulating` (ascending, each below `per_rank`):
+/// the largest that fits by bisection, then the fastest of those that fit.
+fn search_accumulating(
+    req: &Request,
+    machine: &Machine,
+    choice: Choice,
+    accumulating: &[u64],
+    per_rank: u64,
+) -> Result<Accumulated, PlanError> {
+    let ranks = choice.data_ranks(req.cluster.world_size());
+    let (first, last) = (accumulating[0], accumulating[accumulating.len() - 1]);
+    let probe = Probe::compile(req, choice, ranks, last, per_rank / first)?;
+    let mut memory: HashMap<u64, MemorySummary> = HashMap::new();
+    // A micro-batch's peak, and whether it fits.
+    let measure = |b: u64, memory: &mut HashMap<u64, MemorySummary>| -> Result<(u64, bool), PlanError> {
+        let m = probe.memory(req, b)?;
+        let measured = (m.peak_bytes, fits(req, &m));
+        memory.insert(b, m);
+        Ok(measured)
+    };
+    let (min_peak_bytes, least_fits) = measure(first, &mut memory)?;
+    let mut fitting: &[u64] = &[];
+    if least_fits {
+        // Invariant: accumulating[..lo] fit, accumulating[hi..] do not.
+        let (mut lo, mut hi) = (1, accumulating.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if measure(accumulating[mid], &mut memory)?.1 {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        fitting = &accumulating[..lo];
     }
-    search_whole(req, machine, choice, per_rank)
+    let best = best_of(req, machine, &probe, choice, fitting, per_rank, &memory)?;
+    Ok(Accumulated { best, min_peak_bytes, fits_every: fitting.len() == accumulating.len(), memory })
 }
 
 /// The one micro-batch without accumulation: all of a rank's sequences.
