@@ -693,7 +693,7 @@ fn hugging_face_weights(path: &Path, vocab: u64) -> zeroplan_ir::spec::ModelSpec
             let values = (0..shape.iter().product::<usize>() as u64)
                 .map(|i| ((salt.wrapping_add(i * 7919)) % 2001) as f64 / 20_000.0 - 0.05)
                 .collect();
-            (node.name.clone(), zeroplan_ir::Tensor::float(shape, zeroplan_ir::DType::F32, values).unwrap())
+            (node.name.to_string(), zeroplan_ir::Tensor::float(shape, zeroplan_ir::DType::F32, values).unwrap())
         })
         .collect();
     zeroplan_runtime::checkpoint::save_weights(path, &model, &graph, &weights).unwrap();

@@ -38,7 +38,7 @@ pub fn forward(
 ) -> Result<HostProgram, String> {
     let program = plan(model, &Target::Forward(DType::F32), batch, seq)?;
     let graph = &program.graph;
-    let ours: BTreeSet<&str> = graph.params().into_iter().map(|n| graph.node(n).name.as_str()).collect();
+    let ours: BTreeSet<&str> = graph.params().into_iter().map(|n| &*graph.node(n).name).collect();
     let given: BTreeSet<&str> = weights.keys().map(String::as_str).collect();
     if ours != given {
         let list = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| a.difference(b).copied().collect::<Vec<_>>().join(", ");

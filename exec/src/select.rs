@@ -65,7 +65,7 @@ pub fn select<C: KernelCompile>(
     let mut steps = Vec::with_capacity(order.len());
     for &n in order {
         let node = g.node(n);
-        let fail = |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+        let fail = |message: String| SelectError::Node { node: node.name.to_string(), op: node.op.name(), message };
         let instr = instruction(g, n, bufs, bindings, rank, compiler).map_err(fail)?;
         let optimizer = node.phase == Phase::Optimizer && node.op != Op::Input;
         steps.push(Step { node: n, optimizer, instr, written: Written::Here });
@@ -109,7 +109,7 @@ fn instruction<C: KernelCompile>(
         }
         // Written into the target it updates when its phase ends (see `constant_update`).
         Op::Fill { .. } if constant_update(g, n).is_some() => return Ok(None),
-        Op::Input => Instr::Input { name: node.name.clone(), shape: out_shape, out: out(0) },
+        Op::Input => Instr::Input { name: node.name.to_string(), shape: out_shape, out: out(0) },
         Op::Fill { value } => Instr::Fill { value: *value, out: out(0) },
         Op::Arange => Instr::Arange { out: out(0) },
         // Refused before a collective over one rank becomes a copy: on a

@@ -11,6 +11,7 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::infer::infer;
 use crate::op::{Init, Op};
@@ -57,7 +58,9 @@ pub enum Place {
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
-    pub name: String,
+    /// Shared with the graph's name index, and with the copies passes
+    /// make: a pass that rebuilds a 300k-node step copies no string.
+    pub name: Arc<str>,
     pub op: Op,
     pub outputs: Vec<TensorType>,
     pub phase: Phase,
@@ -88,7 +91,7 @@ pub struct Graph {
     /// Seeded per map (foldhash), not Fx: names come from plan and graph
     /// files, which are untrusted, and names made to collide must not make
     /// loading one quadratic; a file written offline cannot know the seed.
-    pub(crate) by_name: HashMap<String, NodeIndex, foldhash::quality::RandomState>,
+    pub(crate) by_name: HashMap<Arc<str>, NodeIndex, foldhash::quality::RandomState>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace
@@ -136,14 +139,15 @@ impl Graph {
     /// empty `declared`. Names must be unique.
     pub fn add_node(
         &mut self,
-        name: impl Into<String>,
+        name: impl Into<Arc<str>>,
         op: Op,
         operands: &[Value],
         declared: Vec<TensorType>,
     ) -> Result<NodeIndex, GraphError> {
         let name = name.into();
         if !op.is_source() && !declared.is_empty() {
-            return Err(GraphError { node: name, op: op.name(), message: "only sources declare their type".into() });
+            let message = "only sources declare their type".into();
+            return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
         let outputs = self.infer(&name, &op, operands, &declared)?;
         self.insert(name, op, operands, outputs)
@@ -158,7 +162,7 @@ impl Graph {
     /// sources, it is [`Graph::add_node`].
     pub fn add_copy(
         &mut self,
-        name: impl Into<String>,
+        name: impl Into<Arc<str>>,
         op: Op,
         operands: &[Value],
         was: &[&TensorType],
@@ -194,7 +198,7 @@ impl Graph {
     /// the operands are known to exist.
     fn insert(
         &mut self,
-        name: String,
+        name: Arc<str>,
         op: Op,
         operands: &[Value],
         outputs: Vec<TensorType>,
@@ -202,7 +206,7 @@ impl Graph {
         let slot = match self.by_name.entry(name) {
             Entry::Occupied(taken) => {
                 let message = "a node of this name already exists".into();
-                return Err(GraphError { node: taken.key().clone(), op: op.name(), message });
+                return Err(GraphError { node: taken.key().to_string(), op: op.name(), message });
             }
             Entry::Vacant(slot) => slot,
         };
@@ -216,26 +220,31 @@ impl Graph {
     }
 
     /// Adds a single-output node and returns its value.
-    pub fn add(&mut self, name: impl Into<String>, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
+    pub fn add(&mut self, name: impl Into<Arc<str>>, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
         let node = self.add_node(name, op, operands, Vec::new())?;
         Ok(Value { node, output: 0 })
     }
 
     /// Adds a multi-output node (`split`) and returns all its values.
-    pub fn add_multi(&mut self, name: impl Into<String>, op: Op, operands: &[Value]) -> Result<Vec<Value>, GraphError> {
+    pub fn add_multi(
+        &mut self,
+        name: impl Into<Arc<str>>,
+        op: Op,
+        operands: &[Value],
+    ) -> Result<Vec<Value>, GraphError> {
         let node = self.add_node(name, op, operands, Vec::new())?;
         Ok((0..self.graph[node].outputs.len() as u32).map(|output| Value { node, output }).collect())
     }
 
-    pub fn input(&mut self, name: impl Into<String>, ty: TensorType) -> Result<Value, GraphError> {
+    pub fn input(&mut self, name: impl Into<Arc<str>>, ty: TensorType) -> Result<Value, GraphError> {
         self.source(name, Op::Input, ty)
     }
 
-    pub fn param(&mut self, name: impl Into<String>, ty: TensorType, init: Init) -> Result<Value, GraphError> {
+    pub fn param(&mut self, name: impl Into<Arc<str>>, ty: TensorType, init: Init) -> Result<Value, GraphError> {
         self.source(name, Op::Param { init }, ty)
     }
 
-    pub fn source(&mut self, name: impl Into<String>, op: Op, ty: TensorType) -> Result<Value, GraphError> {
+    pub fn source(&mut self, name: impl Into<Arc<str>>, op: Op, ty: TensorType) -> Result<Value, GraphError> {
         let node = self.add_node(name, op, &[], vec![ty])?;
         Ok(Value { node, output: 0 })
     }
@@ -252,7 +261,7 @@ impl Graph {
     /// tiled 400-layer model has tens of thousands).
     pub fn set_update(&mut self, target: NodeIndex, value: Value) -> Result<(), GraphError> {
         let node = &self.graph[target];
-        let fail = |message: String| GraphError { node: node.name.clone(), op: node.op.name(), message };
+        let fail = |message: String| GraphError { node: node.name.to_string(), op: node.op.name(), message };
         if !matches!(node.op, Op::Param { .. } | Op::State { .. }) {
             return Err(fail("only parameters and states are updated".into()));
         }
@@ -282,10 +291,11 @@ impl Graph {
 
     /// Gives node `n` the unused name `name`: for a pass that learns what a
     /// node is only after adding it (the last of a running sum).
-    pub fn rename(&mut self, n: NodeIndex, name: String) -> Result<(), GraphError> {
+    pub fn rename(&mut self, n: NodeIndex, name: impl Into<Arc<str>>) -> Result<(), GraphError> {
+        let name: Arc<str> = name.into();
         if self.by_name.contains_key(&name) {
             let op = self.graph[n].op.name();
-            return Err(GraphError { node: name, op, message: "a node of that name exists".into() });
+            return Err(GraphError { node: name.to_string(), op, message: "a node of that name exists".into() });
         }
         let old = std::mem::replace(&mut self.graph[n].name, name.clone());
         self.by_name.remove(&old);

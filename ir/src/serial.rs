@@ -70,7 +70,7 @@ impl Graph {
             .map(|n| {
                 let node = self.node(n);
                 NodeEntry {
-                    name: node.name.clone(),
+                    name: node.name.to_string(),
                     op: node.op.clone(),
                     operands: self.operands(n).into_iter().map(|v| self.value_ref(v)).collect(),
                     outputs: node.outputs.clone(),
@@ -81,7 +81,7 @@ impl Graph {
             .collect();
         let outputs = self.outputs.iter().map(|(name, v)| (name.clone(), self.value_ref(*v))).collect();
         let updates =
-            self.updates.iter().map(|(target, v)| (self.node(*target).name.clone(), self.value_ref(*v))).collect();
+            self.updates.iter().map(|(target, v)| (self.node(*target).name.to_string(), self.value_ref(*v))).collect();
         GraphFile { name: self.name.clone(), nodes, outputs, updates }
     }
 

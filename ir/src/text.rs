@@ -15,7 +15,7 @@ impl Graph {
     /// How a value is written in the text form and in RON files.
     pub fn value_ref(&self, v: Value) -> String {
         let node = self.node(v.node);
-        if node.outputs.len() == 1 { node.name.clone() } else { format!("{}#{}", node.name, v.output) }
+        if node.outputs.len() == 1 { node.name.to_string() } else { format!("{}#{}", node.name, v.output) }
     }
 
     /// The graph's text form.

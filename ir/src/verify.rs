@@ -29,7 +29,7 @@ impl Graph {
             .ok_or_else(|| VerifyError { node: self.name.clone(), message: "the graph has a cycle".into() })?;
         for &n in &order {
             let node = self.node(n);
-            let fail = |message: String| VerifyError { node: node.name.clone(), message };
+            let fail = |message: String| VerifyError { node: node.name.to_string(), message };
             if node.name.is_empty() {
                 return Err(fail("the node has no name".into()));
             }
@@ -80,7 +80,7 @@ impl Graph {
                     message: "an update targets a removed node".into(),
                 });
             };
-            let fail = |message: String| VerifyError { node: node.name.clone(), message };
+            let fail = |message: String| VerifyError { node: node.name.to_string(), message };
             if !matches!(node.op, crate::Op::Param { .. } | crate::Op::State { .. }) {
                 return Err(fail("only parameters and states are updated".into()));
             }

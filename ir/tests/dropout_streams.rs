@@ -26,7 +26,7 @@ fn streams(g: &Graph) -> BTreeMap<String, u32> {
     g.petgraph()
         .node_weights()
         .filter_map(|n| match n.op {
-            Op::Dropout { stream, .. } => Some((n.name.clone(), stream)),
+            Op::Dropout { stream, .. } => Some((n.name.to_string(), stream)),
             _ => None,
         })
         .collect()

@@ -244,7 +244,7 @@ impl TilePlan {
         let mut values = Vec::new();
         for (i, &(start, len)) in blocks.iter().enumerate() {
             let init = Init::Slice {
-                of: node.name.clone(),
+                of: node.name.to_string(),
                 whole: vec![rows, cols],
                 start,
                 len,

@@ -165,7 +165,7 @@ fn fixed_chunks_cut_every_site_and_keep_recomputed_names() {
         recompute: zeroplan_passes::recompute::Policy::Full,
         ..PassOptions::default()
     });
-    let names: Vec<&str> = g.petgraph().node_weights().map(|n| n.name.as_str()).collect();
+    let names: Vec<&str> = g.petgraph().node_weights().map(|n| &*n.name).collect();
     assert!(names.iter().any(|n| n.ends_with(".chunk1.recompute")), "no recomputed chunk");
     let misnamed: Vec<&&str> = names.iter().filter(|n| n.contains(".recompute.chunk")).collect();
     assert!(misnamed.is_empty(), "chunks named after .recompute: {misnamed:?}");
@@ -199,7 +199,7 @@ fn a_tiled_operator_is_multiplied_one_tile_at_a_time() {
             continue;
         }
         chunked_tiles += usize::from(node.name.contains(".chunk"));
-        let span = spans.entry(g.node(w).name.clone()).or_insert((at, at));
+        let span = spans.entry(g.node(w).name.to_string()).or_insert((at, at));
         span.1 = at;
     }
     assert!(chunked_tiles > 0, "no tile GEMM was chunked: {spans:?}");

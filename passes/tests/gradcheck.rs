@@ -115,7 +115,7 @@ impl Case {
             for i in picks {
                 let at = |shift: f64| {
                     let mut moved = self.state.clone();
-                    moved.get_mut(&name).unwrap().floats_mut().unwrap()[i] += shift;
+                    moved.get_mut(&*name).unwrap().floats_mut().unwrap()[i] += shift;
                     loss_at(&moved)
                 };
                 let derivative = |h: f64| (-at(2.0 * h) + 8.0 * at(h) - 8.0 * at(-h) + at(-2.0 * h)) / (12.0 * h);

@@ -84,7 +84,7 @@ fn offload_puts_the_optimizer_on_the_host() {
         .petgraph()
         .node_weights()
         .filter(|n| n.place == Place::Host && !matches!(n.op, Op::Copy))
-        .map(|n| n.name.as_str())
+        .map(|n| &*n.name)
         .collect();
     assert!(host.iter().any(|n| n.ends_with(".master")) && host.iter().any(|n| n.ends_with(".adam_m")), "{host:?}");
     assert!(host.iter().all(|n| !n.ends_with(".params")), "16-bit parameters stay on the device: {host:?}");

@@ -89,8 +89,8 @@ fn one_step(model: &ModelSpec, disabled: &[&str]) -> (f64, BTreeMap<String, Tens
     let params = graph
         .params()
         .into_iter()
-        .map(|p| graph.node(p).name.clone())
-        .map(|n| (n.clone(), state[&n].clone()))
+        .map(|p| graph.node(p).name.to_string())
+        .map(|n| (n.clone(), state[&*n].clone()))
         .collect();
     (loss, params, merged)
 }

@@ -234,7 +234,7 @@ fn regions_are_attention_feed_forward_and_the_layer_less_its_boundary() {
         let graph = compiled(&model(file), &train, Policy::None, disabled);
         let layers = Layers::of(&graph, &graph.topo_order().unwrap());
         let region = layers.region(&graph, layer, choice);
-        let mut names: Vec<String> = region.keys().map(|&n| graph.node(n).name.clone()).collect();
+        let mut names: Vec<String> = region.keys().map(|&n| graph.node(n).name.to_string()).collect();
         names.sort();
         names
     };

@@ -37,7 +37,7 @@ fn rewrite(graph: Graph, options: PassOptions) -> (Graph, BTreeMap<String, Strin
 }
 
 fn names(g: &Graph) -> Vec<String> {
-    g.petgraph().node_indices().map(|n| g.node(n).name.clone()).collect()
+    g.petgraph().node_indices().map(|n| g.node(n).name.to_string()).collect()
 }
 
 #[test]
@@ -54,7 +54,7 @@ fn tiny_bert_merges_qkv() {
         assert!(!names.contains(&format!("layer{l}.attn.q.mm")));
         // The biases now read the split.
         let q = g.node_by_name(&format!("layer{l}.attn.q")).unwrap();
-        assert_eq!(g.node(g.operands(q)[0].node).name, format!("layer{l}.attn.qkv.split"));
+        assert_eq!(&*g.node(g.operands(q)[0].node).name, format!("layer{l}.attn.qkv.split"));
     }
     assert_eq!(stats["groups merged"], "2");
     assert_eq!(stats["groups kept"], "0");
@@ -195,7 +195,7 @@ fn evaluate(graph: &Graph, state: &State, feeds: &Feeds) -> (Tensor, Tensor, BTr
     let grads = backward(&mut g, loss, seed).unwrap();
     g.verify().unwrap();
     let values = interp.evaluate(&g, state, feeds, 0).unwrap();
-    let grads = grads.iter().map(|(p, v)| (g.node(*p).name.clone(), values.value(&g, *v).clone())).collect();
+    let grads = grads.iter().map(|(p, v)| (g.node(*p).name.to_string(), values.value(&g, *v).clone())).collect();
     (values.graph_output(&g, "loss").unwrap().clone(), values.graph_output(&g, "logits").unwrap().clone(), grads)
 }
 
@@ -301,7 +301,7 @@ fn clean(graph: Graph, options: PassOptions) -> (Graph, BTreeMap<String, String>
 
 fn operand_name(g: &Graph, node: &str) -> String {
     let n = g.node_by_name(node).unwrap();
-    g.node(g.operands(n)[0].node).name.clone()
+    g.node(g.operands(n)[0].node).name.to_string()
 }
 
 #[test]

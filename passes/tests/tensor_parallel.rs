@@ -190,7 +190,7 @@ fn sequence_parallel_regions_keep_a_tth_of_their_activations() {
         plan.intervals
             .iter()
             .filter(|i| g.node(i.value.node).phase == Phase::Forward)
-            .map(|i| (g.node(i.value.node).name.clone(), i.bytes))
+            .map(|i| (g.node(i.value.node).name.to_string(), i.bytes))
             .collect()
     };
     let (whole, sliced) = (bytes_by_name(&tp), bytes_by_name(&sp));
@@ -238,7 +238,7 @@ fn stored(g: &Graph, bindings: &zeroplan_ir::Bindings) -> std::collections::BTre
         .filter(|i| i.end > forward_end && i.alias_of.is_none())
         .filter(|i| i.category == zeroplan_passes::memory::Category::Activations)
         .filter(|i| g.node(i.value.node).phase == Phase::Forward)
-        .map(|i| (g.node(i.value.node).name.clone(), (g.value_type(i.value).to_string(), i.bytes)))
+        .map(|i| (g.node(i.value.node).name.to_string(), (g.value_type(i.value).to_string(), i.bytes)))
         .collect()
 }
 
@@ -278,9 +278,9 @@ fn sequence_parallel_steps_store_the_slices_that_gemms_gather() {
         let node = on.node(n);
         if node.phase == Phase::Forward
             && node.name.ends_with(".sequence_all_gather")
-            && node.name != "encoder.output.sequence_all_gather"
+            && &*node.name != "encoder.output.sequence_all_gather"
         {
-            let slice = &on.node(on.operands(n)[0].node).name;
+            let slice: &str = &on.node(on.operands(n)[0].node).name;
             assert_eq!(stored_on.get(slice).map(|(_, b)| *b), Some(2048 / t), "{slice}, read by {}", node.name);
             slices += 1;
         }

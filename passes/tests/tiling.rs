@@ -55,10 +55,9 @@ fn tile_params(graph: &Graph) -> Vec<String> {
     for n in graph.params() {
         let node = graph.node(n);
         match &node.op {
-            Op::Param { init: Init::Slice { .. } } => names.push(node.name.clone()),
-            Op::Param { init: Init::Flat { members, .. } } => {
-                names.extend(members.iter().filter(|m| matches!(*m.init, Init::Slice { .. })).map(|m| m.name.clone()))
-            }
+            Op::Param { init: Init::Slice { .. } } => names.push(node.name.to_string()),
+            Op::Param { init: Init::Flat { members, .. } } => names
+                .extend(members.iter().filter(|m| matches!(*m.init, Init::Slice { .. })).map(|m| m.name.to_string())),
             _ => {}
         }
     }
@@ -156,7 +155,7 @@ fn gathered(graph: &Graph, bindings: &Bindings) -> (u64, u64, Vec<(String, u64)>
     let (mut live, mut tiles) = (vec![0u64; p.order.len() + 1], vec![0u64; p.order.len() + 1]);
     let mut gathers = Vec::new();
     for iv in p.intervals.iter().filter(|iv| is_gather(iv.value) && iv.alias_of.is_none()) {
-        let name = graph.node(iv.value.node).name.clone();
+        let name = graph.node(iv.value.node).name.to_string();
         for at in iv.start..=iv.end {
             live[at] += iv.bytes;
             tiles[at] += if name.contains(".tile") { iv.bytes } else { 0 };

@@ -88,7 +88,7 @@ impl ReferenceTrainer {
         self.graph
             .params()
             .into_iter()
-            .map(|p| self.graph.node(p).name.clone())
+            .map(|p| self.graph.node(p).name.to_string())
             .filter_map(|name| self.state.get(&name).map(|t| (name, t.clone())))
             .collect()
     }

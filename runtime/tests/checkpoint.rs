@@ -32,7 +32,7 @@ fn filled(graph: &Graph, value: f64) -> Weights {
             let node = graph.node(n);
             let ty = &node.outputs[0];
             let shape = ty.shape.0.iter().map(|d| d.as_constant().unwrap() as usize).collect();
-            (node.name.clone(), Tensor::full(shape, ty.dtype, value))
+            (node.name.to_string(), Tensor::full(shape, ty.dtype, value))
         })
         .collect()
 }

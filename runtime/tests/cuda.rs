@@ -76,7 +76,7 @@ fn zero_gradients(graph: &Graph, feeds: &Feeds) -> BTreeSet<String> {
             let x = values.value(graph, ops[1]).floats().unwrap();
             x.iter().map(|x| x * x).sum::<f64>().sqrt() < 1e-7 * (x.len() as f64).sqrt()
         })
-        .map(|ops| graph.node(ops[0].node).name.clone())
+        .map(|ops| graph.node(ops[0].node).name.to_string())
         .collect()
 }
 

@@ -46,7 +46,7 @@ fn gradients(g: &Graph) -> Vec<(Value, String)> {
     g.petgraph()
         .node_indices()
         .filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n))
-        .map(|ops| (ops[1], g.node(ops[0].node).name.clone()))
+        .map(|ops| (ops[1], g.node(ops[0].node).name.to_string()))
         .collect()
 }
 

@@ -153,9 +153,9 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], reference: &Stat
         let node = g.node(n);
         let Op::Param { init: Init::Flat { members, shards } } = &node.op else { continue };
         let whole: Vec<f64> = if *shards > 1 {
-            states.iter().flat_map(|s| s[&node.name].floats().unwrap().to_vec()).collect()
+            states.iter().flat_map(|s| s[&*node.name].floats().unwrap().to_vec()).collect()
         } else {
-            states[0][&node.name].floats().unwrap().to_vec()
+            states[0][&*node.name].floats().unwrap().to_vec()
         };
         for m in members {
             let got = &whole[m.offset as usize..(m.offset + m.len()) as usize];

@@ -189,7 +189,7 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, refere
         // Each tensor rank's value of this node, ZeRO shards joined.
         let per_tensor_rank: Vec<Vec<f64>> = (0..t)
             .map(|k| {
-                let shard = |r: usize| states[r * t + k][&node.name].floats().unwrap().to_vec();
+                let shard = |r: usize| states[r * t + k][&*node.name].floats().unwrap().to_vec();
                 match init {
                     Init::Flat { shards, .. } if *shards > 1 => (0..d).flat_map(shard).collect(),
                     _ => shard(0),
@@ -198,13 +198,13 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, refere
             .collect();
         let members = match init {
             Init::Flat { members, .. } => {
-                members.iter().map(|m| (m.name.clone(), m.offset as usize, m.len() as usize, &*m.init)).collect()
+                members.iter().map(|m| (m.name.to_string(), m.offset as usize, m.len() as usize, &*m.init)).collect()
             }
-            other => vec![(node.name.clone(), 0, per_tensor_rank[0].len(), other)],
+            other => vec![(node.name.to_string(), 0, per_tensor_rank[0].len(), other)],
         };
         for (name, offset, len, init) in members {
             let parts: Vec<&[f64]> = per_tensor_rank.iter().map(|v| &v[offset..offset + len]).collect();
-            let want = reference[&name].floats().unwrap();
+            let want = reference[&*name].floats().unwrap();
             let got = match init {
                 Init::TensorShard { whole, axis, .. } => join(&parts, whole, *axis, want.len()),
                 _ => {
@@ -230,7 +230,7 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], t: usize, refere
                 let bound_step = starts_at_zero(init) && max_abs_diff(&got, want) <= 5e-3 * LR;
                 assert!(err <= 2e-5 || bound_step, "{what}: final {name}: relative error {err:e}");
                 if err > worst.0 {
-                    worst = (err, name.clone());
+                    worst = (err, name.to_string());
                 }
             }
             compared += 1;

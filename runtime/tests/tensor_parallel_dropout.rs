@@ -186,7 +186,7 @@ fn streams(g: &Graph) -> Vec<(String, u32)> {
         let node = g.node(n);
         match &node.op {
             Op::Dropout { stream, .. } | Op::FlashAttention { stream, .. } | Op::FlashAttentionGrad { stream, .. } => {
-                out.push((node.name.clone(), *stream))
+                out.push((node.name.to_string(), *stream))
             }
             Op::Fused { kernel } => {
                 for (i, e) in kernel.body.iter().enumerate() {
@@ -255,7 +255,7 @@ fn replicated_parameters_stay_identical_with_dropout() {
             if matches!(&node.op, Op::Param { init: Init::TensorShard { .. } }) {
                 continue;
             }
-            let bits = |s: &State| floats(&s[&node.name]).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let bits = |s: &State| floats(&s[&*node.name]).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert!(bits(&states[0]) == bits(&states[1]), "sp {sp}: replicated {} differs between ranks", node.name);
             compared += 1;
         }

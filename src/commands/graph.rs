@@ -191,7 +191,7 @@ impl Summary {
         let inputs = g
             .node_indices()
             .filter(|n| matches!(g[*n].op, Op::Input))
-            .map(|n| (g[n].name.clone(), g[n].outputs[0].to_string()))
+            .map(|n| (g[n].name.to_string(), g[n].outputs[0].to_string()))
             .collect();
         let outputs = graph.outputs.iter().map(|(name, v)| (name.clone(), graph.value_type(*v).to_string())).collect();
         Summary {

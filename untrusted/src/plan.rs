@@ -163,7 +163,7 @@ pub fn seed(model: &spec::ModelSpec, train: &TrainingSpec, options: PassOptions)
     let graph = compile(model, &Target::Training(train), options).expect("the seed compiles").graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).expect("the seed's memory plans");
     let owners = owners(&graph, &memory);
-    let targets = graph.updates.iter().map(|(t, v)| (graph.value_ref(*v), graph.node(*t).name.clone())).collect();
+    let targets = graph.updates.iter().map(|(t, v)| (graph.value_ref(*v), graph.node(*t).name.to_string())).collect();
     let program = zeroplan_passes::planner::program::program(graph, &memory, BATCH, SEQ);
     let program = serde_json::to_value(&program).expect("programs serialise");
     let (paths, strings) = (Paths::of(&program), json::strings(&program));
@@ -418,7 +418,7 @@ pub fn feeds(program: &Program) -> Feeds {
             continue;
         }
         let value = |i: usize| -> i64 {
-            match node.name.as_str() {
+            match &*node.name {
                 "token_type_ids" => (i % 2) as i64,
                 "attention_mask" => 1,
                 "labels" if i % 3 != 1 => -100,
@@ -431,7 +431,7 @@ pub fn feeds(program: &Program) -> Feeds {
             Tensor::float(shape, DType::F32, vec![0.25; len])
         };
         if let Ok(t) = tensor {
-            feeds.insert(node.name.clone(), t);
+            feeds.insert(node.name.to_string(), t);
         }
     }
     feeds

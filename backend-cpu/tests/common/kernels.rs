@@ -114,7 +114,7 @@ pub fn interpret(kernel: &Kernel, inputs: &[Tensor], seed: u64, offset: u64) -> 
     let mut values = Vec::new();
     for (i, (arg, t)) in kernel.inputs.iter().zip(inputs).enumerate() {
         let name = format!("in{i}");
-        values.push(g.input(&name, arg.ty.clone()).unwrap());
+        values.push(g.input(&*name, arg.ty.clone()).unwrap());
         feeds.insert(name, t.clone());
     }
     g.add_multi("kernel", Op::Fused { kernel: Box::new(kernel.clone()) }, &values).unwrap();

@@ -71,13 +71,14 @@ pub fn select(
             _ => continue,
         };
         let node = graph.node(step.node);
-        let unsupported = |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+        let unsupported =
+            |message: String| SelectError::Node { node: node.name.to_string(), op: node.op.name(), message };
         let (Op::FlashAttention { scale, alibi_ranks, dropout, stream }
         | Op::FlashAttentionGrad { scale, alibi_ranks, dropout, stream }) = node.op
         else {
             return Err(unsupported("a fused-attention instruction of another op".into()));
         };
-        let mut leave = |why: &str| done.left.push((node.name.clone(), why.to_string()));
+        let mut leave = |why: &str| done.left.push((node.name.to_string(), why.to_string()));
         if inputs.iter().chain(&outputs).any(|b| b.place != Place::Device) {
             leave("offloaded operands: the staged host routine");
             continue;

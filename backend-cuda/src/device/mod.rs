@@ -188,7 +188,7 @@ impl Device for Cuda {
             if let Some(Instr::MatMul { shape, a, b, out }) = &step.instr {
                 let node = program.graph.node(step.node);
                 let unsupported =
-                    |message: String| SelectError::Node { node: node.name.clone(), op: node.op.name(), message };
+                    |message: String| SelectError::Node { node: node.name.to_string(), op: node.op.name(), message };
                 check_matmul(shape, *a, *b, *out).map_err(unsupported)?;
             }
         }

@@ -222,7 +222,7 @@ pub fn load_weights_with<D: Device>(
         .map(|n| {
             let node = graph.node(n);
             let shape = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0) as usize).collect();
-            (node.name.clone(), Tensor::full(shape, DType::F32, 0.0))
+            (node.name.to_string(), Tensor::full(shape, DType::F32, 0.0))
         })
         .collect();
     let report = checkpoint::load_weights_with(path, model, &graph, &mut weights, heads).map_err(|e| e.to_string())?;

@@ -15,7 +15,7 @@ pub fn is_plan(path: &Path) -> bool {
 /// The head a training graph ends in, and its vocabulary size.
 pub fn head_of(g: &Graph) -> Option<(Head, u64)> {
     let vocab = vocab_of(g)?;
-    let labels = g.petgraph().node_weights().find(|n| n.name == "labels" && n.op == Op::Input)?;
+    let labels = g.petgraph().node_weights().find(|n| &*n.name == "labels" && n.op == Op::Input)?;
     let head = match (labels.outputs[0].shape.rank(), labels.outputs[0].dtype.is_float()) {
         (2, _) => Head::Mlm,
         (_, true) => Head::Classification { num_labels: 1 },
@@ -50,6 +50,6 @@ fn vocab_of(g: &Graph) -> Option<u64> {
         g.value_type(*g.operands(n).first()?).shape.dims().first()?.as_constant()
     };
     parallel
-        .or_else(|| nodes().find(|n| n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
+        .or_else(|| nodes().find(|n| &*n.name == "embeddings.word.weight")?.outputs[0].shape.dims()[0].as_constant())
         .or_else(lookup)
 }

@@ -47,8 +47,8 @@ pub(super) fn bind_inputs(graph: &Graph, inputs: &[NodeIndex], feeds: &Feeds) ->
     for &n in inputs {
         let node = graph.node(n);
         let declared = &node.outputs[0];
-        let fail = |m: String| InterpError::new(&node.name, m);
-        let fed = feeds.get(&node.name).ok_or_else(|| fail(format!("input {declared} is not fed")))?;
+        let fail = |m: String| InterpError::new(&*node.name, m);
+        let fed = feeds.get(&*node.name).ok_or_else(|| fail(format!("input {declared} is not fed")))?;
         if fed.dtype() != declared.dtype || fed.shape().len() != declared.shape.rank() {
             return Err(fail(format!("declared {declared}, but fed {}{:?}", fed.dtype(), fed.shape())));
         }

@@ -267,7 +267,7 @@ impl Values {
     /// The tensor of `v`. Panics if `v`'s node was not evaluated, like
     /// indexing: use [`Values::outputs`] to ask.
     pub fn value(&self, graph: &Graph, v: Value) -> &Tensor {
-        let name = &graph.node(v.node).name;
+        let name: &str = &graph.node(v.node).name;
         let outs = self.by_name.get(name).unwrap_or_else(|| panic!("node `{name}` was not evaluated"));
         &outs[v.output as usize]
     }
@@ -276,7 +276,7 @@ impl Values {
     /// differ from its node's name (`logits` is the node `mlm.logits`).
     pub fn graph_output(&self, graph: &Graph, name: &str) -> Option<&Tensor> {
         let (_, v) = graph.outputs.iter().find(|(n, _)| n == name)?;
-        self.by_name.get(&graph.node(v.node).name)?.get(v.output as usize)
+        self.by_name.get(&*graph.node(v.node).name)?.get(v.output as usize)
     }
 
     /// The symbol values bound from the inputs.
@@ -355,7 +355,7 @@ impl Interpreter {
                 Op::Param { init } | Op::State { init } if !skip(&node.name, init) => init,
                 _ => continue,
             };
-            let fail = |m: String| InterpError::new(&node.name, m);
+            let fail = |m: String| InterpError::new(&*node.name, m);
             let ty = &node.outputs[0];
             let shape = bind::concrete_shape(&ty.shape, &Bindings::new()).map_err(fail)?;
             let stream = random::name_stream(&node.name);

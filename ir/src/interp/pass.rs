@@ -53,7 +53,7 @@ impl<'a> Pass<'a> {
     }
 
     pub(super) fn into_values(self) -> Values {
-        let by_name = self.values.into_iter().map(|(n, t)| (self.graph.node(n).name.clone(), t)).collect();
+        let by_name = self.values.into_iter().map(|(n, t)| (self.graph.node(n).name.to_string(), t)).collect();
         Values { by_name, bindings: self.bindings }
     }
 
@@ -62,7 +62,7 @@ impl<'a> Pass<'a> {
         if !self.values.contains_key(&v.node) {
             let node = self.graph.node(v.node);
             if !matches!(node.op, Op::Param { .. } | Op::State { .. } | Op::Fill { .. } | Op::Arange) {
-                return Err(InterpError::new(&node.name, "was read before it was evaluated"));
+                return Err(InterpError::new(&*node.name, "was read before it was evaluated"));
             }
             self.eval(v.node)?;
         }
@@ -74,7 +74,7 @@ impl<'a> Pass<'a> {
         let graph = self.graph;
         let mut out = Vec::new();
         for (target, v) in graph.updates.iter().filter(|(_, v)| which(v)) {
-            out.push((graph.node(*target).name.clone(), self.get(*v)?.clone()));
+            out.push((graph.node(*target).name.to_string(), self.get(*v)?.clone()));
         }
         Ok(out)
     }
@@ -83,7 +83,7 @@ impl<'a> Pass<'a> {
     pub(super) fn eval(&mut self, n: NodeIndex) -> Result<(), InterpError> {
         let graph = self.graph;
         let node = graph.node(n);
-        let fail = |m: String| InterpError::new(&node.name, m);
+        let fail = |m: String| InterpError::new(&*node.name, m);
         let expected = node
             .outputs
             .iter()
@@ -141,13 +141,13 @@ impl<'a> Pass<'a> {
                 producer.phase.name()
             ),
         };
-        Err(InterpError::new(&self.graph.node(consumer).name, format!("reads `{}`, but {why}", producer.name)))
+        Err(InterpError::new(&*self.graph.node(consumer).name, format!("reads `{}`, but {why}", producer.name)))
     }
 
     /// The value of source node `n` of concrete shape `shape`.
     fn source(&self, n: NodeIndex, shape: &[usize]) -> Result<Tensor, InterpError> {
         let node = self.graph.node(n);
-        let fail = |m: String| InterpError::new(&node.name, m);
+        let fail = |m: String| InterpError::new(&*node.name, m);
         let dtype = node.outputs[0].dtype;
         let stored = |t: Option<&Tensor>, from: &str| -> Result<Tensor, InterpError> {
             let t = t.ok_or_else(|| fail(format!("has no value in the {from}")))?;
@@ -161,9 +161,9 @@ impl<'a> Pass<'a> {
             Ok(t.clone())
         };
         match &node.op {
-            Op::Param { .. } | Op::State { .. } => stored(self.state.get(&node.name), "state"),
+            Op::Param { .. } | Op::State { .. } => stored(self.state.get(&*node.name), "state"),
             Op::Input => match self.feeds {
-                Some(feeds) => stored(feeds.get(&node.name), "feeds"),
+                Some(feeds) => stored(feeds.get(&*node.name), "feeds"),
                 None => Err(fail("an input has no value in the optimizer phase of a multi-micro-batch step".into())),
             },
             Op::Arange => {

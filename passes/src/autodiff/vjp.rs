@@ -17,8 +17,11 @@ pub(super) fn vjp(
     let operands = g.operands(n);
     let name = node.name.clone();
     let back = |i: usize| format!("{name}.back{i}");
-    let not_differentiable =
-        |why: &str| AutodiffError::NotDifferentiable { node: name.clone(), op: node.op.name(), why: why.to_string() };
+    let not_differentiable = |why: &str| AutodiffError::NotDifferentiable {
+        node: name.to_string(),
+        op: node.op.name(),
+        why: why.to_string(),
+    };
     let this = Value { node: n, output: 0 };
     let want = |i: usize| wanted.get(i).copied().unwrap_or(false);
     // Every op but split and flash attention has one output; its gradient

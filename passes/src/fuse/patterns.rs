@@ -113,7 +113,7 @@ pub(super) fn epilogue(
                 && only_reader
                 && is_bias
             {
-                return Some(g.node(mm.node).name.clone());
+                return Some(g.node(mm.node).name.to_string());
             }
         }
     }

@@ -94,7 +94,7 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
         let shape: Vec<u64> = node.outputs[0].shape.dims().iter().map(|d| d.as_constant().unwrap_or(0)).collect();
         let bucket = &mut buckets[b];
         let offset = bucket.used();
-        bucket.members.push(FlatMember { name: node.name.clone(), shape, offset, init: Box::new(init.clone()) });
+        bucket.members.push(FlatMember { name: node.name.to_string(), shape, offset, init: Box::new(init.clone()) });
         bucket.slots.push(i);
     }
     let unit = ranks * SHARD_ALIGN;

@@ -100,7 +100,7 @@ struct Planned {
 
 fn leaf_name(g: &Graph, v: Value) -> Symbol {
     let name = &g.node(v.node).name;
-    Symbol::from(if v.output == 0 { name.clone() } else { format!("{name}#{}", v.output) })
+    Symbol::from(if v.output == 0 { name.to_string() } else { format!("{name}#{}", v.output) })
 }
 
 /// Runs the clean-ups over `graph`; see the module docs.
@@ -263,7 +263,7 @@ pub(super) fn cleanup(
     for &n in order.iter().filter(|n| chain.contains(n) && !roots.contains(n) && !reserved.contains(n)) {
         let r = region_of[&n];
         let class = planned[r].egraph.find(planned[r].ids[&n]);
-        names.entry((r, class)).or_default().push(graph.node(n).name.clone());
+        names.entry((r, class)).or_default().push(graph.node(n).name.to_string());
     }
     let mut rebuild = Rebuild {
         graph,

@@ -346,7 +346,7 @@ pub fn rewrite(graph: &Graph, cx: &mut PassContext, model: &GpuCostModel) -> Res
         };
         for group in &plan.groups {
             let members: Vec<Candidate> = group.members.iter().map(|&i| r.candidates[i]).collect();
-            let names: Vec<&str> = members.iter().map(|c| graph.node(c.mm).name.as_str()).collect();
+            let names: Vec<&str> = members.iter().map(|c| &*graph.node(c.mm).name).collect();
             let base = merged_base(&names).filter(|b| {
                 ["weight", "mm", "split"].iter().all(|s| graph.node_by_name(&format!("{b}.{s}")).is_none())
             });

@@ -238,7 +238,7 @@ fn params_of(graph: &Graph, family: Family) -> Result<Vec<Param>, CheckpointErro
         match shape {
             None => problems.push(format!("parameter `{}` has the symbolic shape {}", node.name, ty.shape)),
             Some(_) if names.is_empty() => problems.push(format!("parameter `{}` has no name there", node.name)),
-            Some(shape) => params.push(Param { name: node.name.clone(), shape, dtype: ty.dtype, names }),
+            Some(shape) => params.push(Param { name: node.name.to_string(), shape, dtype: ty.dtype, names }),
         }
     }
     if problems.is_empty() {
@@ -397,7 +397,7 @@ pub fn head_zeros(graph: &Graph) -> Weights {
         .filter_map(|node| {
             let ty = &node.outputs[0];
             let shape = ty.shape.dims().iter().map(|d| d.as_constant().map(|d| d as usize)).collect::<Option<_>>()?;
-            Some((node.name.clone(), Tensor::full(shape, ty.dtype, 0.0)))
+            Some((node.name.to_string(), Tensor::full(shape, ty.dtype, 0.0)))
         })
         .collect()
 }

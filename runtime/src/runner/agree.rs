@@ -85,7 +85,7 @@ pub(super) fn calls(
             receives: len(Value { node: n, output: 0 }),
             optimizer,
         };
-        calls.push((call, node.name.as_str()));
+        calls.push((call, &*node.name));
     }
     calls
 }

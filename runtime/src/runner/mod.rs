@@ -477,14 +477,14 @@ impl<D: Device> Runner<D> {
         g.petgraph()
             .node_indices()
             .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
-            .map(|n| (g.node(n).name.clone(), self.read(Value { node: n, output: 0 })))
+            .map(|n| (g.node(n).name.to_string(), self.read(Value { node: n, output: 0 })))
             .collect()
     }
 
     /// The parameters alone, by name.
     pub fn weights(&self) -> BTreeMap<String, Tensor> {
         let g = &self.program.graph;
-        g.params().into_iter().map(|n| (g.node(n).name.clone(), self.read(Value { node: n, output: 0 }))).collect()
+        g.params().into_iter().map(|n| (g.node(n).name.to_string(), self.read(Value { node: n, output: 0 }))).collect()
     }
 
     /// Overwrites params and states by name; each must exist and match its shape.
@@ -593,7 +593,7 @@ impl<D: Device> Runner<D> {
         let fail = |at: usize, message: String| {
             // The peers must not wait for this rank's next collective.
             groups.abort();
-            RunError::Run { node: g.node(steps[at].node).name.clone(), message }
+            RunError::Run { node: g.node(steps[at].node).name.to_string(), message }
         };
         // The nodes whose work a device moved into each step's instruction.
         let mut moved_here: Vec<Vec<NodeIndex>> = vec![Vec::new(); steps.len()];
@@ -686,7 +686,7 @@ impl<D: Device> Runner<D> {
                             for &n in own.into_iter().chain(&moved_here[at]) {
                                 if let Some(what) = non_finite(g, n, read) {
                                     groups.abort();
-                                    let node = g.node(n).name.clone();
+                                    let node = g.node(n).name.to_string();
                                     return Err(RunError::NonFinite { node, micro_batch: i, what });
                                 }
                             }
@@ -871,7 +871,10 @@ fn deferred_updates(
             let early =
                 g.users(*target).into_iter().find(|r| g.node(*r).phase == Phase::Optimizer && position[r] < done);
             if let Some(r) = early {
-                return Err(RunError::Order { reader: g.node(r).name.clone(), update: g.node(v.node).name.clone() });
+                return Err(RunError::Order {
+                    reader: g.node(r).name.to_string(),
+                    update: g.node(v.node).name.to_string(),
+                });
             }
         }
         if from != to {

@@ -369,7 +369,7 @@ pub fn select(
             break;
         }
         if !taken && !refused.is_empty() {
-            summed.left.push((name, refused.join("; ")));
+            summed.left.push((name.to_string(), refused.join("; ")));
         }
     }
     summed

@@ -22,7 +22,7 @@ fn decisions(s: &Selected) -> Vec<(String, Vec<Result<Pair, String>>)> {
     (0..s.steps.len())
         .filter_map(|at| {
             let got = options(&s.program.graph, &s.steps, &touched, at, |k: &Ir| k.on_device);
-            (!got.is_empty()).then(|| (s.program.graph.node(s.steps[at].node).name.clone(), got))
+            (!got.is_empty()).then(|| (s.program.graph.node(s.steps[at].node).name.to_string(), got))
         })
         .collect()
 }
@@ -134,7 +134,7 @@ fn after(
     sum: &str,
     edit: impl FnOnce(&mut Vec<Step<Instr<Ir>>>, usize, usize),
 ) -> Vec<Result<Pair, String>> {
-    let at = |s: &Selected| s.steps.iter().position(|st| s.program.graph.node(st.node).name == sum).unwrap();
+    let at = |s: &Selected| s.steps.iter().position(|st| s.program.graph.node(st.node).name.as_ref() == sum).unwrap();
     let k = at(s);
     let touched = schedule::touches(&s.steps);
     let p = options(&s.program.graph, &s.steps, &touched, k, |k: &Ir| k.on_device)

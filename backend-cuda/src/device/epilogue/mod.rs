@@ -289,7 +289,7 @@ pub fn select(
             Ok(None) => continue,
             Ok(Some(pairs)) => pairs,
             Err(why) => {
-                fused.left.push((name(), why));
+                fused.left.push((name().to_string(), why));
                 continue;
             }
         };
@@ -343,7 +343,7 @@ pub fn select(
             break;
         }
         if !refused.is_empty() {
-            fused.left.push((name(), refused.join("; ")));
+            fused.left.push((name().to_string(), refused.join("; ")));
         }
     }
     Ok(fused)

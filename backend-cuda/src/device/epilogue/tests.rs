@@ -28,7 +28,7 @@ fn decisions(s: &Selected) -> Vec<(String, Result<Vec<Pair>, String>)> {
     (0..s.steps.len())
         .filter_map(|k| {
             let got = options(&s.program.graph, &s.steps, &touched, k, on_gpu).transpose()?;
-            Some((s.program.graph.node(s.steps[k].node).name.clone(), got))
+            Some((s.program.graph.node(s.steps[k].node).name.to_string(), got))
         })
         .collect()
 }
@@ -88,7 +88,8 @@ fn an_aux_matrix_cublaslt_cannot_take_falls_back_to_the_bias_alone() {
     // a multiple of 8.
     let s = selected(&tiny_bert(Activation::GeluTanh, 60), &TrainingSpec::default());
     let touched = schedule::touches(&s.steps);
-    let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name == "layer0.ffn.act.fused").unwrap();
+    let k =
+        s.steps.iter().position(|st| s.program.graph.node(st.node).name.as_ref() == "layer0.ffn.act.fused").unwrap();
     let pairs = options(&s.program.graph, &s.steps, &touched, k, on_gpu).unwrap().unwrap();
     assert_eq!(pairs.len(), 1);
     assert!(!pairs[0].whole);
@@ -100,11 +101,11 @@ fn after(
     name: &str,
     edit: impl FnOnce(&mut Vec<Step<Instr<Ir>>>, usize, usize),
 ) -> Result<Vec<Pair>, String> {
-    let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name == name).unwrap();
+    let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name.as_ref() == name).unwrap();
     let touched = schedule::touches(&s.steps);
     let m = options(&s.program.graph, &s.steps, &touched, k, on_gpu).unwrap().unwrap()[0].matmul;
     edit(&mut s.steps, m, k);
-    let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name == name).unwrap();
+    let k = s.steps.iter().position(|st| s.program.graph.node(st.node).name.as_ref() == name).unwrap();
     let touched = schedule::touches(&s.steps);
     options(&s.program.graph, &s.steps, &touched, k, on_gpu).map(Option::unwrap)
 }
@@ -297,7 +298,7 @@ fn every_rewritten_kernel_computes_from_the_biased_product_what_the_original_did
             let node = s.steps[got.as_ref().unwrap()[0].kernel].node;
             let Op::Fused { kernel } = &g.node(node).op else { panic!() };
             let product = kernel.epilogue_of.as_deref().unwrap();
-            let mm = g.operands(node).iter().position(|v| g.node(v.node).name == product).unwrap();
+            let mm = g.operands(node).iter().position(|v| g.node(v.node).name.as_ref() == product).unwrap();
             let (Fit::Whole { bias, add, .. } | Fit::BiasOnly { bias, add }) = fit(kernel, mm).unwrap();
             assert!(kernel.inputs.iter().all(|a| a.ty.dtype == DType::F32), "{name}");
             let inputs: Vec<Vec<f32>> = kernel

@@ -125,7 +125,7 @@ impl Layout {
                 _ => None,
             };
             slots.push(Slot {
-                name: node.name.clone(),
+                name: node.name.to_string(),
                 shape,
                 dtype: ty.dtype,
                 transient: refilled.contains(&n),

@@ -370,11 +370,11 @@ pub fn model_weights(model: &ModelSpec, logical: &Logical) -> Result<(zeroplan_i
         forward(model, &BuildOptions::default()).map_err(|e| format!("model `{}` does not build: {e}", model.name))?;
     let mut weights = Weights::new();
     for n in graph.params() {
-        let name = &graph.node(n).name;
+        let name: &str = &graph.node(n).name;
         let t = logical.get(name).ok_or_else(|| format!("no parameter `{name}` saved"))?;
         let values = t.floats().ok_or_else(|| format!("`{name}` is not a float tensor"))?;
         let f32 = Tensor::float(t.shape().to_vec(), DType::F32, values.to_vec()).expect("same shape");
-        weights.insert(name.clone(), f32);
+        weights.insert(name.to_string(), f32);
     }
     Ok((graph, weights))
 }
