@@ -183,7 +183,7 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
             // A GEMM epilogue reads the product from registers, not memory.
             if let Some(matmul) = &kernel.epilogue_of {
                 for v in &operands {
-                    if *graph.node(v.node).name == **matmul {
+                    if &*graph.node(v.node).name == matmul.as_str() {
                         work.bytes -= size(*v)? as f64;
                     }
                 }

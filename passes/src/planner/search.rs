@@ -451,6 +451,8 @@ pub fn fits(req: &Request, memory: &MemorySummary) -> bool {
         && req.cluster.nvme_fits(memory.nvme_bytes)
 }
 
+/// One choice at every micro-batch its rank's sequences divide into: those
+/// that accumulate gradients, and the whole per-rank batch at once.
 fn search_choice(req: &Request, machine: &Machine, choice: Choice) -> Result<Outcome, PlanError> {
     let per_rank = per_rank(req, choice);
     let sizes: Vec<u64> =
