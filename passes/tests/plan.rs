@@ -5,15 +5,17 @@
 mod common;
 
 use common::{load_model as model, models_dir};
-use zeroplan_ir::DType;
 use zeroplan_ir::plan::{Attention, Offload, OffloadTo, Plan};
 use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
+use zeroplan_ir::{DType, Phase};
 use zeroplan_passes::cost::Machine;
 use zeroplan_passes::cost::nccl::{self, Collective, Fabric};
 use zeroplan_passes::cost::work::GemmShape;
+use zeroplan_passes::memory::Category;
 use zeroplan_passes::planner::depth::Probe;
 use zeroplan_passes::planner::evaluate::{Choice, Step};
 use zeroplan_passes::planner::explain::gpus_for_budget;
+use zeroplan_passes::planner::floor::Floors;
 use zeroplan_passes::planner::search::divisors;
 use zeroplan_passes::planner::{Pins, PlanError, Request, plan};
 use zeroplan_passes::recompute::Policy;
@@ -630,4 +632,62 @@ fn on_one_gpu_what_stays_on_each_is_fitted_from_two_ranks_up() {
     req.pins.tensor_parallel = Some(1);
     let message = plan(&req).unwrap_err().to_string();
     assert!(message.contains("with NCCL's buffers"), "{message}");
+}
+
+/// Under full recomputation every layer's input is live at the end of the
+/// forward, beside the model states: the floor by which the search skips a
+/// choice without compiling it ([`Floors`]) is at most what the step
+/// compiled whole holds there, and two layers more hold two checkpoints
+/// more — post- and pre-LayerNorm, GLU, factorised embeddings, with and
+/// without sequence parallelism, ZeRO-0 to 3, offloaded, tiled.
+#[test]
+fn the_checkpoint_floor_is_what_full_recomputation_keeps() {
+    let gpt = zeroplan_ir::spec::load(&models_dir().join("../bench/fidelity/models/gpt-1.7b.ron"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let models = [model("bert-large.ron"), model("albert-base.ron"), model("mosaicbert-base.ron"), gpt];
+    let layouts = [
+        (1, false, 0, Offload::None, 1),
+        (2, false, 1, Offload::None, 1),
+        (2, true, 2, Offload::Optimizer, 1),
+        (4, true, 3, Offload::OptimizerAndParams, 1),
+        (1, false, 3, Offload::Optimizer, 4),
+    ];
+    for m in &models {
+        for (tensor_parallel, sequence_parallel, zero_stage, offload, tiles) in layouts {
+            let choice = Choice {
+                tensor_parallel,
+                sequence_parallel,
+                zero_stage,
+                offload,
+                offload_to: OffloadTo::Cpu,
+                recompute: Policy::Full,
+                tiles,
+            };
+            let ranks = choice.data_ranks(8);
+            // The floor, and the device bytes (all, and activations) live
+            // at the forward's last instruction, at 2 and 4 layers.
+            let at = |layers: u64| {
+                let m = ModelSpec { layers, ..m.clone() };
+                let mut req = request(&m, cluster("a100-80gb", 8, None), 512, 8 * ranks);
+                req.pins.micro_batch = Some(8);
+                let (floor, _) = Floors::default().of(&req, choice).unwrap();
+                let whole = Step::compile(&req, &m, choice, ranks, 8, 1).unwrap();
+                let (plan, _) = whole.memory(&req, 8).unwrap();
+                let phase = |n| whole.graph.node(n).phase;
+                let end = plan.order.iter().rposition(|&n| phase(n) == Phase::Forward).unwrap();
+                let live = plan.intervals.iter().filter(|i| i.alias_of.is_none() && i.start <= end && end <= i.end);
+                let activations = live.clone().filter(|i| i.category == Category::Activations);
+                (floor, live.map(|i| i.bytes).sum::<u64>(), activations.map(|i| i.bytes).sum::<u64>())
+            };
+            let ((_, _, short), (floor, live, long)) = (at(2), at(4));
+            let split = if sequence_parallel { tensor_parallel } else { 1 };
+            let layer = 8 * 512 / split * m.hidden * 2;
+            assert_eq!(floor.checkpoints, 4 * layer, "{}: {choice}", m.name);
+            assert!(floor.gpu + floor.checkpoints <= live, "{}: {choice}: {floor:?}, {live} bytes live", m.name);
+            assert_eq!(long - short, 2 * layer, "{}: {choice}: what two layers more keep", m.name);
+            let selective = Choice { recompute: Policy::Selective, ..choice };
+            let req = request(m, cluster("a100-80gb", 8, None), 512, 16);
+            assert_eq!(Floors::default().of(&req, selective).unwrap().0.checkpoints, 0, "only full recomputation");
+        }
+    }
 }

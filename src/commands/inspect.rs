@@ -224,6 +224,9 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
             }
             (None, None) => match candidate.states_exceed {
                 Some(StatesExceed::Gpu) => "does not fit: its model states alone".to_string(),
+                Some(StatesExceed::Checkpoints) => {
+                    "does not fit: its model states and the layer inputs it keeps for the backward alone".to_string()
+                }
                 Some(StatesExceed::Host) => "does not fit: its offloaded states alone exceed --host-memory".to_string(),
                 Some(StatesExceed::Nvme) => "does not fit: its offloaded states alone exceed --nvme".to_string(),
                 None => "does not fit".to_string(),
@@ -235,7 +238,7 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
         let peak = match candidate.states_exceed {
             _ if candidate.dominated_by.is_some() => "—".to_string(),
             None => gib(candidate.peak_bytes),
-            Some(StatesExceed::Gpu) => format!("≥ {}", gib(candidate.peak_bytes)),
+            Some(StatesExceed::Gpu | StatesExceed::Checkpoints) => format!("≥ {}", gib(candidate.peak_bytes)),
             Some(StatesExceed::Host | StatesExceed::Nvme) => "—".to_string(),
         };
         t += &format!("  {strategy:<width$} {peak:>14}  {speed}\n");

@@ -181,8 +181,9 @@ pub struct Candidate {
     pub fits: bool,
     /// For strategies that fit.
     pub tokens_per_second: Option<f64>,
-    /// Not compiled: its model states alone exceed this capacity, and both
-    /// peaks are what the states need on the GPU (a lower bound).
+    /// Not compiled: its model states alone (with its checkpoints, under
+    /// full recomputation) exceed this capacity, and both peaks are what
+    /// they need on the GPU (a lower bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub states_exceed: Option<StatesExceed>,
     /// Not compiled: this cheaper twin (the same strategy without
@@ -200,6 +201,9 @@ pub struct Candidate {
 pub enum StatesExceed {
     /// The per-GPU budget.
     Gpu,
+    /// The per-GPU budget, with the layer inputs full recomputation keeps
+    /// for the backward beside the states.
+    Checkpoints,
     /// `--host-memory`, with the offloaded states on the host.
     Host,
     /// The node's NVMe (`--nvme`), with the offloaded states on it.

@@ -274,7 +274,9 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
             .into_par_iter()
             .map(|&(choice, (floor, exceeds))| {
                 if let Some(exceeds) = exceeds {
-                    return Ok(Outcome::not_compiled(choice, floor.gpu, Some(exceeds)));
+                    let least =
+                        if exceeds == StatesExceed::Checkpoints { floor.gpu + floor.checkpoints } else { floor.gpu };
+                    return Ok(Outcome::not_compiled(choice, least, Some(exceeds)));
                 }
                 if let Some(twin) = dominance::dominator(choice, &outcomes).filter(|_| !req.exhaustive) {
                     return Ok(Outcome { dominated_by: Some(twin), ..Outcome::not_compiled(choice, 0, None) });
