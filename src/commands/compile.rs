@@ -27,6 +27,9 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         emit(&plan.to_ron(), Some(path))?;
     }
     let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan, args.candidates) };
+    // The plan of a deep model holds its whole step: freed beside the
+    // output rather than before the command returns (0.1 s at 330k nodes).
+    std::thread::spawn(move || drop(plan));
     emit(&text, None)
 }
 

@@ -9,6 +9,17 @@ use crate::memory::MemoryPlan;
 /// The program of `graph` as `memory` placed it, symbols bound to
 /// `batch` × `seq`.
 pub fn program(graph: Graph, memory: &MemoryPlan, batch: u64, seq: u64) -> Program {
+    let buffers = buffers(&graph, memory);
+    with_buffers(graph, buffers, memory, batch, seq)
+}
+
+/// [`program`] with its [`buffers`] made already.
+pub fn with_buffers(graph: Graph, buffers: Vec<Buffer>, memory: &MemoryPlan, batch: u64, seq: u64) -> Program {
+    Program { batch, seq, arena_bytes: memory.arena.size, host_arena_bytes: memory.host.size, buffers, graph }
+}
+
+/// A buffer for every tensor of `graph` as `memory` placed it.
+pub fn buffers(graph: &Graph, memory: &MemoryPlan) -> Vec<Buffer> {
     let mut buffers = Vec::new();
     for (intervals, arena) in [(&memory.intervals, &memory.arena), (&memory.host_intervals, &memory.host)] {
         let offset_of: std::collections::HashMap<usize, u64> =
@@ -30,5 +41,5 @@ pub fn program(graph: Graph, memory: &MemoryPlan, batch: u64, seq: u64) -> Progr
             });
         }
     }
-    Program { batch, seq, arena_bytes: memory.arena.size, host_arena_bytes: memory.host.size, buffers, graph }
+    buffers
 }
