@@ -1,7 +1,8 @@
 //! Growing a group of fusible nodes around an anchor, and the convexity
 //! check that keeps the fused graph acyclic.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use petgraph::visit::NodeIndexable;
+use rustc_hash::FxHashSet;
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
@@ -26,21 +27,46 @@ fn sums_gradients(g: &Graph, n: NodeIndex, kshape: &zeroplan_ir::Shape) -> bool 
         && g.operands(n).iter().all(|v| g.value_type(*v).shape == *kshape)
 }
 
-/// Each node's consumers.
-pub(super) type Users = FxHashMap<NodeIndex, Vec<NodeIndex>>;
+/// Each node's consumers, each once, in index order: one flat table by
+/// node index (a step has 300k nodes; a map of lists cost a fifth of the
+/// pass).
+pub(super) struct Users {
+    /// Where each node's consumers start in `users`; one more at the end.
+    start: Vec<usize>,
+    users: Vec<NodeIndex>,
+}
+
+impl Users {
+    pub(super) fn of(&self, n: NodeIndex) -> &[NodeIndex] {
+        let i = n.index();
+        &self.users[self.start[i]..self.start[i + 1]]
+    }
+}
 
 pub(super) fn users(g: &Graph) -> Users {
-    let mut users: Users = FxHashMap::default();
-    for n in g.petgraph().node_indices() {
-        for v in g.operands(n) {
-            let list = users.entry(v.node).or_default();
-            if !list.contains(&n) {
-                list.push(n);
+    let graph = g.petgraph();
+    let mut start = Vec::with_capacity(graph.node_bound() + 1);
+    let mut users = Vec::with_capacity(graph.edge_count());
+    for i in 0..graph.node_bound() {
+        start.push(users.len());
+        let from = users.len();
+        users.extend(graph.neighbors_directed(NodeIndex::new(i), petgraph::Direction::Outgoing));
+        users[from..].sort_unstable();
+        let mut kept = from;
+        for at in from..users.len() {
+            if kept == from || users[kept - 1] != users[at] {
+                users[kept] = users[at];
+                kept += 1;
             }
         }
+        users.truncate(kept);
     }
-    users
+    start.push(users.len());
+    Users { start, users }
 }
+
+/// Each node's place in the schedule, by node index.
+pub(super) type Position = [usize];
 
 /// The group grown from `anchor`: producers are absorbed while every user of
 /// theirs in the anchor's phase is already in the group (users in later
@@ -52,14 +78,14 @@ pub(super) fn grow(
     g: &Graph,
     anchor: NodeIndex,
     users: &Users,
-    taken: &FxHashSet<NodeIndex>,
-    position: &FxHashMap<NodeIndex, usize>,
+    taken: &[bool],
+    position: &Position,
 ) -> Option<Vec<NodeIndex>> {
     let kshape = g.node(anchor).outputs[0].shape.clone();
     // A group runs in one phase, on one side of PCIe.
     let (phase, place) = (g.node(anchor).phase, g.node(anchor).place);
     let eligible = |n: NodeIndex, set: &FxHashSet<NodeIndex>| {
-        !taken.contains(&n)
+        !taken[n.index()]
             && !set.contains(&n)
             && g.node(n).phase == phase
             && g.node(n).place == place
@@ -80,7 +106,7 @@ pub(super) fn grow(
                 if sum && sums + 1 >= MAX_SUM_PARTS {
                     continue;
                 }
-                let all_inside = users[&p].iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
+                let all_inside = users.of(p).iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
                 if all_inside {
                     set.insert(p);
                     sums += usize::from(sum);
@@ -94,7 +120,7 @@ pub(super) fn grow(
     }
     let members: Vec<NodeIndex> = set.iter().copied().collect();
     for m in members {
-        for &u in users.get(&m).map(Vec::as_slice).unwrap_or(&[]) {
+        for &u in users.of(m) {
             if matches!(g.node(u).op, Op::Dropout { .. }) && eligible(u, &set) {
                 set.insert(u);
             }
@@ -102,9 +128,9 @@ pub(super) fn grow(
     }
     let members: Vec<NodeIndex> = set.iter().copied().collect();
     for m in members {
-        for &u in users.get(&m).map(Vec::as_slice).unwrap_or(&[]) {
+        for &u in users.of(m) {
             let reads_group = g.operands(u).iter().all(|v| set.contains(&v.node));
-            if !taken.contains(&u)
+            if !taken[u.index()]
                 && !set.contains(&u)
                 && g.node(u).phase == phase
                 && reads_group
@@ -118,7 +144,7 @@ pub(super) fn grow(
         return None;
     }
     let mut nodes: Vec<NodeIndex> = set.into_iter().collect();
-    nodes.sort_by_key(|n| position[n]);
+    nodes.sort_by_key(|n| position[n.index()]);
     Some(nodes)
 }
 
@@ -127,17 +153,17 @@ pub(super) fn grow(
 /// topological order, so the walk stops past the group's last node: it
 /// visits the window the group spans, not the rest of the graph (which
 /// made fusion quadratic in the model's depth).
-fn convex(set: &FxHashSet<NodeIndex>, users: &Users, position: &FxHashMap<NodeIndex, usize>) -> bool {
-    let last = set.iter().map(|n| position[n]).max().unwrap_or(0);
+fn convex(set: &FxHashSet<NodeIndex>, users: &Users, position: &Position) -> bool {
+    let last = set.iter().map(|n| position[n.index()]).max().unwrap_or(0);
     let mut seen: FxHashSet<NodeIndex> = FxHashSet::default();
     let mut stack: Vec<NodeIndex> =
-        set.iter().flat_map(|m| users.get(m).into_iter().flatten().copied()).filter(|u| !set.contains(u)).collect();
+        set.iter().flat_map(|&m| users.of(m).iter().copied()).filter(|u| !set.contains(u)).collect();
     while let Some(n) = stack.pop() {
         if set.contains(&n) {
             return false;
         }
-        if position[&n] < last && seen.insert(n) {
-            stack.extend(users.get(&n).into_iter().flatten().copied());
+        if position[n.index()] < last && seen.insert(n) {
+            stack.extend(users.of(n).iter().copied());
         }
     }
     true
@@ -154,8 +180,7 @@ pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users, exported: &
     let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     let mut out = Vec::new();
     for &n in nodes {
-        let outside: Vec<NodeIndex> =
-            users.get(&n).into_iter().flatten().copied().filter(|u| !set.contains(u)).collect();
+        let outside: Vec<NodeIndex> = users.of(n).iter().copied().filter(|u| !set.contains(u)).collect();
         for output in 0..g.node(n).outputs.len() as u32 {
             let v = Value { node: n, output };
             let read = outside.iter().any(|&u| g.operands(u).contains(&v)) || exported.contains(&v);

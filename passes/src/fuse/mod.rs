@@ -31,7 +31,7 @@
 mod group;
 mod patterns;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use petgraph::visit::NodeIndexable;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -99,14 +99,17 @@ struct Group {
 /// The fused graph and the number of kernels of each pattern.
 fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
     let order = g.topo_order().ok_or("the graph has a cycle")?;
-    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let mut position = vec![0; g.petgraph().node_bound()];
+    for (i, &n) in order.iter().enumerate() {
+        position[n.index()] = i;
+    }
     let users = group::users(g);
     let exported = group::exported(g);
-    let mut taken: FxHashSet<NodeIndex> = FxHashSet::default();
+    let mut taken = vec![false; g.petgraph().node_bound()];
     let mut groups: Vec<Group> = Vec::new();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     for anchor in patterns::anchors(g, &order) {
-        if taken.contains(&anchor) || !lower::fusible(g, anchor, &g.node(anchor).outputs[0].shape) {
+        if taken[anchor.index()] || !lower::fusible(g, anchor, &g.node(anchor).outputs[0].shape) {
             continue;
         }
         let Some(nodes) = group::grow(g, anchor, &users, &taken, &position) else { continue };
@@ -121,7 +124,9 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         let pattern = patterns::classify(g, &nodes);
         kernel.pattern = Some(pattern.to_string());
         *counts.entry(pattern).or_default() += 1;
-        taken.extend(nodes.iter().copied());
+        for n in &nodes {
+            taken[n.index()] = true;
+        }
         groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
     }
     // The optimizer: each `adamw` and `squared_sum` alone, over its first
@@ -145,7 +150,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         let pattern = patterns::classify(g, &nodes);
         kernel.pattern = Some(pattern.to_string());
         *counts.entry(pattern).or_default() += 1;
-        taken.insert(n);
+        taken[n.index()] = true;
         groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
     }
     Ok((rebuild(g, &order, &position, &groups).map_err(|e| e.to_string())?, counts))
@@ -156,7 +161,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
 fn rebuild(
     g: &Graph,
     order: &[NodeIndex],
-    position: &FxHashMap<NodeIndex, usize>,
+    position: &group::Position,
     groups: &[Group],
 ) -> Result<Graph, zeroplan_ir::GraphError> {
     // Units: a group (by index) or a single node (groups.len() + position),
@@ -166,7 +171,7 @@ fn rebuild(
     let mut unit_at: Vec<usize> = (singles..total).collect();
     for (i, grp) in groups.iter().enumerate() {
         for &n in &grp.nodes {
-            unit_at[position[&n]] = i;
+            unit_at[position[n.index()]] = i;
         }
     }
     let is_unit = |u: usize| u < singles || unit_at[u - singles] == u;
@@ -174,14 +179,15 @@ fn rebuild(
         if u < singles { &groups[u].nodes } else { std::slice::from_ref(&order[u - singles]) }
     };
     // A unit's place among the ready ones: its last member's position.
-    let key: Vec<usize> = (0..total).map(|u| members(u).iter().map(|n| position[n]).max().unwrap_or(0)).collect();
+    let key: Vec<usize> =
+        (0..total).map(|u| members(u).iter().map(|n| position[n.index()]).max().unwrap_or(0)).collect();
     let mut indegree = vec![0usize; total];
     let mut next: Vec<Vec<usize>> = vec![Vec::new(); total];
     let mut deps = Vec::new();
     for u in (0..total).filter(|&u| is_unit(u)) {
         deps.clear();
         for &n in members(u) {
-            deps.extend(g.operands(n).iter().map(|v| unit_at[position[&v.node]]).filter(|&d| d != u));
+            deps.extend(g.operands(n).iter().map(|v| unit_at[position[v.node.index()]]).filter(|&d| d != u));
         }
         deps.sort_unstable();
         deps.dedup();

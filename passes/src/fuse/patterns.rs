@@ -101,7 +101,7 @@ pub(super) fn epilogue(
         let ops = g.operands(n);
         for (mm, bias) in [(ops[0], ops[1]), (ops[1], ops[0])] {
             let outputs = 0..g.node(mm.node).outputs.len() as u32;
-            let only_reader = users.get(&mm.node).is_some_and(|u| u.as_slice() == [n])
+            let only_reader = users.of(mm.node) == [n]
                 && !outputs.into_iter().any(|output| exported.contains(&Value { node: mm.node, output }));
             let bias_ty = g.value_type(bias);
             let is_bias = !set.contains(&bias.node)
