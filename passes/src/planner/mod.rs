@@ -25,6 +25,7 @@ pub mod shared;
 pub mod tier;
 pub mod tiles;
 
+use rayon::prelude::*;
 use zeroplan_ir::DType;
 use zeroplan_ir::plan::{
     Attention, Candidate, ClusterDescription, Offload, OffloadTo, PLAN_FORMAT, Plan, RunnerUp, Workload,
@@ -423,13 +424,23 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
 fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(Exact, Beaten, Unfit), PlanError> {
     let mut unfit = Unfit::new();
     let (at, mut winner) = exact_winner(req, machine, outcomes, &mut unfit)?;
+    // The next choices whose estimates beat the winner's exact figure are
+    // compiled whole at once; then weighed in order, each against the
+    // winner so far (faster with each change, so no later choice is
+    // weighed that the first exact winner would not have let through).
+    let contenders: Vec<&Outcome> = outcomes[at + 1..]
+        .iter()
+        .take(RECHECKS)
+        .take_while(|o| o.best.as_ref().is_some_and(|estimate| faster(estimate, &winner.0)))
+        .collect();
+    let compiled: Vec<_> = contenders.par_iter().map(|o| exact(req, machine, o)).collect();
     let mut beaten = Vec::new();
-    for outcome in outcomes[at + 1..].iter().take(RECHECKS) {
+    for (outcome, compiled) in contenders.into_iter().zip(compiled) {
         match &outcome.best {
             Some(estimate) if faster(estimate, &winner.0) => {}
             _ => break,
         }
-        let candidate = match exact(req, machine, outcome)? {
+        let candidate = match compiled? {
             Ok(candidate) => candidate,
             Err(peak) => {
                 unfit.push((outcome.choice, peak));
