@@ -1,5 +1,6 @@
-//! Lower bounds on a choice's memory from its model states alone, so the
-//! search skips compiling what cannot fit.
+//! Lower bounds on a choice's memory from its model states (and under full
+//! recomputation its checkpoints) alone, so the search skips compiling what
+//! cannot fit.
 //!
 //! Compiling a choice (two short stacks of the model through every pass)
 //! costs tens of milliseconds; a trillion-parameter model on one node has

@@ -37,8 +37,9 @@ pub struct Outcome {
     pub min_peak_bytes: u64,
     /// Its fastest micro-batch that fits, if one does.
     pub best: Option<Evaluation>,
-    /// Not compiled: its model states alone ([`super::floor`]) exceed this
-    /// capacity, and `min_peak_bytes` is what they need on the GPU.
+    /// Not compiled: its model states alone ([`super::floor`]), or with its
+    /// checkpoints, exceed this capacity, and `min_peak_bytes` is what they
+    /// need on the GPU.
     pub bounded: Option<StatesExceed>,
     /// Every micro-batch the choice may use fits (so it dominates its
     /// dearer twins: [`super::dominance`]).
@@ -257,7 +258,8 @@ pub fn per_rank_at(req: &Request, t: u64) -> u64 {
 
 /// Runs the search over `choices`; outcomes best first (fitting ones by
 /// throughput, then the others by least memory). A choice whose model
-/// states alone exceed the budget is not compiled, unless nothing fits:
+/// states alone (with its checkpoints under full recomputation) exceed the
+/// budget is not compiled, unless nothing fits:
 /// then every choice is, so the nothing-fits answer gives each one's least
 /// memory exactly.
 pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Vec<Outcome>, PlanError> {
