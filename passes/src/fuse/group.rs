@@ -44,22 +44,12 @@ impl Users {
 }
 
 pub(super) fn users(g: &Graph) -> Users {
-    let graph = g.petgraph();
-    let mut start = Vec::with_capacity(graph.node_bound() + 1);
-    let mut users = Vec::with_capacity(graph.edge_count());
-    for i in 0..graph.node_bound() {
+    let bound = g.petgraph().node_bound();
+    let mut start = Vec::with_capacity(bound + 1);
+    let mut users = Vec::with_capacity(g.petgraph().edge_count());
+    for i in 0..bound {
         start.push(users.len());
-        let from = users.len();
-        users.extend(graph.neighbors_directed(NodeIndex::new(i), petgraph::Direction::Outgoing));
-        users[from..].sort_unstable();
-        let mut kept = from;
-        for at in from..users.len() {
-            if kept == from || users[kept - 1] != users[at] {
-                users[kept] = users[at];
-                kept += 1;
-            }
-        }
-        users.truncate(kept);
+        users.extend(g.users(NodeIndex::new(i)));
     }
     start.push(users.len());
     Users { start, users }

@@ -67,7 +67,7 @@ impl Floors {
         let params = self.parameters(req, choice.tensor_parallel)?;
         let floor = Floor { checkpoints: checkpoints(req, choice), ..states(req, choice, params) };
         let cluster = &req.cluster;
-        let offloaded = match choice.offload_to {
+        let tier = match choice.offload_to {
             _ if choice.offload == Offload::None => None,
             OffloadTo::Cpu => (!cluster.host_fits(floor.offloaded)).then_some(StatesExceed::Host),
             OffloadTo::Nvme => (!cluster.nvme_fits(floor.offloaded.saturating_mul(cluster.gpus_per_node)))
@@ -75,8 +75,8 @@ impl Floors {
         };
         let exceeds = if floor.gpu > cluster.budget_bytes() {
             Some(StatesExceed::Gpu)
-        } else if offloaded.is_some() {
-            offloaded
+        } else if tier.is_some() {
+            tier
         } else {
             (floor.gpu + floor.checkpoints > cluster.budget_bytes()).then_some(StatesExceed::Checkpoints)
         };
