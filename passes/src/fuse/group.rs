@@ -28,7 +28,7 @@ fn sums_gradients(g: &Graph, n: NodeIndex, kshape: &zeroplan_ir::Shape) -> bool 
 }
 
 /// Each node's consumers, each once, in index order: one flat table by
-/// node index (a step has 300k nodes; a map of lists cost a fifth of the
+/// node index (a step has 300k nodes; a map of lists cost a sixth of the
 /// pass).
 pub(super) struct Users {
     /// Where each node's consumers start in `users`; one more at the end.
