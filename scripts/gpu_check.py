@@ -187,12 +187,14 @@ def build(c):
 
 def _cargo_ignored(c, test, recorded, env=None):
     package, folder = TESTS[test]
+    # --nocapture: the figures the tests print (attention's speed, graphs
+    # against eager launches) go to steps.log; cargo hides a passing test's.
+    flags = ["--ignored", "--test-threads", "1", "--nocapture"]
     if c.args.prebuilt:
-        done = c.sh([os.path.abspath(os.path.join(c.args.prebuilt, test)), "--ignored", "--test-threads", "1"],
+        done = c.sh([os.path.abspath(os.path.join(c.args.prebuilt, test)), *flags],
                     900, recorded, env, cwd=os.path.join(ROOT, folder))
     else:
-        done = c.sh(["cargo", "test", "--release", *package, "--test", test, "--", "--ignored", "--test-threads", "1"],
-                    900, recorded, env)
+        done = c.sh(["cargo", "test", "--release", *package, "--test", test, "--", *flags], 900, recorded, env)
     passed, failed = _test_counts(done.stdout)
     figures = {"passed": passed, "failed": failed}
     if done.returncode != 0 or failed:
@@ -213,7 +215,18 @@ def _test_counts(stdout):
 
 
 def _failed_names(stdout):
-    names = [line.split()[1] for line in stdout.splitlines() if line.startswith("test ") and line.endswith("FAILED")]
+    """The failed tests, from libtest's closing `failures:` list (under
+    --nocapture a test's own output can split its `test NAME ... FAILED` line)."""
+    lines = stdout.splitlines()
+    listed = [i for i, line in enumerate(lines) if line.strip() == "failures:"]
+    names = []
+    if listed:
+        for line in lines[listed[-1] + 1:]:
+            if not line.startswith("    "):
+                break
+            names.append(line.strip())
+    if not names:
+        names = [line.split()[1] for line in lines if line.startswith("test ") and line.endswith("FAILED")]
     return ", ".join(names) or "see steps.log"
 
 

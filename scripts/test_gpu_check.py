@@ -42,6 +42,14 @@ class TestCounts(unittest.TestCase):
         self.assertEqual(gpu_check._test_counts(out), (5, 1))
         self.assertEqual(gpu_check._failed_names(out), "b")
 
+    def test_names_failures_whose_line_the_output_split(self):
+        # --nocapture: a test's own printing lands between its name and its outcome.
+        out = ("test a ... attention 0.5 ms\nok\ntest b ... worst error 3e-1\nFAILED\n\nfailures:\n\n"
+               "---- b stdout ----\npanicked\n\nfailures:\n    b\n\n"
+               "test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n")
+        self.assertEqual(gpu_check._test_counts(out), (1, 1))
+        self.assertEqual(gpu_check._failed_names(out), "b")
+
 
 class Report(unittest.TestCase):
     def test_a_subset_merges_into_the_existing_report(self):

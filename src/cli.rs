@@ -509,6 +509,7 @@ pub struct TrainArgs {
     pub precision: Option<zeroplan_ir::spec::Precision>,
     /// `--backend cpu|cuda`: write every instruction's measured run (each rank's compute and comm threads) as
     /// Chrome trace-event JSON, the format of `inspect --trace`, and print the slowest instruction kinds.
+    /// With more than one step, the first is a warm-up (lazy kernel loads, cuBLASLt's heuristics) left out.
     #[arg(long, value_name = "OUT.json")]
     pub profile: Option<PathBuf>,
     /// `--backend cuda`: record runs of the step's instructions once as CUDA graphs and replay them

@@ -156,6 +156,14 @@ impl<D: Device<Instr: Send> + Send> Trainer<D> {
         Ok(())
     }
 
+    /// Every rank's profile emptied ([`Runner::restart_profile`]): after
+    /// a warm-up step, so the profile shows steady steps.
+    pub fn restart_profiles(&mut self) {
+        for rank in &mut self.ranks {
+            rank.restart_profile();
+        }
+    }
+
     /// One step of every rank, each on its own thread with its own
     /// micro-batches: a replica's tensor ranks share its batches, the data
     /// ranks draw their own. Every replica's batches are drawn here, also

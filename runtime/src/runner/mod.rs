@@ -466,7 +466,16 @@ impl<D: Device> Runner<D> {
         self.graphs = Some(graphs::plan(&self.device, g, &self.steps, &self.access, self.micro_batches, &host));
     }
 
-    /// The timings since profiling was turned on; `None` when it is off.
+    /// Empties the profile, keeping profiling on: the steps before (the
+    /// first, which loads library kernels lazily and runs cuBLASLt's
+    /// heuristics) are left out of what it shows.
+    pub fn restart_profile(&mut self) {
+        if let Some(profile) = &mut self.profile {
+            *profile = Profile::default();
+        }
+    }
+
+    /// The timings since profiling was turned on or restarted; `None` when it is off.
     pub fn profile(&self) -> Option<&Profile> {
         self.profile.as_ref()
     }

@@ -324,6 +324,9 @@ fn train_loop<D: Device<Instr: Send> + Send>(
                 bar.inc(1);
             }
         }
+        if args.profile.is_some() && step == first && step + 1 < args.steps {
+            trainer.restart_profiles();
+        }
         if diverges(&log) {
             if let Some(bar) = &bar {
                 bar.abandon();
@@ -346,8 +349,9 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         let ranks = trainer.ranks();
         let profiles: Vec<_> = ranks.iter().filter_map(|rank| rank.profile()).collect();
         emit(&crate::trace::measured(ranks[0].program(), &profiles)?.to_json(), Some(path))?;
-        if let Some(first) = profiles.first() {
-            eprint!("{}", slowest_kinds(first, PROFILE_ROWS));
+        if let Some(rank0) = profiles.first() {
+            let warm_up = args.steps > first + 1;
+            eprint!("{}", slowest_kinds(rank0, PROFILE_ROWS, warm_up));
         }
     }
     Ok(())
@@ -357,10 +361,14 @@ fn train_loop<D: Device<Instr: Send> + Send>(
 const PROFILE_ROWS: usize = 20;
 
 /// Rank 0's slowest instruction kinds over the profiled steps: where a speed
-/// hunt starts (the trace file has every instruction).
-fn slowest_kinds(profile: &zeroplan_runtime::runner::Profile, rows: usize) -> String {
+/// hunt starts (the trace file has every instruction). With more than one
+/// step, the first warms up and is left out (`warm_up`): on CUDA it loads
+/// library kernels lazily and runs cuBLASLt's heuristics, and one of its
+/// products measured 83 ms against 0.05 ms in later steps (bert-base, H100).
+fn slowest_kinds(profile: &zeroplan_runtime::runner::Profile, rows: usize, warm_up: bool) -> String {
     let total = profile.total_seconds().max(f64::MIN_POSITIVE);
-    let mut out = format!("profile (rank 0): {:.3} s in instructions; the slowest kinds:\n", total);
+    let steps = if warm_up { "the steps after the first (a warm-up)" } else { "the steps run" };
+    let mut out = format!("profile (rank 0): {total:.3} s in instructions over {steps}; the slowest kinds:\n");
     out += &format!("{:>10} {:>6} {:>7} {:>9}  kind\n", "seconds", "%", "calls", "TFLOP/s");
     for (kind, e) in profile.by_kind().into_iter().take(rows) {
         let rate = if e.flops > 0.0 { format!("{:.1}", e.flops / e.seconds.max(1e-12) / 1e12) } else { "-".into() };
