@@ -22,8 +22,10 @@
 //! its shape and dtype: a thread writes an element only after it has read
 //! it for the last time, and no other thread reads it.
 //!
-//! A second kernel (`…_finish`) adds each cross-row output's partials in
-//! block order and rounds the sum once to the output's dtype: deterministic,
+//! A second kernel (`…_finish`) adds each cross-row output's partials and
+//! rounds the sum once to the output's dtype: warp `w` of its block sums the
+//! partials of blocks `w, w + 8, …` in order, and the 8 warps' sums are
+//! added in warp order. The order depends on the grid alone: deterministic,
 //! like the CPU backend's chunk partials.
 
 use std::collections::BTreeSet;
@@ -33,7 +35,7 @@ use zeroplan_ir::kernel::layout::{ArgLayout, Class, Layout};
 use zeroplan_ir::kernel::{Expr, ExprId, Kernel};
 
 use super::expr::{self, ComputeType};
-use super::launch::{FINISH_THREADS, LaunchConfig};
+use super::launch::{FINISH_COLUMNS, FINISH_THREADS, LaunchConfig};
 use super::prelude;
 use super::vector::{VectorSteps, vectorised};
 
@@ -553,10 +555,14 @@ impl Emitter<'_> {
         }
     }
 
-    /// The kernel adding each cross-row output's partials in block order.
+    /// The kernel adding each cross-row output's partials: a block per
+    /// [`FINISH_COLUMNS`] output elements (across outputs, in order), each
+    /// warp summing every `segments`-th block's partials, then the warps'
+    /// sums in warp order.
     fn finish_kernel(&mut self) {
         let Some(finish) = entries(self.kernel, self.layout).finish else { return };
         let grid = self.launch.grid as usize;
+        let segments = FINISH_THREADS / FINISH_COLUMNS;
         let outputs: Vec<(usize, ArgLayout)> = self.cross_rows().map(|(k, o)| (k, o.clone())).collect();
         let mut params = vec!["const double* partials".to_string()];
         for (k, o) in &outputs {
@@ -567,7 +573,7 @@ impl Emitter<'_> {
             ));
         }
         self.out.push('\n');
-        self.line(0, "// Each cross-row output: its blocks' partial sums added in block order, rounded once.");
+        self.line(0, "// Each cross-row output: its blocks' partial sums added in a fixed order, rounded once.");
         self.line(
             0,
             format!(
@@ -575,23 +581,42 @@ impl Emitter<'_> {
                 params.join(", ")
             ),
         );
-        self.line(1, format!("long long i = (long long)blockIdx.x * {FINISH_THREADS} + threadIdx.x;"));
-        let mut base = 0usize;
-        for (n, (k, o)) in outputs.iter().enumerate() {
+        self.line(1, format!("__shared__ double zp_segment[{segments}][{FINISH_COLUMNS}];"));
+        self.line(
+            1,
+            format!("const int lane = threadIdx.x % {FINISH_COLUMNS}, segment = threadIdx.x / {FINISH_COLUMNS};"),
+        );
+        self.line(1, format!("long long i = (long long)blockIdx.x * {FINISH_COLUMNS} + lane;"));
+        // Which output element `i` is: `which` = n past the last one.
+        let mut pick = String::from("int which = ");
+        for (n, (_, o)) in outputs.iter().enumerate() {
             let len = o.len;
-            self.line(1, format!("if (i < {len}) {{"));
-            self.line(2, "double total = 0.0;");
+            pick += &match n {
+                0 => format!("i < {len}LL ? 0"),
+                _ => format!(" : (i -= {}LL) < {len}LL ? {n}", outputs[n - 1].1.len),
+            };
+        }
+        pick += &format!(" : {};", outputs.len());
+        self.line(1, pick);
+        self.line(1, "double total = 0.0;");
+        let mut base = 0usize;
+        for (n, (_, o)) in outputs.iter().enumerate() {
+            let len = o.len;
             self.line(
-                2,
-                format!("for (long long b = 0; b < {grid}; ++b) total += partials[{base}LL + b * {len} + i];"),
+                1,
+                format!(
+                    "if (which == {n}) for (long long b = segment; b < {grid}; b += {segments}) total += partials[{base}LL + b * {len}LL + i];"
+                ),
             );
-            self.line(2, format!("zp_st(out{k} + i, total);"));
-            self.line(2, "return;");
-            self.line(1, "}");
-            if n + 1 < outputs.len() {
-                self.line(1, format!("i -= {len};"));
-            }
             base += len * grid;
+        }
+        self.line(1, "zp_segment[segment][lane] = total;");
+        self.line(1, "__syncthreads();");
+        self.line(1, "if (segment != 0) return;");
+        self.line(1, "double sum = 0.0;");
+        self.line(1, format!("for (int s = 0; s < {segments}; ++s) sum += zp_segment[s][lane];"));
+        for (n, (k, _)) in outputs.iter().enumerate() {
+            self.line(1, format!("if (which == {n}) zp_st(out{k} + i, sum);"));
         }
         self.line(0, "}");
     }

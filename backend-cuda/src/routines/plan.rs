@@ -11,7 +11,7 @@ use zeroplan_ir::{DType, Place};
 use super::alibi::{MAX_HEADS, Slopes};
 use super::arith;
 use super::layout::{self, Piece, Strided, Tiled, Transpose};
-use super::{Routine, THREADS, grid, grid_for};
+use super::{Routine, grid, grid_for};
 use crate::codegen::DeviceProperties;
 
 /// One argument of a launch, in the kernel's parameter order.
@@ -472,7 +472,7 @@ impl Planner<'_> {
         }
         if p.chunks > 1 {
             let args = vec![Arg::Scratch(0), Arg::I64(outputs), Arg::I64(p.chunks as i64), Arg::Ptr(o)];
-            self.launch(r, 2, grid_for(outputs as u64, self.device), args);
+            self.launch(r, 2, grid((outputs as u64).div_ceil(32), self.device), args);
         }
         Ok(())
     }
@@ -522,7 +522,7 @@ impl Planner<'_> {
         self.launch(r, 1, 1, vec![rank, count, len, offset]);
         let args = vec![rank, head, offset, len, order];
         self.launch(r, 2, grid_for(n, self.device), args);
-        let chunks = width.div_ceil(THREADS as usize) as u64;
+        let groups = width.div_ceil(32) as u64;
         let args = vec![
             Arg::Ptr(self.ptr(&dy)),
             Arg::Ptr(pids),
@@ -534,7 +534,7 @@ impl Planner<'_> {
             Arg::I64(width as i64),
             Arg::Ptr(self.ptr(&out)),
         ];
-        self.launch(r, 3, grid(n * chunks, self.device), args);
+        self.launch(r, 3, grid(n * groups, self.device), args);
         Ok(())
     }
 }

@@ -6,7 +6,9 @@
 // the same bits. The summands of an output are cut into `chunks` runs of
 // `per` (the last shorter): with one chunk a kernel writes the output, else
 // each run's sum goes to partial[chunk · outputs + output] and $NAME_finish
-// adds the runs in order.
+// adds them up: a block per 32 outputs, its warp w summing runs w, w + 8, …
+// of its lane's output (32 lanes, 32 neighbouring partials), then the
+// warps' sums in warp order: a fixed order, so the same bits every run.
 // $NAME_rows: x's innermost axis is summed: a block per (output, chunk),
 //   its threads striding along the run, then a block reduction.
 // $NAME_cols: x's innermost axis is kept: a thread per (output, chunk),
@@ -64,9 +66,21 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_cols(
 extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_finish(
     const double* __restrict__ partial, long long outputs, long long chunks, zp_out_t* __restrict__ out)
 {
-  for (long long t = zp_first(); t < outputs; t += zp_step()) {
+  __shared__ double segment[ZP_ROUTINE_THREADS / 32][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (long long first = (long long)blockIdx.x * 32; first < outputs; first += (long long)gridDim.x * 32) {
+    const long long t = first + lane;
     double sum = 0.0;
-    for (long long c = 0; c < chunks; ++c) sum += partial[c * outputs + t];
-    zp_st(out + t, (float)sum);
+    if (t < outputs) {
+      for (long long c = warp; c < chunks; c += warps) sum += partial[c * outputs + t];
+    }
+    segment[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && t < outputs) {
+      double total = 0.0;
+      for (int w = 0; w < warps; ++w) total += segment[w][lane];
+      zp_st(out + t, (float)total);
+    }
+    __syncthreads();
   }
 }

@@ -228,9 +228,9 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         mutated(vec4, "a vector's first element four times", "v[k] = zp_ld(&q.e[k]);", "v[k] = zp_ld(&q.e[0]);"),
         mutated(
             chunked,
-            "the first chunk dropped",
-            "for (long long c = 0; c < chunks; ++c)",
-            "for (long long c = 1; c < chunks; ++c)",
+            "each warp's first chunk dropped",
+            "for (long long c = warp; c < chunks; c += warps)",
+            "for (long long c = warp + warps; c < chunks; c += warps)",
         ),
         mutated(cast, "saturated into i32", "*out = (int)zp_as_i64(x);", "*out = zp_sat_i32(zp_ld(x));"),
         mutated(grow, "the count not advanced", "g + 1.0 >= (double)interval", "g >= (double)interval"),

@@ -297,6 +297,16 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
     let id = b.input(DType::I64, &ids(r, 40, 6), 0);
     let o = b.output(DType::F32, 6 * 4, 0);
     let eg = b.case("embedding_grad".into(), Instr::EmbeddingGrad { dy, ids: id, width: 4, out: o }, Check::Exact);
+    // Two rows: about 20 positions each, more than a block's 8 warps.
+    let mut b = Builder::default();
+    let dy = b.floats(r, DType::F32, 40 * 4, 1.0, 0);
+    let id = b.input(DType::I64, &ids(r, 40, 2), 0);
+    let o = b.output(DType::F32, 2 * 4, 0);
+    let long = b.case(
+        "embedding_grad, long lists".into(),
+        Instr::EmbeddingGrad { dy, ids: id, width: 4, out: o },
+        Check::Exact,
+    );
     vec![
         mutated(t, "a tile read transposed", "= tile[tx][y]", "= tile[y][tx]"),
         mutated(ce(r, 60.0), "no maximum subtracted", "s += (double)expf(v - m)", "s += (double)expf(v)"),
@@ -307,6 +317,7 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
             "if (true) {",
         ),
         mutated(eg, "every position the head of its own list", "first = j;", "first = i;"),
+        mutated(long, "a warp's positions after its first dropped", "k += warps)", "k += positions)"),
     ]
     .into_iter()
     .chain(super::routine_arith::mutations(r))
