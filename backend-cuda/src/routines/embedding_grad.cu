@@ -14,9 +14,12 @@
 // $NAME_offsets: one block; at each head position, where its id's list
 //   starts: the counts of the earlier heads, summed (an exclusive scan);
 // $NAME_order: order[offset[head[i]] + rank[i]] = i;
-// $NAME_sum: per head position and 32 columns, a block: its warp w sums
-//   positions w, w + 8, … of the id's list (its lanes 32 neighbouring
-//   columns), then warp 0 adds the 8 warps' sums in order and writes them.
+// $NAME_sum: per head position and 32 columns, a block. A list of at
+//   least ZP_LONG_LIST positions is shared out: warp w sums positions w,
+//   w + 8, … (its lanes 32 neighbouring columns), then warp 0 adds the 8
+//   warps' sums in order. A shorter list (most words) is walked by one
+//   thread a column, 256 columns a block (every 8th item; the 7 between
+//   pass), as the host walks it.
 // The output is zeroed before (a fill): rows no id names stay 0. Ids of −1
 // (another rank's rows) and ids past the table add nothing.
 extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_rank(
@@ -82,6 +85,9 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_order(
   }
 }
 
+// Positions from which a list is shared out over a block's warps: two a warp.
+#define ZP_LONG_LIST (2 * ZP_ROUTINE_THREADS / 32)
+
 extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_sum(
     const zp_dy_t* __restrict__ dy, const zp_id_t* __restrict__ ids, const int* __restrict__ rank,
     const int* __restrict__ count, const int* __restrict__ offset, const int* __restrict__ order, long long n,
@@ -91,11 +97,19 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_sum(
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const long long groups = (width + 31) / 32;
   for (long long b = blockIdx.x; b < n * groups; b += gridDim.x) {
-    const long long i = b / groups;
+    const long long i = b / groups, g = b % groups;
     if (rank[i] != 0) continue;  // the whole block: i is the block's
-    const long long c = (b % groups) * 32 + lane;
     const int* list = order + offset[i];
     const int positions = count[i];
+    if (positions < ZP_LONG_LIST) {
+      const long long c = g * 32 + threadIdx.x;
+      if (g % warps != 0 || c >= width) continue;
+      double acc = 0.0;
+      for (int k = 0; k < positions; ++k) acc += (double)zp_ld(dy + (long long)list[k] * width + c);
+      zp_st(out + (long long)ids[i] * width + c, (float)acc);
+      continue;
+    }
+    const long long c = g * 32 + lane;
     double acc = 0.0;
     if (c < width) {
 #pragma unroll 4

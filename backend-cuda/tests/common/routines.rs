@@ -292,21 +292,16 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
         let instr = Instr::CrossEntropy { logits, labels: y, classes: 50, ignore_index: -100, out: loss };
         b.case(format!("cross_entropy ×{scale}"), instr, Check::Within(1e-5))
     };
-    let mut b = Builder::default();
-    let dy = b.floats(r, DType::F32, 40 * 4, 1.0, 0);
-    let id = b.input(DType::I64, &ids(r, 40, 6), 0);
-    let o = b.output(DType::F32, 6 * 4, 0);
-    let eg = b.case("embedding_grad".into(), Instr::EmbeddingGrad { dy, ids: id, width: 4, out: o }, Check::Exact);
-    // Two rows: about 20 positions each, more than a block's 8 warps.
-    let mut b = Builder::default();
-    let dy = b.floats(r, DType::F32, 40 * 4, 1.0, 0);
-    let id = b.input(DType::I64, &ids(r, 40, 2), 0);
-    let o = b.output(DType::F32, 2 * 4, 0);
-    let long = b.case(
-        "embedding_grad, long lists".into(),
-        Instr::EmbeddingGrad { dy, ids: id, width: 4, out: o },
-        Check::Exact,
-    );
+    // 40 positions over `rows` rows: about 7 a row for 6 (short lists, a
+    // thread a column), about 20 for 2 (shared out over a block's 8 warps).
+    let eg = |r: &mut Random, rows: usize| {
+        let mut b = Builder::default();
+        let dy = b.floats(r, DType::F32, 40 * 4, 1.0, 0);
+        let id = b.input(DType::I64, &ids(r, 40, rows), 0);
+        let o = b.output(DType::F32, rows * 4, 0);
+        let instr = Instr::EmbeddingGrad { dy, ids: id, width: 4, out: o };
+        b.case(format!("embedding_grad over {rows} rows"), instr, Check::Exact)
+    };
     vec![
         mutated(t, "a tile read transposed", "= tile[tx][y]", "= tile[y][tx]"),
         mutated(ce(r, 60.0), "no maximum subtracted", "s += (double)expf(v - m)", "s += (double)expf(v)"),
@@ -316,8 +311,14 @@ pub fn mutations(r: &mut Random) -> Vec<Case> {
             "if (zp_counted((long long)labels[r], classes, ignore_index)) {",
             "if (true) {",
         ),
-        mutated(eg, "every position the head of its own list", "first = j;", "first = i;"),
-        mutated(long, "a warp's positions after its first dropped", "k += warps)", "k += positions)"),
+        mutated(eg(r, 6), "every position the head of its own list", "first = j;", "first = i;"),
+        mutated(
+            eg(r, 6),
+            "a short list's first position dropped",
+            "for (int k = 0; k < positions; ++k)",
+            "for (int k = 1; k < positions; ++k)",
+        ),
+        mutated(eg(r, 2), "a warp's positions after its first dropped", "k += warps)", "k += positions)"),
     ]
     .into_iter()
     .chain(super::routine_arith::mutations(r))
