@@ -59,15 +59,12 @@ impl DeviceProperties {
 
 /// The most threads a block gets (rows longer than this many vector steps loop).
 pub const MAX_THREADS: u32 = 256;
-/// Blocks per multiprocessor for a kernel with cross-row outputs. Such a
-/// block walks its rows one after the other, each behind a block
-/// reduction, so the rows a block takes set its time: LayerNorm's backward
-/// over bert-base's 4,096 rows at 2 blocks an SM (15.5 rows a block) ran
-/// at 0.37 TB/s on an H100 (99 µs for 31 MB, profiled). Each block also
-/// writes one `double` partial per output element: at 4 an SM, LayerNorm's
-/// 1,536 partials a block add 6.5 MB written and read again, a fifth of its
-/// 31 MB.
-pub const CROSS_ROW_BLOCKS_PER_SM: u32 = 4;
+/// Blocks per multiprocessor for a kernel with cross-row outputs. Each block
+/// writes one `double` partial per output element (LayerNorm's backward at
+/// width 768: 1,536 a block), so more blocks cost bytes; on an H100 that
+/// kernel took 100 µs (bert-base, profiled) at 2 and at 4 blocks an SM
+/// alike.
+pub const CROSS_ROW_BLOCKS_PER_SM: u32 = 2;
 /// The most scratch memory the cross-row partial sums of one launch may take.
 pub const SCRATCH_BYTES: usize = 256 << 20;
 /// Threads per block of the kernel that adds the partial sums up.

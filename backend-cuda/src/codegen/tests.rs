@@ -49,9 +49,9 @@ fn long_rows_loop_and_cross_row_grids_are_capped() {
     let device = DeviceProperties { multiprocessors: 4, ..DeviceProperties::H100_SXM };
     let g = generate(&centre(8192, DType::F32, true), &[1000, 8192], &device).unwrap();
     assert_eq!(g.launch.block, 256);
-    // Four blocks per SM for the partial sums: 16 blocks of 63 rows (the last 55).
-    assert_eq!((g.launch.grid, g.launch.rows_per_block), (16, 63));
-    assert_eq!(g.launch.scratch_bytes, 16 * 8192 * 8);
+    // Two blocks per SM for the partial sums: 8 blocks of 125 rows.
+    assert_eq!((g.launch.grid, g.launch.rows_per_block), (8, 125));
+    assert_eq!(g.launch.scratch_bytes, 8 * 8192 * 8);
     // The finish: a block per 32 of the 8,192 sums.
     assert_eq!(g.launch.finish, Some((256, 256)));
     assert!(g.outputs[1].cross_row && !g.outputs[0].cross_row);
@@ -88,9 +88,9 @@ fn flat(n: u64) -> Kernel {
 #[test]
 fn one_long_row_is_split_over_the_gpu() {
     let g = generate(&flat(7_077_888), &[7_077_888], &DeviceProperties::H100_SXM).unwrap();
-    // [1728, 4096]: the partial sums cap the grid at 4 blocks per SM (528),
-    // so 4 rows a block, 432 blocks.
-    assert_eq!((g.launch.grid, g.launch.rows_per_block, g.launch.block), (432, 4, 256));
+    // [1728, 4096]: the partial sums cap the grid at 2 blocks per SM (264),
+    // so 7 rows a block, 247 blocks.
+    assert_eq!((g.launch.grid, g.launch.rows_per_block, g.launch.block), (247, 7, 256));
     assert_eq!(g.dims, [7_077_888]);
     assert_eq!((g.inputs[0].len, g.outputs[0].len, g.outputs[1].len), (7_077_888, 7_077_888, 1));
     // A short row stays whole, and so does a row its body reduces.
@@ -100,7 +100,7 @@ fn one_long_row_is_split_over_the_gpu() {
     assert_eq!(g.launch.grid, 1);
     // Enough rows already (4 per SM): no split.
     let g = generate(&centre(8192, DType::F32, true), &[528, 8192], &DeviceProperties::H100_SXM).unwrap();
-    assert_eq!((g.dims.as_slice(), g.launch.grid, g.launch.rows_per_block), (&[528, 8192][..], 528, 1));
+    assert_eq!((g.dims.as_slice(), g.launch.grid, g.launch.rows_per_block), (&[528, 8192][..], 264, 2));
 }
 
 #[test]

@@ -24,7 +24,7 @@ pub const ATTENTION_FLOOR: f64 = 0.25;
 /// Blocks one SM holds of an entry whose launch, not its resources, sets
 /// that at every shape: a generated kernel with cross-row outputs (one
 /// `double` partial per output element and block, added up by its
-/// `_finish` kernel) has its grid capped at `CROSS_ROW_BLOCKS_PER_SM` (4)
+/// `_finish` kernel) has its grid capped at `CROSS_ROW_BLOCKS_PER_SM` (2)
 /// blocks per multiprocessor, `LaunchConfig::grid` over the device's SMs.
 /// Such an entry is held to a floor only where its registers or shared
 /// memory allow fewer blocks than its grid gives an SM: above that, fewer
