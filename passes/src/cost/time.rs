@@ -1,6 +1,8 @@
 //! How long one instruction takes on one GPU of a cluster.
 //!
-//! - GEMMs: a roofline, `max(FLOPs / (peak · η), bytes / HBM)`, where the
+//! - GEMMs: a roofline, `max(FLOPs / (peak · η), bytes / (HBM · 0.85))`
+//!   (a GEMM streams its operands no faster than any kernel,
+//!   [`HBM_FRACTION`]), where the
 //!   efficiency `η` is the achievable fraction of the datasheet peak
 //!   ([`GEMM_PEAK_FRACTION`]) times the shape's losses: tile quantisation
 //!   (cuBLAS tiles the output in 128 × 128 blocks; a 130-row product pays
@@ -32,15 +34,26 @@ use zeroplan_ir::{DType, Op};
 use super::nccl::{self, Collective, Fabric, Group};
 use super::work::{Engine, GemmShape, Work};
 
-/// Fraction of the datasheet's dense peak a large, well-shaped GEMM
-/// reaches: cuBLAS's large bf16 products reach ~75–85% on A100 and H100
-/// (NVIDIA's published cuBLAS figures and MLPerf submissions).
-pub const GEMM_PEAK_FRACTION: f64 = 0.8;
+/// Fraction of the datasheet's dense peak cuBLAS sustains on the products
+/// of a training step, beyond what the shape terms below take: measured on an
+/// H100 SXM at the fidelity rows' layer shapes (GPT-1.7B's QKV, projection
+/// and MLP products, forward, input and weight gradients, M = 8,192 and
+/// 32,768; `bench/gpu/gemm_sweep.py`, bench/RESULTS.md 2026-11-28): the
+/// median of 24 products' rate over `peak × shape efficiency` is 0.706
+/// (quartiles 0.665–0.733), where one 8192³ product reaches 0.80. A100 and
+/// V100 are taken to sustain the same fraction (unmeasured here; the best
+/// shapes reach 86 % of an A100's peak and 80 % of an H100's in Bekman's
+/// MAMF measurements, so A100 may be a little faster than this).
+pub const GEMM_PEAK_FRACTION: f64 = 0.71;
 /// Output tile edge of the tensor-core GEMM kernels, elements.
 pub const GEMM_TILE: u64 = 128;
 /// `k` at which a GEMM's main loop runs at half efficiency.
 pub const GEMM_K_HALF: f64 = 64.0;
-/// Fraction of HBM bandwidth a streaming kernel reaches.
+/// Fraction of HBM bandwidth a streaming kernel reaches, and a GEMM whose
+/// operands' bytes outlast its arithmetic: attention's batched products of
+/// the s × s probabilities ran at 2.59–2.76 TB/s on an H100 (torch
+/// `matmul`, head dims 96 and 128, 2,048 and 4,096 keys; 77–82 % of 3.35 TB/s;
+/// bench/RESULTS.md, 2026-11-28).
 pub const HBM_FRACTION: f64 = 0.85;
 /// Launch overhead of one kernel, GEMM, copy or collective, seconds (eager
 /// launches).
@@ -102,7 +115,8 @@ impl Machine {
             Engine::Free => 0.0,
             Engine::Gemm => {
                 let efficiency = GEMM_PEAK_FRACTION * work.gemm.map_or(1.0, |g| self.shape_efficiency(g));
-                self.launch_seconds() + (work.flops / (self.peak_flops() * efficiency)).max(work.bytes / hbm)
+                let streamed = work.bytes / (hbm * HBM_FRACTION);
+                self.launch_seconds() + (work.flops / (self.peak_flops() * efficiency)).max(streamed)
             }
             Engine::Kernel => self.launch_seconds() + work.bytes / (hbm * HBM_FRACTION),
             Engine::Copy => self.launch_seconds() + work.bytes / (gpu.host_gbps * 1e9),
