@@ -332,6 +332,14 @@ def bert_base_against_host(c):
     return against_host(c, "models/bert-base.ron", "bf16", 8, 128, 3)
 
 
+def _bert_base_plan(c, plan):
+    """bert-base bf16 at batch 32 × seq 128 on one GPU, every activation kept:
+    the benchmark's first row, written to `plan`."""
+    c.must([c.zeroplan, "compile", "models/bert-base.ron", "--gpu", c.args.gpu_profile, "--gpus", "1", "--seq", "128",
+            "--global-batch", "32", "--micro-batch", "32", "--precision", "bf16", "--zero", "0", "--offload", "none",
+            "--recompute", "none", "-o", plan], 300)
+
+
 def profile(c):
     """bert-base bf16 at batch 32 × seq 128 (the benchmark's first row), three
     steps with every instruction timed to its end: the slowest instruction
@@ -339,9 +347,7 @@ def profile(c):
     trace = os.path.join(c.out, "profile.json")
     with tempfile.TemporaryDirectory() as work:
         plan = os.path.join(work, "plan.ron")
-        c.must([c.zeroplan, "compile", "models/bert-base.ron", "--gpu", c.args.gpu_profile, "--gpus", "1", "--seq", "128",
-                "--global-batch", "32", "--micro-batch", "32", "--precision", "bf16", "--zero", "0", "--offload", "none",
-                "--recompute", "none", "-o", plan], 300)
+        _bert_base_plan(c, plan)
         done = c.must([c.zeroplan, "train", plan, "--backend", "cuda", "--steps", "3", "--log-json", "--profile", trace],
                       600, "train_log.jsonl")
     rows = [line.strip() for line in done.stderr.splitlines() if line.strip()]
@@ -349,6 +355,71 @@ def profile(c):
     if start is None:
         return {"slowest": "no profile printed"}
     return {"total": rows[start], "slowest": rows[start + 2:start + 12]}
+
+
+# The kernels the 2026-11-28 profile found far off their floor, as `ncu
+# --kernel-name` matches them in bert-base's plan: the bias gradients'
+# `sum_to`, LayerNorm's backward, the attention backward, the embedding
+# gradient.
+NCU_KERNELS = "regex:zp_sum_to|norm_back0|flash_attention_mma_bwd|embedding_grad"
+# Per launch: time, DRAM traffic and its share of the peak, occupancy, shape.
+NCU_METRICS = [
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread",
+    "launch__grid_size",
+    "launch__block_size",
+]
+
+
+def kernels(c):
+    """`ncu` over the first launches of the slow kernels of bert-base's step:
+    what holds each (bytes, DRAM share, occupancy); the whole table in
+    ncu_kernels.csv."""
+    csv_path = os.path.join(c.out, "ncu_kernels.csv")
+    with tempfile.TemporaryDirectory() as work:
+        plan = os.path.join(work, "plan.ron")
+        _bert_base_plan(c, plan)
+        done = c.must(["ncu", "--kernel-name", NCU_KERNELS, "--launch-count", "16", "--csv", "--page", "raw",
+                       "--metrics", ",".join(NCU_METRICS), c.zeroplan, "train", plan, "--backend", "cuda",
+                       "--steps", "1", "--cuda-graphs", "off"], 600, "constructed_ncu_raw.csv")
+    with open(csv_path, "w", encoding="utf-8") as f:
+        f.write(done.stdout)
+    return ncu_figures(done.stdout)
+
+
+def ncu_figures(text):
+    """Each kernel's first launch from `ncu --csv --page raw`: µs, GB moved,
+    % of DRAM peak, % occupancy (warps active), registers, grid × block."""
+    import csv
+
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise StepFailed("no ncu table in the output (see steps.log)")
+    rows = list(csv.DictReader(lines[start:]))
+    units = rows[0] if rows and not rows[0]["ID"].strip().isdigit() else {}
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3,
+             "Gbyte": 1.0}
+    figures = {}
+    for row in rows:
+        if not row["ID"].strip().isdigit() or row["Kernel Name"] in figures:
+            continue
+        value = lambda m: float(row[m].replace(",", "")) * scale.get(units.get(m, ""), 1.0)
+        figures[row["Kernel Name"]] = (
+            f"{value('gpu__time_duration.sum'):.1f} µs, "
+            f"{value('dram__bytes_read.sum') + value('dram__bytes_write.sum'):.4f} GB, "
+            f"DRAM {value('dram__throughput.avg.pct_of_peak_sustained_elapsed'):.0f} %, "
+            f"occupancy {value('sm__warps_active.avg.pct_of_peak_sustained_active'):.0f} %, "
+            f"{value('launch__registers_per_thread'):.0f} registers, "
+            f"{value('launch__grid_size'):.0f} × {value('launch__block_size'):.0f}"
+        )
+    if not figures:
+        raise StepFailed("ncu matched no kernel of the step")
+    return figures
 
 
 def benchmark(c):
@@ -379,6 +450,7 @@ STEPS = [
     Step("bert-base", "bert-base bf16 seq 128 on CUDA against the CPU backend; peak memory against the plan", False,
          bert_base_against_host),
     Step("profile", "bert-base bf16 batch 32: each instruction timed; the slowest kinds", True, profile),
+    Step("kernels", "ncu over bert-base's slowest kernels: time, DRAM bytes and share, occupancy", False, kernels),
     Step("benchmark", "bench/gpu/run.sh: BERT seq 128 bf16 against PyTorch eager and torch.compile", True, benchmark),
 ]
 

@@ -51,6 +51,24 @@ class TestCounts(unittest.TestCase):
         self.assertEqual(gpu_check._failed_names(out), "b")
 
 
+class Kernels(unittest.TestCase):
+    def test_reads_each_kernels_first_launch_in_its_units(self):
+        # A table in ncu's `--csv --page raw` layout (ids, then a units row),
+        # made by hand: ncu's own messages first, a kernel launched twice.
+        with open(os.path.join(gpu_check.TESTDATA, "constructed_ncu_raw.csv"), encoding="utf-8") as f:
+            figures = gpu_check.ncu_figures(f.read())
+        self.assertEqual(sorted(figures), ["zp_layer11_ffn_norm_back0_fused", "zp_sum_to_bf16_bf16_cols"])
+        self.assertEqual(figures["zp_layer11_ffn_norm_back0_fused"],
+                         "85.1 µs, 0.0315 GB, DRAM 18 %, occupancy 9 %, 76 registers, 264 × 96")
+        # The first launch's figures, its thousands separator read.
+        self.assertEqual(figures["zp_sum_to_bf16_bf16_cols"],
+                         "3.3 µs, 0.0084 GB, DRAM 62 %, occupancy 81 %, 40 registers, 1026 × 256")
+
+    def test_an_output_without_a_table_fails_the_step(self):
+        with self.assertRaises(gpu_check.StepFailed):
+            gpu_check.ncu_figures("==PROF== No kernels were profiled.\n")
+
+
 class Report(unittest.TestCase):
     def test_a_subset_merges_into_the_existing_report(self):
         with tempfile.TemporaryDirectory() as out:
