@@ -59,6 +59,21 @@ __device__ __forceinline__ double zp_block_sum(double x, double* red) {
   return x;
 }
 
+// Each lane's sum over the block's warps, in warp order, in warp 0's lanes
+// (0 elsewhere): a block of 8 warps adds 8 partial sums of 32 neighbouring
+// outputs. `segment` holds a double per thread.
+__device__ __forceinline__ double zp_warps_sum(double x, double (*segment)[32]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  segment[warp][lane] = x;
+  __syncthreads();
+  double total = 0.0;
+  if (warp == 0) {
+    for (int w = 0; w < (int)(blockDim.x / 32); ++w) total += segment[w][lane];
+  }
+  __syncthreads();
+  return total;
+}
+
 // Elements of T in one 16-byte access.
 template <class T> struct ZpLanes { static constexpr int N = 16 / (int)sizeof(T); };
 

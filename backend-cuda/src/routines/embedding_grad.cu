@@ -115,13 +115,7 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_sum(
 #pragma unroll 4
       for (int k = warp; k < positions; k += warps) acc += (double)zp_ld(dy + (long long)list[k] * width + c);
     }
-    segment[warp][lane] = acc;
-    __syncthreads();
-    if (warp == 0 && c < width) {
-      double total = 0.0;
-      for (int w = 0; w < warps; ++w) total += segment[w][lane];
-      zp_st(out + (long long)ids[i] * width + c, (float)total);
-    }
-    __syncthreads();
+    const double total = zp_warps_sum(acc, segment);
+    if (warp == 0 && c < width) zp_st(out + (long long)ids[i] * width + c, (float)total);
   }
 }

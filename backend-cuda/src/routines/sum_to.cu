@@ -74,13 +74,7 @@ extern "C" __global__ void __launch_bounds__(ZP_ROUTINE_THREADS) $NAME_finish(
     if (t < outputs) {
       for (long long c = warp; c < chunks; c += warps) sum += partial[c * outputs + t];
     }
-    segment[warp][lane] = sum;
-    __syncthreads();
-    if (warp == 0 && t < outputs) {
-      double total = 0.0;
-      for (int w = 0; w < warps; ++w) total += segment[w][lane];
-      zp_st(out + t, (float)total);
-    }
-    __syncthreads();
+    const double total = zp_warps_sum(sum, segment);
+    if (warp == 0 && t < outputs) zp_st(out + t, (float)total);
   }
 }
