@@ -110,15 +110,15 @@ impl Machine {
     /// of them and leaves a node sooner than a tensor-parallel group does.
     pub fn seconds(&self, op: &Op, work: &Work, tensor_parallel: u64) -> f64 {
         let gpu = &self.cluster.gpu;
-        let hbm = gpu.hbm_gbps * 1e9;
+        // Device memory streamed at what a kernel reaches, GEMM or not.
+        let streamed = || work.bytes / (gpu.hbm_gbps * 1e9 * HBM_FRACTION);
         match work.engine {
             Engine::Free => 0.0,
             Engine::Gemm => {
                 let efficiency = GEMM_PEAK_FRACTION * work.gemm.map_or(1.0, |g| self.shape_efficiency(g));
-                let streamed = work.bytes / (hbm * HBM_FRACTION);
-                self.launch_seconds() + (work.flops / (self.peak_flops() * efficiency)).max(streamed)
+                self.launch_seconds() + (work.flops / (self.peak_flops() * efficiency)).max(streamed())
             }
-            Engine::Kernel => self.launch_seconds() + work.bytes / (hbm * HBM_FRACTION),
+            Engine::Kernel => self.launch_seconds() + streamed(),
             Engine::Copy => self.launch_seconds() + work.bytes / (gpu.host_gbps * 1e9),
             Engine::Host => work.bytes / HOST_BYTES_PER_SECOND,
             Engine::Collective => {

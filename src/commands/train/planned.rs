@@ -303,6 +303,8 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         bar
     });
     trainer.prepare(args.profile.is_some(), args.cuda_graphs)?;
+    // With more than one step to profile, the first warms up and is left out.
+    let warm_up = args.profile.is_some() && args.steps > first + 1;
     for step in first..args.steps {
         let _span = tracing::info_span!("step", step = step + 1).entered();
         let Stepped { log, seconds, tokens_per_s } = trainer.step()?;
@@ -324,7 +326,7 @@ fn train_loop<D: Device<Instr: Send> + Send>(
                 bar.inc(1);
             }
         }
-        if args.profile.is_some() && step == first && step + 1 < args.steps {
+        if warm_up && step == first {
             trainer.restart_profiles();
         }
         if diverges(&log) {
@@ -350,7 +352,6 @@ fn train_loop<D: Device<Instr: Send> + Send>(
         let profiles: Vec<_> = ranks.iter().filter_map(|rank| rank.profile()).collect();
         emit(&crate::trace::measured(ranks[0].program(), &profiles)?.to_json(), Some(path))?;
         if let Some(rank0) = profiles.first() {
-            let warm_up = args.steps > first + 1;
             eprint!("{}", slowest_kinds(rank0, PROFILE_ROWS, warm_up));
         }
     }
