@@ -447,13 +447,15 @@ fn compile_lists_the_fastest_distinct_candidates_then_the_runner_up() {
     let figures: std::collections::HashSet<String> =
         rows.iter().map(|r| r.split_whitespace().rev().take(4).collect::<Vec<_>>().join(" ")).collect();
     assert_eq!(figures.len(), rows.len(), "{text}");
-    assert!(rows[0].contains("ZeRO-0 offload none recompute none = selective micro-batch 32×1"), "{text}");
+    assert!(rows[0].contains("ZeRO-1 = ZeRO-2 offload none recompute none = selective micro-batch 32×1"), "{text}");
     // The runner-up is another plan, never the winner's identical twin.
     let runner_up = text.lines().last().unwrap();
     let strategy = runner_up.trim_start_matches("runner-up").split(':').next().unwrap().trim();
     let twins = [
-        "ZeRO-0 offload none recompute none micro-batch 32×1",
-        "ZeRO-0 offload none recompute selective micro-batch 32×1",
+        "ZeRO-1 offload none recompute none micro-batch 32×1",
+        "ZeRO-1 offload none recompute selective micro-batch 32×1",
+        "ZeRO-2 offload none recompute none micro-batch 32×1",
+        "ZeRO-2 offload none recompute selective micro-batch 32×1",
     ];
     assert!(!runner_up.contains("a tie") && !twins.contains(&strategy), "{runner_up}");
     let searched: usize = text

@@ -85,9 +85,22 @@ impl DataParallel {
         if self.zero_stage >= 2 { self.ranks } else { 1 }
     }
 
-    /// Shards of the 16-bit (or fp32) parameters the forward reads.
+    /// Shards of the 16-bit (or fp32) parameters kept between steps. From
+    /// stage 1 on each rank updates only its shard; stages 1–2 gather the
+    /// updated shards at the start of the next step's forward (Megatron-LM's
+    /// distributed optimizer with `--overlap-param-gather`), where the
+    /// gathers run under the layers before, rather than after the update,
+    /// where nothing is left to hide them under. Stage 3 gathers again for
+    /// every phase that reads them.
     pub fn parameter_shards(&self) -> u64 {
-        if self.zero_stage >= 3 { self.ranks } else { 1 }
+        if self.zero_stage >= 1 { self.ranks } else { 1 }
+    }
+
+    /// Whether one gathered copy of the parameters serves the whole step
+    /// (stages 1–2: gathered by the forward, read by the backward, freed
+    /// after its last reader) rather than a gather per phase (stage 3).
+    pub fn gathers_once(&self) -> bool {
+        matches!(self.zero_stage, 1 | 2)
     }
 
     /// Why this combination cannot be planned, if it cannot.

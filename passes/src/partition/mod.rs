@@ -6,17 +6,22 @@
 //! and rewrites the step for `ranks` data-parallel replicas at a ZeRO stage
 //! (Rajbhandari et al., 2020):
 //!
-//! | stage | each rank holds whole | each rank holds `1/ranks` of | gradients |
+//! | stage | each rank keeps `1/ranks` of | whole parameters in the step | gradients |
 //! |---|---|---|---|
-//! | 0 | parameters, gradients, optimizer states | — | all-reduce per bucket during backward |
-//! | 1 | parameters, gradients | optimizer states | reduce-scatter after backward |
-//! | 2 | parameters | gradients, optimizer states | reduce-scatter per bucket during backward |
-//! | 3 | — | everything | reduce-scatter during backward |
+//! | 0 | — | kept whole | all-reduce per bucket during backward |
+//! | 1 | optimizer states, parameters | gathered once, by the forward | reduce-scatter after backward |
+//! | 2 | optimizer states, gradients, parameters | gathered once, by the forward | reduce-scatter per bucket during backward |
+//! | 3 | everything | gathered by each phase | reduce-scatter during backward |
 //!
-//! Stages 1–2 all-gather the updated 16-bit parameters after AdamW. Stage 3
-//! all-gathers each bucket just before the forward reads it and again before
-//! the backward does, one bucket ahead (prefetch), and the gathered copy dies
-//! after its last reader. AdamW runs once per bucket over the flat shard.
+//! From stage 1 on, each rank keeps only its shard of the 16-bit parameters
+//! between steps: AdamW updates the shard, and the forward all-gathers each
+//! bucket just before it reads it, one layer ahead (prefetch), so that the
+//! gathers run under the layers before (Megatron-LM's distributed optimizer
+//! with `--overlap-param-gather`; DeepSpeed's stages 1–2 gather after the
+//! update instead, where nothing hides them). Stages 1–2 keep the gathered
+//! copy for the backward, which reads it until its last reader frees it;
+//! stage 3 gathers again for the backward, and the forward's copy dies after
+//! the forward. AdamW runs once per bucket over the flat shard.
 //! Per rank and step that moves ≈ 2Ψ elements for stages 0–2 and ≈ 3Ψ for
 //! stage 3.
 //!
@@ -89,9 +94,9 @@ impl Pass for Partition {
 /// Per bucket, what the rewritten step made so far.
 #[derive(Default)]
 struct Made {
-    /// The 16-bit (or fp32) parameters the forward reads: whole, or this rank's shard.
+    /// The 16-bit (or fp32) parameters kept between steps: whole, or this rank's shard.
     weights: Option<Value>,
-    /// The whole bucket of parameters, per read (gathered under stage 3).
+    /// The whole bucket of parameters, per read (gathered from stage 1 on).
     gathered: FxHashMap<Read, Value>,
     /// Each member's view, per read.
     views: FxHashMap<(Read, usize), Value>,
@@ -281,7 +286,7 @@ impl<'a> Builder<'a> {
             return self.view(b, m, self.read(b, phase, recompute));
         }
         let node = self.graph.node(v.node);
-        let elsewhere = node.phase != phase && !self.whole_on_device();
+        let elsewhere = node.phase != phase && !self.one_copy();
         let Some(s) = elsewhere.then(|| self.parameter_behind(v.node)).flatten() else {
             return Ok(self.map[&v]);
         };
@@ -332,10 +337,16 @@ impl<'a> Builder<'a> {
         self
     }
 
-    /// Whether every phase reads the same parameters: whole on the device
-    /// (below stage 3, or one rank without parameter offload).
+    /// Whether the parameters are whole on the device between steps (stage
+    /// 0, or one rank without parameter offload): nothing to gather.
     fn whole_on_device(&self) -> bool {
         self.dp.parameter_shards() == 1 && self.weights_place() == Place::Device
+    }
+
+    /// Whether every phase reads the same copy of the parameters: whole on
+    /// the device, or gathered once for the step (stages 1–2).
+    fn one_copy(&self) -> bool {
+        self.whole_on_device() || self.dp.gathers_once()
     }
 
     fn add_at(&mut self, place: Place, name: String, op: Op, operands: &[Value]) -> Result<Value, GraphError> {
@@ -366,8 +377,8 @@ impl<'a> Builder<'a> {
         if self.dp.offload == Offload::OptimizerAndParams { Place::Host } else { Place::Device }
     }
 
-    /// The parameters the forward reads: a flat param in the compute dtype,
-    /// whole or (stage 3) this rank's shard.
+    /// The parameters kept between steps: a flat param in the compute
+    /// dtype, whole or (from stage 1 on) this rank's shard.
     fn weights(&mut self, b: usize) -> Result<Value, GraphError> {
         if let Some(w) = self.made[b].weights {
             return Ok(w);
@@ -381,8 +392,8 @@ impl<'a> Builder<'a> {
         Ok(w)
     }
 
-    /// The whole bucket for `read`: the parameters themselves, or under
-    /// stage 3 an all-gather of the shards, made together with the gathers
+    /// The whole bucket for `read`: the parameters themselves, or from
+    /// stage 1 on an all-gather of the shards, made together with the gathers
     /// of the layer that runs next (prefetch, one layer ahead; a tile of a
     /// large operator is a layer of its own, prefetched by the tile before).
     fn gathered(&mut self, b: usize, read: Read) -> Result<Value, GraphError> {
@@ -437,8 +448,8 @@ impl<'a> Builder<'a> {
     /// Member `m` of bucket `b` in its parameter's shape, for `read`: a
     /// slice and a reshape, both views of the flat buffer.
     fn view(&mut self, b: usize, m: usize, read: Read) -> Result<Value, GraphError> {
-        // Parameters whole on the device: one view serves all reads.
-        let read = if self.whole_on_device() { Read::Phase(Phase::Forward) } else { read };
+        // One copy for the step: one view serves all reads.
+        let read = if self.one_copy() { Read::Phase(Phase::Forward) } else { read };
         if let Some(&v) = self.made[b].views.get(&(read, m)) {
             return Ok(v);
         }
@@ -598,8 +609,9 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// AdamW over bucket `b`'s shard, the masters' cast back to the compute
-    /// dtype, and (stages 1–2) the all-gather of the updated parameters.
+    /// AdamW over bucket `b`'s shard and the masters' cast back to the
+    /// compute dtype: the parameters' update (from stage 1 on, the shard the
+    /// next step's forward gathers).
     fn adamw(&mut self, b: usize) -> Result<(), GraphError> {
         let bucket = &self.buckets[b];
         let name = bucket.name.clone();
@@ -618,14 +630,9 @@ impl<'a> Builder<'a> {
         let ty = Self::flat(shard_len, DType::F32);
         let m = self.source_at(place, format!("{name}.adam_m"), zeros(), ty.clone())?;
         let v = self.source_at(place, format!("{name}.adam_v"), zeros(), ty)?;
-        let whole_weights = self.dp.parameter_shards() == 1;
-        let param = match master {
-            Some(master) => master,
-            None if shards > 1 && whole_weights => {
-                self.out.add(format!("{name}.params.shard"), Op::Shard { ranks: self.dp.ranks }, &[weights])?
-            }
-            None => weights,
-        };
+        // Without masters AdamW updates the parameters themselves, sharded as
+        // the optimizer states are.
+        let param = master.unwrap_or(weights);
         let mut grad = self.made[b].applied.expect("gradients_for_optimizer ran");
         let mut scalars: Vec<Value> = self.step.scalars.iter().map(|v| self.map[v]).collect();
         if place == Place::Host {
@@ -649,9 +656,6 @@ impl<'a> Builder<'a> {
             if place == Place::Host && self.weights_place() == Place::Device {
                 new = self.add_at(Place::Device, format!("{name}.params.h2d"), Op::Copy, &[new])?;
             }
-        }
-        if shards > 1 && whole_weights {
-            new = self.out.add(format!("{name}.params.all_gather"), Op::AllGather { ranks: self.dp.ranks }, &[new])?;
         }
         self.out.set_update(weights.node, new)
     }

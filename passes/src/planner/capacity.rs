@@ -88,7 +88,9 @@ pub fn scaled(family: &ModelSpec, layers: u64, hidden: u64, seq: u64) -> ModelSp
 /// Model-state bytes per parameter on a GPU at `zero_stage` over `ranks`
 /// data-parallel ranks: 16-bit parameters and gradients and 12 bytes of
 /// f32 master, momentum and variance under mixed precision; 4 + 4 + 8 in
-/// f32 (ZeRO, §3.1 and §5.1).
+/// f32 (ZeRO, §3.1 and §5.1). At stages 1–2 the whole parameters are the
+/// copy the forward gathers, beside the `1/n` shard the rank keeps between
+/// steps (the `partition` pass).
 pub fn state_bytes_per_param(precision: Precision, zero_stage: u8, ranks: u64) -> f64 {
     let (p, g, o) = match compute_dtype(precision) {
         DType::F32 => (4.0, 4.0, 8.0),
@@ -97,8 +99,8 @@ pub fn state_bytes_per_param(precision: Precision, zero_stage: u8, ranks: u64) -
     let n = ranks.max(1) as f64;
     match zero_stage {
         0 => p + g + o,
-        1 => p + g + o / n,
-        2 => p + (g + o) / n,
+        1 => p + p / n + g + o / n,
+        2 => p + (p + g + o) / n,
         _ => (p + g + o) / n,
     }
 }

@@ -10,7 +10,10 @@
 //! GPU's share is `1/t` of the parameters (`t` tensor ranks), and of those
 //!
 //! - the 16-bit (f32) parameters stay on the GPU unless offloaded; `1/N`
-//!   of them at ZeRO-3;
+//!   of them at ZeRO-3; at ZeRO-1–2 the `1/N` shard kept across steps and,
+//!   at the end of the forward, the whole copy it gathered for the backward
+//!   (the embedding tables left out: where no head reads them, the backward
+//!   does not either, and their copy is gone by then);
 //! - AdamW's f32 moments (8 bytes a parameter) and under mixed precision
 //!   the f32 masters (4 more) stay on the GPU unless the optimizer is
 //!   offloaded, else on the offload tier (host memory or NVMe); `1/N` of
@@ -33,9 +36,10 @@
 
 use std::collections::HashMap;
 
-use zeroplan_ir::DType;
+use rustc_hash::FxHashSet;
 use zeroplan_ir::build::{self, BuildOptions};
 use zeroplan_ir::plan::{Offload, OffloadTo, StatesExceed};
+use zeroplan_ir::{DType, Op};
 
 use super::evaluate::Choice;
 use super::{PlanError, Request, compute_dtype};
@@ -44,13 +48,22 @@ use crate::recompute::Policy;
 /// Each tensor-parallel degree's parameters per tensor rank, counted once.
 #[derive(Default)]
 pub struct Floors {
-    per_tensor_rank: HashMap<u64, u64>,
+    per_tensor_rank: HashMap<u64, Parameters>,
+}
+
+/// One tensor rank's parameters.
+#[derive(Clone, Copy)]
+struct Parameters {
+    all: u64,
+    /// Those of the embedding lookups' tables.
+    tables: u64,
 }
 
 /// A choice's model states per GPU, by where they live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Floor {
-    /// Kept on each GPU across steps: a lower bound on its peak.
+    /// Live on each GPU at the end of the forward whatever else is: a
+    /// lower bound on its peak.
     pub gpu: u64,
     /// Offloaded, per GPU, on the offload tier.
     pub offloaded: u64,
@@ -84,28 +97,39 @@ impl Floors {
     }
 
     /// The parameters on each of `t` tensor ranks (replicated ones in each).
-    fn parameters(&mut self, req: &Request, t: u64) -> Result<u64, PlanError> {
+    fn parameters(&mut self, req: &Request, t: u64) -> Result<Parameters, PlanError> {
         if let Some(&p) = self.per_tensor_rank.get(&t) {
             return Ok(p);
         }
         let dtype = compute_dtype(req.train.precision);
         let options = BuildOptions { dtype, tensor_parallel: t, sequence_parallel: false };
         let graph = build::forward(req.model, &options).map_err(|e| PlanError::Compile(e.to_string()))?;
-        let p = graph.parameter_count();
+        let tables: FxHashSet<_> = graph
+            .petgraph()
+            .node_indices()
+            .filter(|&n| matches!(graph.node(n).op, Op::Embedding))
+            .map(|n| graph.operands(n)[0])
+            .filter(|table| matches!(graph.node(table.node).op, Op::Param { .. }))
+            .collect();
+        let tables = tables.iter().filter_map(|&v| graph.value_type(v).shape.numel().as_constant()).sum();
+        let p = Parameters { all: graph.parameter_count(), tables };
         self.per_tensor_rank.insert(t, p);
         Ok(p)
     }
 }
 
-/// Where `params` parameters' states live under `choice`, per GPU.
-fn states(req: &Request, choice: Choice, params: u64) -> Floor {
+/// Where `params`' states live under `choice`, per GPU.
+fn states(req: &Request, choice: Choice, params: Parameters) -> Floor {
     let dtype = compute_dtype(req.train.precision);
     let ranks = choice.data_ranks(req.cluster.world_size()).max(1);
+    let whole = params.all * dtype.size_bytes();
     let parameters = match (choice.offload, choice.zero_stage) {
         (Offload::OptimizerAndParams, _) => 0,
-        (_, 3) => params * dtype.size_bytes() / ranks,
-        _ => params * dtype.size_bytes(),
+        (_, 3) => whole / ranks,
+        (_, 1 | 2) if ranks > 1 => whole / ranks + (params.all - params.tables) * dtype.size_bytes(),
+        _ => whole,
     };
+    let params = params.all;
     let per_param = if dtype == DType::F32 { 8 } else { 12 };
     let (optimizer, offloaded) = match choice.offload {
         Offload::None => (params * per_param / if choice.zero_stage >= 1 { ranks } else { 1 }, 0),

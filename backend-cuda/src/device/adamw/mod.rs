@@ -8,8 +8,8 @@
 //! [`hyper`]), and groups consecutive ones that share their hyper-parameters
 //! (but the weight decay, which the table holds per tensor), gradient dtype
 //! and scalars ([`grouping::groups`]). A group never crosses an
-//! instruction that touches its buffers: a ZeRO all-gather of an updated
-//! parameter, a reduce-scatter still producing a gradient, a host step —
+//! instruction that touches its buffers: a reduce-scatter still producing a
+//! gradient, a host step —
 //! on the compute thread or the communication stream — closes it, since the
 //! launch runs at the group's last update and every other update moves
 //! past what lies between. Host-placed (offloaded) updates keep the host's
@@ -27,10 +27,8 @@
 //! step ([`Written::At`]), so `Runner::set_finite_checks` checks every
 //! member's outputs right after the launch (and a capture reads them there).
 //!
-//! ZeRO-1/2 updates are not taken: their new parameter shard goes to a
-//! buffer of its own (then all-gathered), which the in-place table cannot
-//! express; those plans update per flat shard (8 launches for tiny-bert).
-//! ZeRO-3 updates its shards in place and they group.
+//! From ZeRO-1 on a rank updates its flat shards in place (the next step's
+//! forward gathers them), and they group.
 
 pub mod grouping;
 pub mod hyper;
