@@ -433,7 +433,8 @@ fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<
         .take(RECHECKS)
         .take_while(|o| o.best.as_ref().is_some_and(|estimate| faster(estimate, &winner.0)))
         .collect();
-    let compiled: Vec<_> = contenders.par_iter().map(|o| exact(req, machine, o)).collect();
+    // One whole compile a task.
+    let compiled: Vec<_> = contenders.par_iter().with_max_len(1).map(|o| exact(req, machine, o)).collect();
     let mut beaten = Vec::new();
     for (outcome, compiled) in contenders.into_iter().zip(compiled) {
         match &outcome.best {

@@ -267,13 +267,15 @@ pub fn search(req: &Request, machine: &Machine, choices: &[Choice]) -> Result<Ve
     let searched: Vec<Choice> = choices.iter().copied().filter(|c| !aliases.contains(c)).collect();
     let mut floors = Floors::default();
     let floors: Vec<_> = searched.iter().map(|&c| Ok((c, floors.of(req, c)?))).collect::<Result<_, PlanError>>()?;
-    // Each choice compiles on its own: one per core; the cheaper twins
-    // first, so the dearer ones they dominate are not compiled.
+    // Each choice compiles on its own, one task a choice (rayon's default
+    // split runs neighbours in one task, one after the other); the cheaper
+    // twins first, so the dearer ones they dominate are not compiled.
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(floors.len());
     for wave in 0..dominance::WAVES {
         let this_wave: Vec<_> = floors.iter().filter(|(c, _)| dominance::wave(c) == wave).collect();
         let found = this_wave
             .into_par_iter()
+            .with_max_len(1)
             .map(|&(choice, (floor, exceeds))| {
                 if let Some(exceeds) = exceeds {
                     let least =
@@ -389,7 +391,10 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
         outcomes.iter().filter_map(|o| o.best.as_ref()).map(|e| e.predicted.tokens_per_second).fold(0.0, f64::max);
     let best_of_choice = |c: Choice| outcomes.iter().find(|o| o.choice == c).and_then(|o| o.best.as_ref());
     let full: Vec<&Outcome> = outcomes.iter().filter(|o| o.choice.recompute == Policy::Full).collect();
-    let found = full.into_par_iter().map(|o| -> Result<Option<Outcome>, PlanError> {
+    // One task a choice: most return at their bound in milliseconds, and
+    // rayon's default split would leave two whole-stack compiles in one
+    // task, one after the other, while the other core idles.
+    let found = full.into_par_iter().with_max_len(1).map(|o| -> Result<Option<Outcome>, PlanError> {
         let Some(full) = &o.best else { return Ok(None) };
         let (ranks, per_rank) = (o.choice.data_ranks(world), per_rank(req, o.choice));
         let b = full.strategy.micro_batch;

@@ -63,8 +63,9 @@ pub fn tiled_outcomes(
         .filter(|o| o.choice.zero_stage == 3 && o.choice.tiles == 1)
         .filter(|o| o.min_peak_bytes.saturating_sub(most_saved(req, o.choice.tensor_parallel)) <= budget)
         .collect();
-    // Each choice's tile counts are searched on their own: one per core.
-    let found = untiled.into_par_iter().map(|o| -> Result<Option<Outcome>, PlanError> {
+    // Each choice's tile counts are searched on their own: one task a
+    // choice, so that two slow ones never share a task while a core idles.
+    let found = untiled.into_par_iter().with_max_len(1).map(|o| -> Result<Option<Outcome>, PlanError> {
         let tiled = {
             let _span = tracing::debug_span!("plan.tiles", tiles = most).entered();
             search_choice(req, machine, Choice { tiles: most, ..o.choice })?
