@@ -118,7 +118,7 @@ impl Rank {
 
 /// Where a view starts inside the buffer it views; `None` where that
 /// overflows (a crafted plan: [`crate::validate::buffers`] refuses it).
-pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings, rank: Rank) -> Option<usize> {
+pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<usize> {
     let size = of.dtype.size_bytes() as usize;
     let skipped = match op {
         Op::Slice { axis: 0, start, .. } => {
@@ -126,8 +126,6 @@ pub fn of_offset(of: &Buf, op: &Op, g: &Graph, n: NodeIndex, bindings: &Bindings
             let row = shape.iter().skip(1).try_fold(1usize, |r, &d| r.checked_mul(d))?;
             usize::try_from(*start).ok()?.checked_mul(row)?
         }
-        // Rank r's shard is the r-th of `ranks` equal slices of the flat buffer.
-        Op::Shard { ranks } => rank.index.checked_mul(of.len / (*ranks as usize).max(1))?,
         // Reshapes: the whole buffer.
         _ => 0,
     };

@@ -102,7 +102,7 @@ fn instruction<C: KernelCompile>(
         op if op.is_view() => {
             // The viewed elements; a view on another place has a buffer of its own.
             let to = out(0);
-            let from = of_offset(&x[0], op, g, n, bindings, rank).ok_or("the view's start overflows")?;
+            let from = of_offset(&x[0], op, g, n, bindings).ok_or("the view's start overflows")?;
             let from = Buf { offset: from, ..to };
             let from = Buf { place: x[0].place, ..from };
             return Ok((from != to).then_some(Instr::Copy { from, to }));

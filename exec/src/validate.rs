@@ -58,7 +58,7 @@ fn place_name(place: Place) -> &'static str {
 }
 
 /// Every value's buffer as this rank sees it (views placed inside what they
-/// view, a shard at this rank's slice), once each has been checked as the
+/// view), once each has been checked as the
 /// module docs say and no two live at once overlap. The only way a runner
 /// gets buffers to run on.
 pub fn buffers(
@@ -70,7 +70,11 @@ pub fn buffers(
     let g = &program.graph;
     // A plan run on the wrong number of ranks is not corrupt: say how to run it.
     if let Some(ranks) = order.iter().find_map(|&n| match g.node(n).op {
-        Op::Shard { ranks } if ranks as usize != rank.ranks => Some(ranks),
+        Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks }
+            if ranks as usize != rank.ranks =>
+        {
+            Some(ranks)
+        }
         _ => None,
     }) {
         let message = format!(
@@ -110,7 +114,7 @@ pub fn buffers(
             let mut buf = Buf { place: b.place, offset, len, dtype: ty.dtype };
             if node.op.is_view() {
                 let of = bufs[&g.operands(n)[0]];
-                let inside = view_inside(g, n, &of, &buf, bindings, rank).map_err(|m| invalid(at(), m))?;
+                let inside = view_inside(g, n, &of, &buf, bindings).map_err(|m| invalid(at(), m))?;
                 // On the same place a view is the viewed bytes; on another, a copy of them.
                 if of.place == buf.place {
                     buf.offset = inside;
@@ -190,23 +194,11 @@ fn element_count(g: &Graph, v: Value, bindings: &Bindings) -> Result<usize, Stri
 
 /// Where view `n` starts inside `of`, the buffer it views, once checked to
 /// lie wholly inside it (a view on another place is copied from there).
-fn view_inside(
-    g: &Graph,
-    n: NodeIndex,
-    of: &Buf,
-    view: &Buf,
-    bindings: &Bindings,
-    rank: Rank,
-) -> Result<usize, String> {
-    if let Op::Shard { ranks } = g.node(n).op
-        && ranks as usize != rank.ranks
-    {
-        return Err(format!("a shard over {ranks} ranks, loaded on a group of {}", rank.ranks));
-    }
+fn view_inside(g: &Graph, n: NodeIndex, of: &Buf, view: &Buf, bindings: &Bindings) -> Result<usize, String> {
     if view.dtype != of.dtype {
         return Err(format!("a {} view of a {} buffer", view.dtype, of.dtype));
     }
-    let start = of_offset(of, &g.node(n).op, g, n, bindings, rank).ok_or("its start overflows")?;
+    let start = of_offset(of, &g.node(n).op, g, n, bindings).ok_or("its start overflows")?;
     let end = view.bytes().checked_add(start).ok_or("its end overflows")?;
     if start < of.offset || end > of.offset + of.bytes() {
         return Err(format!(

@@ -308,7 +308,7 @@ pub fn infer(op: &Op, operands: &[&TensorType], declared: &[TensorType]) -> Resu
             }
             one(TensorType::new(Shape(vec![Dim::constant(*len)]), dtype))
         }
-        Op::Shard { ranks } | Op::ReduceScatter { ranks } => {
+        Op::ReduceScatter { ranks } => {
             let n = flat_len(op, operands[0], *ranks)?;
             if n % ranks != 0 {
                 return Err(format!(

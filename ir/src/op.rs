@@ -368,10 +368,6 @@ pub enum Op {
     Flatten {
         len: u64,
     },
-    /// This rank's `1/ranks` of a rank-1 tensor (a view of its buffer).
-    Shard {
-        ranks: u64,
-    },
     /// Sum over the `ranks` data-parallel ranks; every rank gets the sum.
     AllReduce {
         ranks: u64,
@@ -553,7 +549,6 @@ impl Op {
             Op::AdamW { .. } => "adamw",
             Op::LossScaleUpdate { .. } => "loss_scale_update",
             Op::Flatten { .. } => "flatten",
-            Op::Shard { .. } => "shard",
             Op::AllReduce { .. } => "all_reduce",
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::AllGather { .. } => "all_gather",
@@ -592,7 +587,6 @@ impl Op {
             | Op::SliceGrad { .. }
             | Op::SquaredSum
             | Op::LrSchedule { .. }
-            | Op::Shard { .. }
             | Op::AllReduce { .. }
             | Op::ReduceScatter { .. }
             | Op::AllGather { .. }
@@ -678,9 +672,9 @@ impl Op {
     }
 
     /// Ops whose result is a view of their first operand's buffer: no copy,
-    /// no new memory (contiguous reshapes, leading-axis slices, shards).
+    /// no new memory (contiguous reshapes, leading-axis slices).
     pub fn is_view(&self) -> bool {
-        matches!(self, Op::Reshape { .. } | Op::Shard { .. } | Op::Slice { axis: 0, .. } | Op::TensorCopy { .. })
+        matches!(self, Op::Reshape { .. } | Op::Slice { axis: 0, .. } | Op::TensorCopy { .. })
     }
 
     /// Ops with no operands, whose type is declared rather than inferred.
@@ -761,7 +755,7 @@ impl Op {
             Op::CrossEntropy { ignore_index } => vec![("ignore_index", ignore_index.to_string())],
             Op::Fused { kernel } => vec![("kernel", kernel.name.clone())],
             Op::Flatten { len } => vec![("len", len.to_string())],
-            Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
+            Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
                 vec![("ranks", ranks.to_string())]
             }
             Op::AlibiBias { ranks } if *ranks > 1 => vec![("ranks", ranks.to_string())],

@@ -74,7 +74,7 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
 pub(crate) fn held_gradient(graph: &Graph, mut grad: Value) -> Value {
     loop {
         let node = graph.node(grad.node);
-        let passes_through = node.op.is_collective() || matches!(node.op, Op::Copy | Op::Shard { .. });
+        let passes_through = node.op.is_collective() || matches!(node.op, Op::Copy);
         if node.phase != Phase::Optimizer || !passes_through {
             return grad;
         }

@@ -153,9 +153,7 @@ pub fn data_parallel_ranks(graph: &Graph) -> u64 {
         .petgraph()
         .node_weights()
         .filter_map(|n| match n.op {
-            Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
-                Some(ranks)
-            }
+            Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => Some(ranks),
             _ => None,
         })
         .max()

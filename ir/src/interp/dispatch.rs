@@ -116,8 +116,8 @@ pub(super) fn apply(op: &Op, x: &[&Tensor], ctx: &Ctx) -> Result<Vec<Tensor>, St
         }
         Op::Fused { kernel } => kernel::run(kernel, x, ctx.bindings, ctx.seed, ctx.offset),
         Op::Flatten { len } => one(layout::flatten(x, usize_of(*len)?)),
-        // One rank: every collective is the identity, and a shard is the whole.
-        Op::Shard { ranks } | Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
+        // One rank: every collective is the identity.
+        Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
             if *ranks != 1 {
                 return Err(format!(
                     "{} over {ranks} ranks needs the multi-rank interpreter; this one runs a single rank",

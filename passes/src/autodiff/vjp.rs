@@ -235,12 +235,7 @@ pub(super) fn vjp(
         Op::Fused { .. } => {
             return Err(not_differentiable("fused kernels have no gradient: fusion runs after autodiff"));
         }
-        Op::Flatten { .. }
-        | Op::Shard { .. }
-        | Op::AllReduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Copy => {
+        Op::Flatten { .. } | Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. } | Op::Copy => {
             return Err(not_differentiable("data-parallel ops have no gradient: partitioning runs after autodiff"));
         }
     }
