@@ -418,18 +418,21 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
         let costs = crate::recompute::optimal::step_costs(&before, &super::evaluate::bindings(b, req.seq))
             .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
         let mut target = costs.stored_without_recompute().saturating_sub(peak_none.saturating_sub(budget));
-        // The first budget recomputes the least (the tries only tighten it).
-        let first = crate::recompute::optimal::choose(&costs, target >> 20 << 20);
-        let whole = first.choices.values().filter(|&&c| c == crate::recompute::regions::Choice::Layer).count();
-        let share = whole as f64 / first.choices.len().max(1) as f64;
-        if beaten(recomputing_estimate(&kept, &full.predicted, share)) {
-            return Ok(None);
-        }
-        for _ in 0..3 {
+        for attempt in 0..3 {
             // Whole MiB, so the policy's name reads `optimal:9625MiB`.
             target = target >> 20 << 20;
-            if crate::recompute::optimal::choose(&costs, target).is_full() {
+            let decision = crate::recompute::optimal::choose(&costs, target);
+            if decision.is_full() {
                 return Ok(None); // Every layer recomputed: `full`'s plan, searched already.
+            }
+            // The first budget recomputes the least (the tries only tighten it).
+            if attempt == 0 {
+                let layer = crate::recompute::regions::Choice::Layer;
+                let whole = decision.choices.values().filter(|&&c| c == layer).count();
+                let share = whole as f64 / decision.choices.len().max(1) as f64;
+                if beaten(recomputing_estimate(&kept, &full.predicted, share)) {
+                    return Ok(None);
+                }
             }
             let choice = choice_at(target);
             let step = Step::after_training_step(req, choice, ranks, b, micro_batches, before.clone())?;
