@@ -129,11 +129,10 @@ fn states(req: &Request, choice: Choice, params: Parameters) -> Floor {
         (_, 1 | 2) if ranks > 1 => whole / ranks + (params.all - params.tables) * dtype.size_bytes(),
         _ => whole,
     };
-    let params = params.all;
-    let per_param = if dtype == DType::F32 { 8 } else { 12 };
+    let states = params.all * if dtype == DType::F32 { 8 } else { 12 };
     let (optimizer, offloaded) = match choice.offload {
-        Offload::None => (params * per_param / if choice.zero_stage >= 1 { ranks } else { 1 }, 0),
-        _ => (0, params * per_param / ranks),
+        Offload::None => (states / if choice.zero_stage >= 1 { ranks } else { 1 }, 0),
+        _ => (0, states / ranks),
     };
     Floor { gpu: parameters + optimizer, offloaded, checkpoints: 0 }
 }
