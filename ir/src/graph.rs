@@ -1,14 +1,16 @@
 //! The dataflow graph: typed ops on a petgraph [`StableGraph`].
 //!
-//! Nodes hold an op, a readable unique name (`layer3.attn.q`) and the types of
-//! their outputs; an edge from producer to consumer says which output feeds
-//! which operand. The edges are the only record of operands, so petgraph's
-//! algorithms (toposort, reachability) see exactly what the passes see.
+//! Nodes hold an op, a readable unique name (`layer3.attn.q`), the types of
+//! their outputs and their operands in order (every pass reads them); an edge
+//! from producer to consumer records the same operand, so petgraph's
+//! algorithms (toposort, reachability) see exactly what the passes see, and
+//! a node's users are its outgoing edges.
 //! `StableGraph` keeps node indices valid when passes remove nodes.
 
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
+use smallvec::SmallVec;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -62,9 +64,15 @@ pub struct Node {
     /// make: a pass that rebuilds a 300k-node step copies no string.
     pub name: Arc<str>,
     pub op: Op,
-    pub outputs: Vec<TensorType>,
+    /// Shared with the copies passes make of the node, as the name is: a
+    /// copy whose operands keep their types keeps these without a clone.
+    pub outputs: Arc<[TensorType]>,
     pub phase: Phase,
     pub place: Place,
+    /// The operands in operand order, as the edges into the node record
+    /// them: read where the passes read them (every node, every pass), so
+    /// that reading them walks no edge list and allocates nothing.
+    operands: SmallVec<[Value; 3]>,
 }
 
 /// An edge: output `output` of the source feeds operand `operand` of the target.
@@ -150,7 +158,7 @@ impl Graph {
             return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
         let outputs = self.infer(&name, &op, operands, &declared)?;
-        self.insert(name, op, operands, outputs)
+        self.insert(name, op, operands, outputs.into())
     }
 
     /// Adds a copy of a node of another graph: the same `op`, over
@@ -166,15 +174,17 @@ impl Graph {
         op: Op,
         operands: &[Value],
         was: &[&TensorType],
-        outputs: &[TensorType],
+        outputs: &Arc<[TensorType]>,
     ) -> Result<NodeIndex, GraphError> {
         let name = name.into();
         if op.is_source() {
             return self.add_node(name, op, operands, outputs.to_vec());
         }
-        let unchanged = operands.len() == was.len()
-            && operands.iter().zip(was).all(|(v, &ty)| self.try_type(*v).is_some_and(|t| t == ty));
-        let outputs = if unchanged { outputs.to_vec() } else { self.infer(&name, &op, operands, &[])? };
+        // An operand copied unchanged shares its producer's types, so the
+        // address says so before the shapes are compared.
+        let same = |v: &Value, was: &TensorType| self.try_type(*v).is_some_and(|t| std::ptr::eq(t, was) || t == was);
+        let unchanged = operands.len() == was.len() && operands.iter().zip(was).all(|(v, &ty)| same(v, ty));
+        let outputs = if unchanged { outputs.clone() } else { self.infer(&name, &op, operands, &[])?.into() };
         self.insert(name, op, operands, outputs)
     }
 
@@ -201,7 +211,7 @@ impl Graph {
         name: Arc<str>,
         op: Op,
         operands: &[Value],
-        outputs: Vec<TensorType>,
+        outputs: Arc<[TensorType]>,
     ) -> Result<NodeIndex, GraphError> {
         let slot = match self.by_name.entry(name) {
             Entry::Occupied(taken) => {
@@ -210,7 +220,14 @@ impl Graph {
             }
             Entry::Vacant(slot) => slot,
         };
-        let node = Node { name: slot.key().clone(), op, outputs, phase: self.phase, place: self.place };
+        let node = Node {
+            name: slot.key().clone(),
+            op,
+            outputs,
+            phase: self.phase,
+            place: self.place,
+            operands: operands.into(),
+        };
         let index = self.graph.add_node(node);
         slot.insert(index);
         for (i, v) in operands.iter().enumerate() {
@@ -321,15 +338,8 @@ impl Graph {
     }
 
     /// The operands of a node, in operand order.
-    pub fn operands(&self, index: NodeIndex) -> Vec<Value> {
-        // Each operand index in `0..k` has exactly one edge (only
-        // `Graph::insert` adds edges), so the edges fill the list in place.
-        let count = self.graph.edges_directed(index, Direction::Incoming).count();
-        let mut operands = vec![Value { node: index, output: 0 }; count];
-        for e in self.graph.edges_directed(index, Direction::Incoming) {
-            operands[e.weight().operand as usize] = Value { node: e.source(), output: e.weight().output };
-        }
-        operands
+    pub fn operands(&self, index: NodeIndex) -> &[Value] {
+        &self.graph[index].operands
     }
 
     /// Nodes in a deterministic topological order: among ready nodes, the one

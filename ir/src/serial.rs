@@ -72,8 +72,8 @@ impl Graph {
                 NodeEntry {
                     name: node.name.to_string(),
                     op: node.op.clone(),
-                    operands: self.operands(n).into_iter().map(|v| self.value_ref(v)).collect(),
-                    outputs: node.outputs.clone(),
+                    operands: self.operands(n).iter().copied().map(|v| self.value_ref(v)).collect(),
+                    outputs: node.outputs.to_vec(),
                     phase: node.phase,
                     place: node.place,
                 }
@@ -109,7 +109,7 @@ impl Graph {
             let index = graph
                 .add_node(entry.name.clone(), entry.op, &operands, declared)
                 .map_err(|e| node_error(&entry.name, e.message))?;
-            if graph.node(index).outputs != entry.outputs {
+            if *graph.node(index).outputs != *entry.outputs {
                 return Err(node_error(&entry.name, "the stored types differ from the inferred ones".into()));
             }
         }

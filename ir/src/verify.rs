@@ -61,9 +61,9 @@ impl Graph {
             }
             let operands = self.operands(n);
             let types: Vec<_> = operands.iter().map(|v| self.value_type(*v)).collect();
-            let declared = if node.op.is_source() { node.outputs.clone() } else { Vec::new() };
+            let declared = if node.op.is_source() { node.outputs.to_vec() } else { Vec::new() };
             let inferred = infer(&node.op, &types, &declared).map_err(fail)?;
-            if inferred != node.outputs {
+            if *inferred != *node.outputs {
                 let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
                 return Err(fail(format!(
                     "stored type ({}) differs from the inferred type ({})",

@@ -26,12 +26,11 @@
 //! it an instruction of its own. Statistics: `attention fused`,
 //! `attention kept`.
 
-use std::collections::{HashMap, HashSet};
-
+use rustc_hash::{FxHashMap, FxHashSet};
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{copy_node, copy_outputs, rebuilt};
 
 /// The attention fusion pass.
 pub struct Attention;
@@ -156,7 +155,7 @@ fn match_scores(
         return Err(format!("the mask is {tm}, not an integer [{b}, {s}]"));
     }
     // Every intermediate has the next op of the chain as its only reader.
-    let members: HashSet<NodeIndex> = chain.iter().copied().chain([context]).collect();
+    let members: FxHashSet<NodeIndex> = chain.iter().copied().chain([context]).collect();
     for &m in &chain {
         let node = g.node(m);
         let readers = g.users(m);
@@ -187,10 +186,9 @@ fn edge_count(g: &Graph, n: NodeIndex) -> usize {
 
 /// `g` with each match's chain replaced by its fused node.
 fn rebuild(g: &Graph, order: &[NodeIndex], matches: &[Match]) -> Result<Graph, zeroplan_ir::GraphError> {
-    let gone: HashSet<NodeIndex> = matches.iter().flat_map(|m| m.chain.iter().copied()).collect();
-    let fused: HashMap<NodeIndex, &Match> = matches.iter().map(|m| (m.context, m)).collect();
-    let mut out = Graph::new(g.name.clone());
-    let mut map = ValueMap::default();
+    let gone: FxHashSet<NodeIndex> = matches.iter().flat_map(|m| m.chain.iter().copied()).collect();
+    let fused: FxHashMap<NodeIndex, &Match> = matches.iter().map(|m| (m.context, m)).collect();
+    let (mut out, mut map) = rebuilt(g, g.node_count());
     for &n in order {
         if gone.contains(&n) {
             continue;

@@ -11,13 +11,12 @@
 //! originals' inputs stored instead of their outputs.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::HashMap;
 use std::hash::Hash;
 use zeroplan_ir::shape::TensorType;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Phase, Value};
 
 use crate::manager::PassContext;
-use crate::rebuild::{ValueMap, copy_node, copy_node_over};
+use crate::rebuild::{ValueMap, copy_node, copy_node_over, rebuilt};
 
 /// A rebuilt graph and what was cloned.
 pub struct Cloned {
@@ -29,7 +28,7 @@ pub struct Cloned {
 }
 
 /// Whether a backward node of `graph` reads a node of `group`.
-pub fn read_by_backward<K>(graph: &Graph, order: &[NodeIndex], group: &HashMap<NodeIndex, K>) -> bool {
+pub fn read_by_backward<K>(graph: &Graph, order: &[NodeIndex], group: &FxHashMap<NodeIndex, K>) -> bool {
     order.iter().any(|&n| {
         graph.node(n).phase == Phase::Backward && graph.operands(n).iter().any(|v| group.contains_key(&v.node))
     })
@@ -42,12 +41,11 @@ pub fn read_by_backward<K>(graph: &Graph, order: &[NodeIndex], group: &HashMap<N
 pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     graph: &Graph,
     order: &[NodeIndex],
-    group: &HashMap<NodeIndex, K>,
+    group: &FxHashMap<NodeIndex, K>,
     suffix: &str,
     cx: &mut PassContext,
 ) -> Result<Cloned, GraphError> {
-    let mut out = Graph::with_capacity(graph.name.clone(), graph.node_count(), graph.petgraph().edge_count());
-    let mut map = ValueMap::default();
+    let (mut out, mut map) = rebuilt(graph, graph.node_count());
     // Each group's members in schedule order, gathered in one walk rather
     // than one per group (312 layers of 190k nodes for the 100T model).
     let mut members: FxHashMap<K, Vec<NodeIndex>> = FxHashMap::default();

@@ -50,7 +50,7 @@ use zeroplan_ir::{Bindings, Graph, GraphError, Init, NodeIndex, Op, Value};
 use crate::cost::time::{GEMM_TILE, Machine};
 use crate::cost::work::{Engine, GemmShape, Stream, Work, work};
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node};
+use crate::rebuild::{ValueMap, copy_node, rebuilt};
 
 /// How many chunks each sequence-parallel collective is cut into.
 #[derive(Clone, Debug, Default)]
@@ -143,8 +143,7 @@ impl Pass for CollectiveMatmul {
         let gemm_of: FxHashMap<NodeIndex, NodeIndex> =
             gathers.iter().flat_map(|(&g, site)| site.gemms.iter().map(move |&m| (m, g))).collect();
         let order = hoisted(&graph, &order, &gathers);
-        let mut out = Graph::new(graph.name.clone());
-        let mut map = ValueMap::default();
+        let (mut out, mut map) = rebuilt(&graph, graph.node_count());
         let mut gathered: FxHashMap<NodeIndex, Gathered> = FxHashMap::default();
         for &n in &order {
             let node = graph.node(n);
@@ -182,7 +181,7 @@ impl Pass for CollectiveMatmul {
                 // Emitted with its GEMM.
             } else {
                 // A reader of a chunked gather other than its GEMMs reads the whole.
-                for v in graph.operands(n) {
+                for v in graph.operands(n).iter().copied() {
                     if let (None, Some(parts)) = (map.get(&v), gathered.get(&v.node)) {
                         let whole = graph.value_type(v).shape.clone();
                         let name = graph.node(v.node).name.clone();
@@ -247,7 +246,7 @@ fn place(graph: &Graph, n: NodeIndex, placed: &mut FxHashSet<NodeIndex>, out: &m
     if placed.contains(&n) {
         return;
     }
-    for v in graph.operands(n) {
+    for v in graph.operands(n).iter().copied() {
         place(graph, v.node, placed, out);
     }
     placed.insert(n);

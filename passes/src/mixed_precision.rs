@@ -9,13 +9,12 @@
 
 use zeroplan_ir::{DType, Graph, GraphError, Op, TensorType};
 
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{copy_node, copy_outputs, rebuilt};
 
 /// `forward` with f32 master weights and 16-bit working copies.
 pub fn master_weights(forward: &Graph) -> Result<Graph, GraphError> {
     let order = forward.topo_order().expect("a verified graph is acyclic");
-    let mut out = Graph::new(forward.name.clone());
-    let mut map = ValueMap::default();
+    let (mut out, mut map) = rebuilt(forward, forward.node_count());
     for n in order {
         let node = forward.node(n);
         let compute = node.outputs[0].dtype;

@@ -8,12 +8,22 @@ use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Value};
 /// Old values to new values.
 pub type ValueMap = FxHashMap<Value, Value>;
 
+/// An empty graph named as `src` with room for `nodes` nodes, and a value
+/// map with room for as many: a pass that rebuilds a 300k-node step would
+/// otherwise move every node and rehash every name and value each time
+/// the tables double.
+pub fn rebuilt(src: &Graph, nodes: usize) -> (Graph, ValueMap) {
+    let edges = src.petgraph().edge_count() * nodes / src.node_count().max(1);
+    let out = Graph::with_capacity(src.name.clone(), nodes, edges);
+    (out, ValueMap::with_capacity_and_hasher(nodes, Default::default()))
+}
+
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
     let reads = src.operands(n);
     let operands: Vec<Value> = reads.iter().map(|v| map[v]).collect();
-    copy_reading(src, n, &reads, &operands, dst, map)
+    copy_reading(src, n, reads, &operands, dst, map)
 }
 
 /// [`copy_node`] over the pass's own `operands` in place of the node's:
@@ -26,7 +36,7 @@ pub fn copy_node_over(
     dst: &mut Graph,
     map: &mut ValueMap,
 ) -> Result<(), GraphError> {
-    copy_reading(src, n, &src.operands(n), operands, dst, map)
+    copy_reading(src, n, src.operands(n), operands, dst, map)
 }
 
 /// The copy of `n`, which reads `reads` in `src`, over `operands`.
@@ -57,7 +67,7 @@ pub fn copy_node_as(
     map: &mut ValueMap,
 ) -> Result<(), GraphError> {
     let node = src.node(n);
-    let declared = if op.is_source() { node.outputs.clone() } else { Vec::new() };
+    let declared = if op.is_source() { node.outputs.to_vec() } else { Vec::new() };
     let copy = dst.at_place(node.place, |dst| dst.add_node(node.name.clone(), op, operands, declared))?;
     map_outputs(n, copy, node.outputs.len(), map);
     Ok(())

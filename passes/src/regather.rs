@@ -22,7 +22,7 @@
 //! `optimal`) has a clone of that GEMM in the backward, which reads the
 //! re-gathered input like the weight gradient does.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase};
 
 use crate::backward_clones::{clone_before_backward, read_by_backward};
@@ -39,7 +39,7 @@ impl Pass for Regather {
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
         let order = graph.topo_order().expect("a verified graph is acyclic");
         // Each forward gather is a group of its own.
-        let gathers: HashMap<NodeIndex, NodeIndex> = order
+        let gathers: FxHashMap<NodeIndex, NodeIndex> = order
             .iter()
             .filter(|&&n| {
                 let node = graph.node(n);

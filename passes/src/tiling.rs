@@ -29,11 +29,12 @@
 //! own), and every use of each such parameter is a tileable matmul. The tiles are ordinary `matmul`,
 //! `concat` and (in the backward) `slice` nodes, which both backends run.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use zeroplan_ir::{Dim, Graph, GraphError, Init, NodeIndex, Op, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{copy_node, copy_outputs, rebuilt};
 
 /// The `tiling` pass.
 pub struct Tiling {
@@ -179,10 +180,9 @@ impl TilePlan {
     /// tiled matmul computed tile by tile.
     fn rewrite(&self, graph: &Graph) -> Result<Graph, GraphError> {
         let order = graph.topo_order().expect("a verified graph is acyclic");
-        let mut out = Graph::new(graph.name.clone());
+        let (mut out, mut map) = rebuilt(graph, graph.node_count());
         out.phase = graph.phase;
-        let mut map = ValueMap::default();
-        let mut tiles: HashMap<NodeIndex, Vec<Value>> = HashMap::new();
+        let mut tiles: FxHashMap<NodeIndex, Vec<Value>> = FxHashMap::default();
         for n in order {
             let node = graph.node(n);
             out.phase = node.phase;

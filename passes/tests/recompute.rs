@@ -62,7 +62,7 @@ fn stored_and_recomputed(graph: &Graph, at: &Bindings) -> (u64, f64) {
     };
     let mut stored = HashSet::new();
     for m in g.node_indices().filter(|&m| g[m].phase != Phase::Forward) {
-        for mut v in graph.operands(m) {
+        for mut v in graph.operands(m).iter().copied() {
             while g[v.node].op.is_view() {
                 v = graph.operands(v.node)[0];
             }

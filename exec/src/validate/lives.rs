@@ -107,7 +107,7 @@ struct Step<'a> {
     values: Vec<Value>,
     id: HashMap<Value, usize>,
     /// Each position's operands, and whether it is a view on its base's place.
-    operands: Vec<Vec<Value>>,
+    operands: Vec<&'a [Value]>,
     views: Vec<bool>,
     /// The last position that reads each value, and the last of the
     /// micro-batch phases that does (`None`: none).
@@ -137,7 +137,7 @@ impl<'a> Step<'a> {
                 values.push(Value { node: n, output });
             }
         }
-        let operands: Vec<Vec<Value>> = order.iter().map(|&n| g.operands(n)).collect();
+        let operands: Vec<&[Value]> = order.iter().map(|&n| g.operands(n)).collect();
         let views = order
             .iter()
             .zip(&operands)
@@ -186,7 +186,7 @@ impl<'a> Step<'a> {
     fn find_reads(&mut self) {
         for p in (0..self.order.len()).filter(|&p| !self.views[p]) {
             let micro = !self.optimizer(self.order[p]);
-            for v in &self.operands[p] {
+            for v in self.operands[p] {
                 let i = self.id[v];
                 self.read[i] = self.read[i].max(Some(p));
                 if micro {

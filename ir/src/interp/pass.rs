@@ -94,7 +94,7 @@ impl<'a> Pass<'a> {
             vec![self.source(n, &expected[0].0)?]
         } else {
             let operands = graph.operands(n);
-            for v in &operands {
+            for v in operands {
                 self.require(n, *v)?;
             }
             let tensors: Vec<&Tensor> = operands.iter().map(|v| &self.values[&v.node][v.output as usize]).collect();

@@ -8,7 +8,7 @@ use crate::{Graph, NodeIndex, Op, Value};
 /// AdamW update at node `n`: an `adamw` node, or the kernel the `fuse` pass
 /// makes of one (pattern `adamw`: a lone `adamw` node, whose operands the
 /// kernel keeps in order).
-pub fn adamw_operands(graph: &Graph, n: NodeIndex) -> Option<Vec<Value>> {
+pub fn adamw_operands(graph: &Graph, n: NodeIndex) -> Option<&[Value]> {
     match &graph.node(n).op {
         Op::AdamW { .. } => Some(graph.operands(n)),
         Op::Fused { kernel } if kernel.pattern.as_deref() == Some("adamw") => Some(graph.operands(n)),

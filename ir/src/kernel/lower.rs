@@ -7,10 +7,9 @@
 //! `squared_sum`), which becomes a cross-row output and is never read
 //! inside the kernel.
 
-use std::collections::HashMap;
-
 use super::{Binary, Expr, ExprId, Kernel, KernelBuilder, Unary};
 use crate::{Graph, NodeIndex, Op, Shape, Value};
+use rustc_hash::FxHashMap;
 
 /// The kernel axes an operand of `op` (operand `i`) of type `v` runs along
 /// in a kernel over `kshape`: all of them for the kernel's shape, the
@@ -142,12 +141,12 @@ pub fn lower(
 ) -> Result<(Kernel, Vec<Value>), String> {
     let kshape = kshape.clone();
     let mut k = KernelBuilder::new(name, kshape.clone());
-    let mut vals: HashMap<Value, Lowered> = HashMap::new();
-    let mut feeds: HashMap<String, Value> = HashMap::new();
+    let mut vals: FxHashMap<Value, Lowered> = FxHashMap::default();
+    let mut feeds: FxHashMap<String, Value> = FxHashMap::default();
     for &n in nodes {
         let node = g.node(n);
         let mut x = Vec::new();
-        for (i, v) in g.operands(n).into_iter().enumerate() {
+        for (i, v) in g.operands(n).iter().copied().enumerate() {
             let e = match vals.get(&v) {
                 Some(Lowered::Elem(e)) => *e,
                 Some(Lowered::Sum(..)) => {

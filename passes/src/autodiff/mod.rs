@@ -19,7 +19,8 @@
 
 mod vjp;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Phase, Value};
 
 /// Why a graph could not be differentiated.
@@ -38,7 +39,7 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
     let order = graph.topo_order().expect("a verified graph is acyclic");
     let depends = depends_on_params(graph, &order);
     let previous_phase = std::mem::replace(&mut graph.phase, Phase::Backward);
-    let mut pending: HashMap<Value, Sum> = HashMap::new();
+    let mut pending: FxHashMap<Value, Sum> = FxHashMap::default();
     pending.insert(loss, Sum { total: seed, parts: 1 });
     let mut param_grads = BTreeMap::new();
     for &n in order.iter().rev() {
@@ -58,7 +59,7 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
             param_grads.insert(n, dys[0].expect("a parameter has one output"));
             continue;
         }
-        let operands = graph.operands(n);
+        let operands = graph.operands(n).to_vec();
         let wanted: Vec<bool> = operands.iter().map(|v| depends.contains(&v.node)).collect();
         let grads = vjp::vjp(graph, n, &dys, &wanted)?;
         for ((operand, grad), want) in operands.into_iter().zip(grads).zip(wanted) {
@@ -77,8 +78,8 @@ pub fn backward(graph: &mut Graph, loss: Value, seed: Value) -> Result<BTreeMap<
 }
 
 /// The nodes whose value depends on some parameter.
-fn depends_on_params(graph: &Graph, order: &[NodeIndex]) -> HashSet<NodeIndex> {
-    let mut depends = HashSet::new();
+fn depends_on_params(graph: &Graph, order: &[NodeIndex]) -> FxHashSet<NodeIndex> {
+    let mut depends = FxHashSet::default();
     for &n in order {
         let is_param = matches!(graph.node(n).op, Op::Param { .. });
         if is_param || graph.operands(n).iter().any(|v| depends.contains(&v.node)) {

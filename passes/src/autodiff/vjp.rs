@@ -14,7 +14,7 @@ pub(super) fn vjp(
     wanted: &[bool],
 ) -> Result<Vec<Option<Value>>, AutodiffError> {
     let node = g.node(n).clone();
-    let operands = g.operands(n);
+    let operands = g.operands(n).to_vec();
     let name = node.name.clone();
     let back = |i: usize| format!("{name}.back{i}");
     let not_differentiable = |why: &str| AutodiffError::NotDifferentiable {

@@ -64,7 +64,7 @@ pub fn state_traffic(graph: &Graph, bindings: &Bindings) -> HashMap<NodeIndex, S
     let mut out: HashMap<NodeIndex, StateTraffic> = HashMap::new();
     let size = |v| graph.value_type(v).size_bytes(bindings).unwrap_or(0) as f64;
     for n in graph.petgraph().node_indices() {
-        for v in graph.operands(n) {
+        for v in graph.operands(n).iter().copied() {
             if is_offloaded_state(graph, v.node) {
                 out.entry(n).or_default().read += size(v);
             }

@@ -182,7 +182,7 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
             work.flops = out_elements.max(kernel.shape.numel_value(bindings)? as f64) * kernel.body.len() as f64;
             // A GEMM epilogue reads the product from registers, not memory.
             if let Some(matmul) = &kernel.epilogue_of {
-                for v in &operands {
+                for v in operands {
                     if &*graph.node(v.node).name == matmul.as_str() {
                         work.bytes -= size(*v)? as f64;
                     }

@@ -87,7 +87,7 @@ pub(super) fn grow(
         let mut grew = false;
         let members: Vec<NodeIndex> = set.iter().copied().collect();
         for m in members {
-            for v in g.operands(m) {
+            for v in g.operands(m).iter().copied() {
                 let p = v.node;
                 if !eligible(p, &set) {
                     continue;

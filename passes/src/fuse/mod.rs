@@ -39,7 +39,7 @@ use zeroplan_ir::kernel::lower;
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{copy_node, copy_outputs, rebuilt};
 
 /// The fusion pass.
 pub struct Fuse;
@@ -198,8 +198,7 @@ fn rebuild(
     }
     let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
         (0..total).filter(|&u| is_unit(u) && indegree[u] == 0).map(|u| Reverse((key[u], u))).collect();
-    let mut out = Graph::with_capacity(g.name.clone(), g.node_count(), g.petgraph().edge_count());
-    let mut map = ValueMap::default();
+    let (mut out, mut map) = rebuilt(g, g.node_count());
     while let Some(Reverse((_, u))) = ready.pop() {
         if u < groups.len() {
             let grp = &groups[u];

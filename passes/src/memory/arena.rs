@@ -242,7 +242,12 @@ fn coalesce(ranges: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) {
         merged = (merged.0.min(ranges[end].0), merged.1.max(ranges[end].1));
         end += 1;
     }
-    ranges.splice(at..end, [merged]);
+    if end == at {
+        ranges.insert(at, merged);
+    } else {
+        ranges[at] = merged;
+        ranges.drain(at + 1..end);
+    }
 }
 
 /// The most aligned bytes live at once, over the schedule.

@@ -69,7 +69,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     let last = order.len().saturating_sub(1);
     let mut last_use: FxHashMap<Value, usize> = FxHashMap::default();
     for &n in order {
-        for v in graph.operands(n) {
+        for v in graph.operands(n).iter().copied() {
             let at = position[&n];
             last_use.entry(v).and_modify(|e| *e = (*e).max(at)).or_insert(at);
         }
@@ -84,7 +84,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     for &n in order {
         if matches!(graph.node(n).op, Op::SequenceAllGather { .. } | Op::SequenceReduceScatter { .. }) {
             let first_read = graph.users(n).iter().map(|u| position[u]).min().unwrap_or(position[&n]);
-            for v in graph.operands(n) {
+            for v in graph.operands(n).iter().copied() {
                 last_use.entry(v).and_modify(|e| *e = (*e).max(first_read)).or_insert(first_read);
             }
         }

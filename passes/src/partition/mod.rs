@@ -54,7 +54,7 @@ use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Pla
 
 use crate::manager::{Pass, PassContext, PassError};
 use crate::optimizer::{norm_share, tensor_sum};
-use crate::rebuild::{ValueMap, copy_node_as, copy_node_over};
+use crate::rebuild::{ValueMap, copy_node_as, copy_node_over, rebuilt};
 use crate::recompute;
 pub use buckets::SHARD_ALIGN;
 use buckets::{Bucket, flat_init, flat_zeros};
@@ -196,13 +196,16 @@ impl<'a> Builder<'a> {
             Op::GradScale { micro_batches, .. } => micro_batches,
             _ => 1,
         };
+        // Partitioning adds the shards, gathers and reduce-scatters: half
+        // as many nodes again on a ZeRO-3 step.
+        let (out, map) = rebuilt(graph, graph.node_count() * 3 / 2);
         Builder {
             graph,
             step,
             buckets,
             dp,
-            out: Graph::with_capacity(graph.name.clone(), graph.node_count(), graph.petgraph().edge_count()),
-            map: ValueMap::default(),
+            out,
+            map,
             made: buckets.iter().map(|b| Made { grads: vec![None; b.slots.len()], ..Made::default() }).collect(),
             member_of,
             slot_of,
@@ -261,7 +264,7 @@ impl<'a> Builder<'a> {
         let node = self.graph.node(n);
         let (phase, recompute) = (node.phase, recompute::is_clone(&node.name));
         let mut operands = Vec::new();
-        for v in self.graph.operands(n) {
+        for v in self.graph.operands(n).iter().copied() {
             operands.push(self.operand(v, phase, recompute)?);
         }
         match node.op {
@@ -327,7 +330,7 @@ impl<'a> Builder<'a> {
             if !recompute::is_clone(&self.graph.node(n).name) {
                 continue;
             }
-            for v in self.graph.operands(n) {
+            for v in self.graph.operands(n).iter().copied() {
                 let bucket = self.parameter_of(v.node).map(|s| self.member_of[&s].0);
                 if let Some(b) = bucket.filter(|&b| self.buckets[b].tile) {
                     self.recomputed_tiles.insert(b);

@@ -103,7 +103,7 @@ fn raw_gradient(
     for v in updates.get(&grad.node).into_iter().flatten() {
         replaced.insert(v.node);
         if graph.node(v.node).phase == Phase::Backward {
-            let added = graph.operands(v.node).into_iter().find(|o| o.node != grad.node);
+            let added = graph.operands(v.node).iter().copied().find(|o| o.node != grad.node);
             let added = added.ok_or_else(|| format!("accumulator `{}` adds nothing", graph.node(grad.node).name))?;
             raw = Some(match graph.node(added.node).op {
                 Op::Cast { .. } => {

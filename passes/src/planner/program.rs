@@ -1,6 +1,7 @@
 //! The executable part of a plan: the graph in schedule order and a buffer
 //! for every tensor.
 
+use rustc_hash::FxHashMap;
 use zeroplan_ir::Graph;
 use zeroplan_ir::plan::{Buffer, Program};
 
@@ -22,10 +23,8 @@ pub fn with_buffers(graph: Graph, buffers: Vec<Buffer>, memory: &MemoryPlan, bat
 pub fn buffers(graph: &Graph, memory: &MemoryPlan) -> Vec<Buffer> {
     let mut buffers = Vec::new();
     for (intervals, arena) in [(&memory.intervals, &memory.arena), (&memory.host_intervals, &memory.host)] {
-        let offset_of: std::collections::HashMap<usize, u64> =
-            arena.placements.iter().map(|p| (p.interval, p.offset)).collect();
-        let index_of: std::collections::HashMap<_, usize> =
-            intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
+        let offset_of: FxHashMap<usize, u64> = arena.placements.iter().map(|p| (p.interval, p.offset)).collect();
+        let index_of: FxHashMap<_, usize> = intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
         for (i, interval) in intervals.iter().enumerate() {
             // An alias shares the offset of the buffer at the end of its chain.
             let mut root = i;

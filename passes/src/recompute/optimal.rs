@@ -22,7 +22,8 @@
 //! region's recomputed values and the gradients in flight. The memory pass
 //! measures the peak; the budget bounds the part recomputation controls.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
 use super::regions::{Choice, Layers, RegionId, is_activation};
@@ -67,7 +68,7 @@ pub struct Decision {
 /// parallelism), so a gathered GEMM input the backward reads is stored as
 /// the slice it gathers ([`stored`]).
 pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings, regathered: bool) -> Option<Costs> {
-    let bytes = |values: HashSet<Value>| {
+    let bytes = |values: FxHashSet<Value>| {
         values.into_iter().map(|v| graph.value_type(v).size_bytes(bindings)).sum::<Option<u64>>()
     };
     let all_full: BTreeMap<u64, Choice> = layers.indices().map(|l| (l, Choice::Layer)).collect();
@@ -99,10 +100,10 @@ pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings, regathered: bo
 pub fn stored(
     graph: &Graph,
     nodes: &[NodeIndex],
-    region: &HashMap<NodeIndex, RegionId>,
+    region: &FxHashMap<NodeIndex, RegionId>,
     regathered: bool,
-) -> HashSet<Value> {
-    let within: HashSet<NodeIndex> = nodes.iter().copied().collect();
+) -> FxHashSet<Value> {
+    let within: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     let slice_of = |buffer: Value| {
         let gathered = regathered && matches!(graph.node(buffer.node).op, Op::SequenceAllGather { .. });
         if !gathered {
@@ -110,14 +111,14 @@ pub fn stored(
         }
         buffer_of(graph, graph.operands(buffer.node)[0]).filter(|slice| within.contains(&slice.node))
     };
-    let mut out = HashSet::new();
+    let mut out = FxHashSet::default();
     for &n in nodes {
         for m in graph.users(n) {
             let phase = graph.node(m).phase;
             if phase == Phase::Forward && !region.contains_key(&m) {
                 continue;
             }
-            for v in graph.operands(m).into_iter().filter(|v| v.node == n) {
+            for v in graph.operands(m).iter().copied().filter(|v| v.node == n) {
                 let kept = match (region.get(&n), phase) {
                     (None, _) => true,
                     (Some(_), Phase::Backward) => false,

@@ -27,7 +27,8 @@
 //! - layer: every internal node (Chen et al., 2016, per transformer layer as
 //!   Megatron and DeepSpeed do: "full").
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase};
 
 /// A part of a layer that is cloned as one, just before the backward first
@@ -118,13 +119,13 @@ impl Layers {
     }
 
     /// Every layer's internal nodes.
-    pub fn all_internal(&self) -> HashSet<NodeIndex> {
+    pub fn all_internal(&self) -> FxHashSet<NodeIndex> {
         self.internal.values().flatten().copied().collect()
     }
 
     /// The regions of `layer` under `choice`: each recomputed node and its region.
-    pub fn region(&self, graph: &Graph, layer: u64, choice: Choice) -> HashMap<NodeIndex, RegionId> {
-        let mut out = HashMap::new();
+    pub fn region(&self, graph: &Graph, layer: u64, choice: Choice) -> FxHashMap<NodeIndex, RegionId> {
+        let mut out = FxHashMap::default();
         for &part in choice.parts() {
             let id = RegionId { layer, part };
             match ENDS.iter().find(|(p, _)| *p == part) {
@@ -136,20 +137,20 @@ impl Layers {
     }
 
     /// The regions of every layer under its choice.
-    pub fn assign(&self, graph: &Graph, choices: &BTreeMap<u64, Choice>) -> HashMap<NodeIndex, RegionId> {
+    pub fn assign(&self, graph: &Graph, choices: &BTreeMap<u64, Choice>) -> FxHashMap<NodeIndex, RegionId> {
         choices.iter().flat_map(|(&layer, &choice)| self.region(graph, layer, choice)).collect()
     }
 
     /// The internal nodes of `layer` that feed the first operand of its
     /// matmul named by one of `ends`, walking back to and including the
     /// first matmuls met.
-    fn feeding(&self, graph: &Graph, layer: u64, ends: &[&str]) -> HashSet<NodeIndex> {
-        let internal: HashSet<NodeIndex> = self.internal(layer).iter().copied().collect();
+    fn feeding(&self, graph: &Graph, layer: u64, ends: &[&str]) -> FxHashSet<NodeIndex> {
+        let internal: FxHashSet<NodeIndex> = self.internal(layer).iter().copied().collect();
         let end = ends
             .iter()
             .filter_map(|suffix| graph.node_by_name(&format!("layer{layer}.{suffix}")))
             .find(|&n| matches!(graph.node(n).op, Op::MatMul { .. }));
-        let mut found = HashSet::new();
+        let mut found = FxHashSet::default();
         let mut stack: Vec<NodeIndex> = end.map(|n| graph.operands(n)[0].node).into_iter().collect();
         while let Some(n) = stack.pop() {
             if !internal.contains(&n) || !found.insert(n) {

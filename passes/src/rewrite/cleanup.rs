@@ -31,7 +31,7 @@ use super::cost::GpuCostModel;
 use super::lang::{Dims, Factor, Info, LeafInfo, Perm, RegionGraph, Shapes, TensorLang};
 use super::{ITER_LIMIT, NODE_LIMIT, Stats, node_cost, region_key, rules};
 use crate::manager::PassContext;
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{ValueMap, copy_node, copy_outputs, rebuilt};
 
 /// What the clean-ups did.
 pub(super) struct Outcome {
@@ -114,7 +114,7 @@ pub(super) fn cleanup(
 ) -> Result<Outcome, GraphError> {
     let mut consumers: HashMap<NodeIndex, Vec<NodeIndex>> = HashMap::new();
     for &n in order {
-        for v in graph.operands(n) {
+        for v in graph.operands(n).iter().copied() {
             consumers.entry(v.node).or_default().push(n);
         }
     }
@@ -265,15 +265,8 @@ pub(super) fn cleanup(
         let class = planned[r].egraph.find(planned[r].ids[&n]);
         names.entry((r, class)).or_default().push(graph.node(n).name.to_string());
     }
-    let mut rebuild = Rebuild {
-        graph,
-        planned: &planned,
-        out: Graph::new(graph.name.clone()),
-        map: ValueMap::default(),
-        memo: HashMap::new(),
-        names,
-        fresh: 0,
-    };
+    let (out, map) = rebuilt(graph, graph.node_count());
+    let mut rebuild = Rebuild { graph, planned: &planned, out, map, memo: HashMap::new(), names, fresh: 0 };
     for &n in order {
         if !chain.contains(&n) {
             copy_node(graph, n, &mut rebuild.out, &mut rebuild.map)?;
@@ -403,7 +396,7 @@ impl Rebuild<'_> {
     /// Copies chain node `n` as it was, with the chain nodes it reads that
     /// are not built yet.
     fn copy_kept(&mut self, n: NodeIndex) -> Result<(), GraphError> {
-        for v in self.graph.operands(n) {
+        for v in self.graph.operands(n).iter().copied() {
             if !self.map.contains_key(&v) {
                 self.copy_kept(v.node)?;
             }

@@ -71,7 +71,7 @@ use egg::{Id, Runner, Symbol};
 use zeroplan_ir::{Bindings, Dim, Graph, GraphError, NodeIndex, Op, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{ValueMap, copy_node, copy_outputs};
+use crate::rebuild::{copy_node, copy_outputs, rebuilt};
 use cost::GpuCostModel;
 use lang::{Info, LeafInfo, RegionGraph, Shapes, TensorLang};
 
@@ -400,8 +400,7 @@ fn apply(graph: &Graph, order: &[NodeIndex], merges: &[Merge]) -> Result<Graph, 
         let earliest = order.iter().find(|n| m.members.iter().any(|c| c.mm == **n)).expect("a member");
         first.insert(*earliest, i);
     }
-    let mut out = Graph::new(graph.name.clone());
-    let mut map = ValueMap::default();
+    let (mut out, mut map) = rebuilt(graph, graph.node_count());
     // Concats already built, by weights: shared weights (ALBERT) concatenate once.
     let mut concats: BTreeMap<Vec<NodeIndex>, Value> = BTreeMap::new();
     for &n in order {
