@@ -6,12 +6,18 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::load_model as model;
+use common::{load_model as model, models_dir};
 use zeroplan_ir::interp::{Feeds, Interpreter, Rounding};
-use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
-use zeroplan_ir::{DType, Graph, Op, Tensor};
+use zeroplan_ir::kernel::Kernel;
+use zeroplan_ir::plan::OffloadTo;
+use zeroplan_ir::spec::{Cluster, GpuProfile, ModelSpec, Precision, TrainingSpec};
+use zeroplan_ir::{Bindings, DType, Graph, NodeIndex, Op, Phase, Tensor};
+use zeroplan_passes::cost::work::{Engine, work};
+use zeroplan_passes::cost::{Machine, simulate, time::HBM_FRACTION};
 use zeroplan_passes::fuse::{Fuse, kernels_text};
 use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
+use zeroplan_passes::pipeline::{Target, compile};
+use zeroplan_passes::recompute::Policy;
 use zeroplan_passes::training::training_graph;
 
 fn train(spec: &ModelSpec) -> Graph {
@@ -19,7 +25,14 @@ fn train(spec: &ModelSpec) -> Graph {
 }
 
 fn fused(graph: &Graph) -> (Graph, Vec<(String, String)>) {
-    let mut cx = PassContext::new(PassOptions::default());
+    fused_without(graph, &[])
+}
+
+/// The fuse pass with `disabled` passes named off, as the pipeline tells it:
+/// `["attention"]` is attention pinned unfused (`--attention unfused`).
+fn fused_without(graph: &Graph, disabled: &[&str]) -> (Graph, Vec<(String, String)>) {
+    let disabled = disabled.iter().map(|d| d.to_string()).collect();
+    let mut cx = PassContext::new(PassOptions { disabled, ..PassOptions::default() });
     let (g, records) = run_passes(graph.clone(), &[&Fuse], &mut cx).unwrap();
     (g, records[0].stats.clone())
 }
@@ -51,11 +64,13 @@ fn close(a: &Tensor, b: &Tensor, what: &str) {
 
 #[test]
 fn fused_training_steps_match_unfused() {
-    for file in
-        ["tiny/tiny-bert.ron", "tiny/tiny-mosaicbert.ron", "tiny/tiny-megatron-bert.ron", "tiny/tiny-albert.ron"]
-    {
-        let graph = train(&model(file));
-        let (fg, stats) = fused(&graph);
+    let files =
+        ["tiny/tiny-bert.ron", "tiny/tiny-mosaicbert.ron", "tiny/tiny-megatron-bert.ron", "tiny/tiny-albert.ron"];
+    // Each with attention as the fuse pass runs it by default, and pinned unfused.
+    for (path, disabled) in files.into_iter().flat_map(|f| [(f, &[][..]), (f, &["attention"][..])]) {
+        let file = format!("{path}, disabled {disabled:?}");
+        let graph = train(&model(path));
+        let (fg, stats) = fused_without(&graph, disabled);
         assert!(fg.node_count() < graph.node_count(), "{file}: {} → {}", graph.node_count(), fg.node_count());
         let kernels: usize = stats.iter().find(|(k, _)| k == "kernels").unwrap().1.parse().unwrap();
         let fused_ops = fg.petgraph().node_weights().filter(|n| matches!(n.op, Op::Fused { .. })).count();
@@ -162,4 +177,112 @@ fn model_state_accounting_sees_fused_adamw() {
     assert!(!fg.petgraph().node_weights().any(|n| matches!(n.op, Op::AdamW { .. })));
     assert_eq!(model_state_bytes(&fg), model_state_bytes(&graph));
     assert!(model_state_bytes(&fg).0.optimizer > 0);
+}
+
+/// The `fused` nodes of `pattern`, with their nodes.
+fn kernels_of<'g>(g: &'g Graph, pattern: &str) -> Vec<(NodeIndex, &'g Kernel)> {
+    g.petgraph()
+        .node_indices()
+        .filter_map(|n| match &g.node(n).op {
+            Op::Fused { kernel } if kernel.pattern.as_deref() == Some(pattern) => Some((n, &**kernel)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With attention pinned unfused (the `attention` pass off) the attention
+/// probabilities' dropout is a kernel of its own after the softmax's, and
+/// its backward one before the softmax gradient's, as Megatron-LM runs
+/// torch's dropout after its fused scale-mask-softmax and Hugging Face's
+/// eager attention `nn.Dropout` after the softmax. By default the softmax's
+/// kernels hold the dropout, as before. Either way the step computes the
+/// same values (`fused_training_steps_match_unfused`).
+#[test]
+fn unfused_attention_runs_the_probability_dropout_as_kernels_of_its_own() {
+    let spec = model("tiny/tiny-bert.ron");
+    let graph = train(&spec);
+    for (disabled, apart) in [(&[][..], false), (&["attention"][..], true)] {
+        let (g, stats) = fused_without(&graph, disabled);
+        let get = |k: &str| stats.iter().find(|(s, _)| s == k).map(|(_, v)| v.parse::<u64>().unwrap()).unwrap_or(0);
+        assert_eq!(get("pattern.attention_softmax"), spec.layers, "{disabled:?}: {stats:?}");
+        assert_eq!(get("pattern.attention_softmax_grad"), spec.layers, "{disabled:?}: {stats:?}");
+        let (softmax, softmax_grad) = (kernels_of(&g, "attention_softmax"), kernels_of(&g, "attention_softmax_grad"));
+        for (_, k) in softmax.iter().chain(&softmax_grad) {
+            assert_eq!(k.to_text().contains("keep p=0.1"), !apart, "{disabled:?}: {}", k.to_text());
+        }
+        let lone_dropout = |n: NodeIndex, phase: Phase| {
+            let node = g.node(n);
+            matches!(node.op, Op::Dropout { .. }) && node.phase == phase
+        };
+        // Forward: a dropout reading each softmax kernel's probabilities,
+        // read by the context matmul.
+        let forward: Vec<NodeIndex> =
+            softmax.iter().flat_map(|&(n, _)| g.users(n)).filter(|&u| lone_dropout(u, Phase::Forward)).collect();
+        // Backward: a dropout backward on the context matmul's gradient,
+        // read by each softmax gradient's kernel.
+        let backward: Vec<NodeIndex> = softmax_grad
+            .iter()
+            .flat_map(|&(n, _)| g.operands(n).iter().map(|v| v.node).collect::<Vec<_>>())
+            .filter(|&p| lone_dropout(p, Phase::Backward))
+            .collect();
+        let want = if apart { spec.layers as usize } else { 0 };
+        assert_eq!((forward.len(), backward.len()), (want, want), "{disabled:?}");
+        for n in forward {
+            assert!(g.users(n).iter().all(|&u| matches!(g.node(u).op, Op::MatMul { .. })), "{}", g.node(n).name);
+        }
+        for n in backward {
+            let read = g.node(g.operands(n)[0].node);
+            assert!(matches!(read.op, Op::MatMul { .. }), "{} reads {}", g.node(n).name, read.name);
+        }
+    }
+}
+
+/// What the probability dropout's kernels cost: two bert-base layers in
+/// bf16 at 4 × 512 on one A100, compiled unfused, then fused with the
+/// dropout in the softmax's kernels (the default) and apart (attention
+/// pinned unfused). Apart, the memory-bound kernels move 2 bytes an s × s
+/// element more for each time a tensor of the probabilities or of their
+/// gradient is written or read between two kernels; no mask, each kernel
+/// redraws it. The predicted step grows by those bytes at the kernels'
+/// share of HBM bandwidth and a launch per dropout kernel.
+#[test]
+fn the_probability_dropout_kernels_cost_their_bytes_and_launches() {
+    let mut spec = model("bert-base.ron");
+    spec.layers = 2;
+    let (batch, seq) = (4u64, 512u64);
+    let bound: Bindings = [("batch".to_string(), batch), ("seq".to_string(), seq)].into();
+    let gpu = GpuProfile::load(&models_dir().join("gpus/a100-80gb.ron")).unwrap();
+    let cluster = Cluster { nodes: 1, gpus_per_node: 1, gpu, memory_budget: None, host_memory: None, nvme: None };
+    let machine = Machine { cluster, dtype: DType::BF16, offload_to: OffloadTo::Cpu, launches: Default::default() };
+    let elements = (spec.layers * batch * spec.heads * seq * seq) as f64;
+    // Bytes an s × s element and dropout kernels, per layer. Recompute none:
+    // the dropout reads the probabilities (2), the dropout backward writes
+    // their gradient and the softmax gradient reads it (4). Full: the forward
+    // that stores nothing writes and reads them (4; fused, they stayed in
+    // registers), its recomputation reads them (2), the backward as before.
+    for (policy, per_element, launches) in [(Policy::None, 2 + 4, 2), (Policy::Full, 4 + 2 + 4, 3)] {
+        let train = TrainingSpec { precision: Precision::Bf16, dropout: Some(0.1), ..TrainingSpec::default() };
+        let disabled = ["attention", "fuse"].map(String::from).into();
+        let options = PassOptions { recompute: policy, shape_hint: bound.clone(), disabled, ..PassOptions::default() };
+        let unfused = compile(&spec, &Target::Training(&train), options).unwrap().graph;
+        let kernel_bytes = |g: &Graph| -> f64 {
+            g.petgraph()
+                .node_indices()
+                .map(|n| work(g, n, &bound).unwrap())
+                .filter(|w| w.engine == Engine::Kernel)
+                .map(|w| w.bytes)
+                .sum()
+        };
+        let step = |g: &Graph| {
+            let order = g.topo_order().unwrap();
+            simulate(g, &order, &bound, &machine, 1, batch * seq).unwrap().step_seconds
+        };
+        let (together, apart) = (fused(&unfused).0, fused_without(&unfused, &["attention"]).0);
+        let more_bytes = kernel_bytes(&apart) - kernel_bytes(&together);
+        assert_eq!(more_bytes, per_element as f64 * elements, "{policy:?}");
+        let streamed = more_bytes / (machine.cluster.gpu.hbm_gbps * 1e9 * HBM_FRACTION);
+        let launched = (launches * spec.layers) as f64 * machine.launch_seconds();
+        let longer = step(&apart) - step(&together);
+        assert!((longer - (streamed + launched)).abs() < 1e-9, "{policy:?}: {longer} s, not {streamed} + {launched}");
+    }
 }

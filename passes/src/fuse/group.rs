@@ -58,18 +58,33 @@ pub(super) fn users(g: &Graph) -> Users {
 /// Each node's place in the schedule, by node index.
 pub(super) type Position = [usize];
 
+/// Whether `consumer` reading `producer` is a kernel boundary: with
+/// attention unfused, the attention-probability dropout runs as a kernel of
+/// its own, as Megatron-LM runs torch's dropout after its fused
+/// scale-mask-softmax and Hugging Face's eager attention `nn.Dropout` after
+/// the softmax: in the forward a dropout reading a softmax, in the backward
+/// a softmax gradient reading the dropout backward (the same `dropout` op on
+/// the incoming gradient). No mask is written: each kernel redraws it from
+/// its stream.
+fn apart(g: &Graph, producer: NodeIndex, consumer: NodeIndex, unfused_attention: bool) -> bool {
+    let (p, c) = (&g.node(producer).op, &g.node(consumer).op);
+    unfused_attention && matches!((p, c), (Op::Softmax, Op::Dropout { .. }) | (Op::Dropout { .. }, Op::SoftmaxGrad))
+}
+
 /// The group grown from `anchor`: producers are absorbed while every user of
 /// theirs in the anchor's phase is already in the group (users in later
 /// phases read the stored value); then dropouts reading a group value are
 /// absorbed, then `sum_to`s of a group value down to a trailing suffix of
-/// the kernel shape (bias gradients, as cross-row outputs). Returns the group in topological order (by `position`), or
-/// `None` when it would not be convex.
+/// the kernel shape (bias gradients, as cross-row outputs). No edge
+/// [`apart`] joins two members. Returns the group in topological order (by
+/// `position`), or `None` when it would not be convex.
 pub(super) fn grow(
     g: &Graph,
     anchor: NodeIndex,
     users: &Users,
     taken: &[bool],
     position: &Position,
+    unfused_attention: bool,
 ) -> Option<Vec<NodeIndex>> {
     let kshape = g.node(anchor).outputs[0].shape.clone();
     // A group runs in one phase, on one side of PCIe.
@@ -89,7 +104,7 @@ pub(super) fn grow(
         for m in members {
             for v in g.operands(m).iter().copied() {
                 let p = v.node;
-                if !eligible(p, &set) {
+                if !eligible(p, &set) || apart(g, p, m, unfused_attention) {
                     continue;
                 }
                 let sum = sums_gradients(g, p, &kshape);
@@ -111,7 +126,7 @@ pub(super) fn grow(
     let members: Vec<NodeIndex> = set.iter().copied().collect();
     for m in members {
         for &u in users.of(m) {
-            if matches!(g.node(u).op, Op::Dropout { .. }) && eligible(u, &set) {
+            if matches!(g.node(u).op, Op::Dropout { .. }) && eligible(u, &set) && !apart(g, m, u, unfused_attention) {
                 set.insert(u);
             }
         }

@@ -14,6 +14,11 @@
 //! flat parameter buffers). Matmuls, embeddings and reshapes stay as they
 //! are; a kernel that starts with a bias add on a matmul output nothing else
 //! reads names that matmul as its GEMM epilogue ([`patterns::epilogue`]).
+//! With the `attention` pass disabled (attention pinned unfused) the
+//! attention-probability dropout and its backward stay lone `dropout` nodes,
+//! each a kernel of its own once selected, between the softmax's kernel and
+//! the context matmul, and between that matmul's gradient and the softmax
+//! gradient's kernel ([`group`]).
 //!
 //! A group grows from an anchor ([`patterns`]) over producers whose users in
 //! the same phase all lie in the group ([`group`]); its values read outside
@@ -108,11 +113,14 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
     let mut taken = vec![false; g.petgraph().node_bound()];
     let mut groups: Vec<Group> = Vec::new();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    // Attention pinned unfused (`--attention unfused`, `--disable attention`)
+    // runs its softmax and dropout as frameworks without flash attention do.
+    let unfused_attention = cx.options.disabled.contains(crate::attention::Attention.name());
     for anchor in patterns::anchors(g, &order) {
         if taken[anchor.index()] || !lower::fusible(g, anchor, &g.node(anchor).outputs[0].shape) {
             continue;
         }
-        let Some(nodes) = group::grow(g, anchor, &users, &taken, &position) else { continue };
+        let Some(nodes) = group::grow(g, anchor, &users, &taken, &position, unfused_attention) else { continue };
         if !cx.may_apply() {
             break;
         }

@@ -6,8 +6,9 @@
 //! the backward's scale) grows its group over everything upstream it can
 //! hold: bias add → GELU; GLU gating; bias → dropout → residual →
 //! LayerNorm; embedding sum → LayerNorm; scale → ALiBi → mask → softmax →
-//! dropout; and the backward chains (dropout → softmax_grad → mask_grad →
-//! scale, gelu_grad …); LayerNorm's backward with its `dy` chain (residual
+//! dropout (the dropout apart with attention unfused); and the backward
+//! chains (dropout → softmax_grad → mask_grad → scale, likewise;
+//! gelu_grad …); LayerNorm's backward with its `dy` chain (residual
 //! gradient adds, the dropout backward), the dropout backward of its `dx`
 //! and that dropout's bias gradient; an activation gradient with its bias
 //! gradient. Each `adamw` and `squared_sum` is a kernel of its own.
