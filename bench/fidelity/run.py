@@ -61,6 +61,8 @@ def compile_command(zeroplan, row):
             cmd += [flag, row[column]]
     if row["attention"]:
         cmd += ["--attention", row["attention"]]
+    if row["cuda_graphs"] == "on":
+        cmd.append("--cuda-graphs")
     if row["sp"] == "on":
         cmd.append("--sp")
     elif row["sp"] == "off":
