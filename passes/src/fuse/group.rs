@@ -67,8 +67,11 @@ pub(super) type Position = [usize];
 /// the incoming gradient). No mask is written: each kernel redraws it from
 /// its stream.
 fn apart(g: &Graph, producer: NodeIndex, consumer: NodeIndex, unfused_attention: bool) -> bool {
-    let (p, c) = (&g.node(producer).op, &g.node(consumer).op);
-    unfused_attention && matches!((p, c), (Op::Softmax, Op::Dropout { .. }) | (Op::Dropout { .. }, Op::SoftmaxGrad))
+    unfused_attention
+        && matches!(
+            (&g.node(producer).op, &g.node(consumer).op),
+            (Op::Softmax, Op::Dropout { .. }) | (Op::Dropout { .. }, Op::SoftmaxGrad)
+        )
 }
 
 /// The group grown from `anchor`: producers are absorbed while every user of
