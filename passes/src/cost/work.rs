@@ -129,24 +129,27 @@ pub fn recomputed_share(op: &Op) -> f64 {
 /// The work of node `n` under `bindings`; `None` where a size is unbound.
 pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
     let node = graph.node(n);
+    // Sources and views move no bytes, so their tensors are not sized.
+    if node.op.is_source() || node.op.is_view() {
+        return Some(Work { engine: Engine::Free, flops: 0.0, bytes: 0.0, gemm: None });
+    }
     let operands = graph.operands(n);
     let size = |v: Value| graph.value_type(v).size_bytes(bindings);
-    let numel = |v: Value| graph.value_type(v).shape.numel_value(bindings);
-    let outputs: Vec<Value> = (0..node.outputs.len() as u32).map(|output| Value { node: n, output }).collect();
     let mut bytes = 0u64;
-    for v in operands.iter().chain(&outputs) {
+    for v in operands {
         bytes += size(*v)?;
     }
-    let out_elements = outputs.iter().map(|v| numel(*v)).sum::<Option<u64>>()? as f64;
+    for t in node.outputs.iter() {
+        bytes += t.size_bytes(bindings)?;
+    }
+    let out_elements = node.outputs.iter().map(|t| t.shape.numel_value(bindings)).sum::<Option<u64>>()? as f64;
     let mut work = Work { engine: Engine::Kernel, flops: out_elements, bytes: bytes as f64, gemm: None };
+    let output = Value { node: n, output: 0 };
     match &node.op {
-        op if op.is_source() || op.is_view() => {
-            return Some(Work { engine: Engine::Free, flops: 0.0, bytes: 0.0, gemm: None });
-        }
         Op::MatMul { transpose_a, .. } => {
             let a = graph.value_type(operands[0]).shape.dims();
             let k = a[if *transpose_a { a.len() - 2 } else { a.len() - 1 }].eval(bindings)?;
-            let out = graph.value_type(outputs[0]).shape.dims();
+            let out = graph.value_type(output).shape.dims();
             let (m, nn) = (out[out.len() - 2].eval(bindings)?, out[out.len() - 1].eval(bindings)?);
             let batch = out_elements as u64 / (m * nn).max(1);
             work.engine = Engine::Gemm;
@@ -156,13 +159,13 @@ pub fn work(graph: &Graph, n: NodeIndex, bindings: &Bindings) -> Option<Work> {
         op if op.is_collective() => {
             work.engine = Engine::Collective;
             work.flops = 0.0;
-            work.bytes = super::comm::whole_elements(graph, outputs[0], bindings)? as f64
+            work.bytes = super::comm::whole_elements(graph, output, bindings)? as f64
                 * node.outputs[0].dtype.size_bytes() as f64;
         }
         Op::Copy => {
             work.engine = Engine::Copy;
             work.flops = 0.0;
-            work.bytes = size(outputs[0])? as f64;
+            work.bytes = size(output)? as f64;
         }
         Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. } => {
             let q = graph.value_type(operands[0]).shape.dims();

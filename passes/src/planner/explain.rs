@@ -360,7 +360,7 @@ pub fn same_plan(a: &Evaluation, b: &Evaluation) -> bool {
 ///
 /// The runner-up can be an estimate faster than the winner's exact figure:
 /// a deep model's estimates come from two short stacks, and only the
-/// `RECHECKS` fastest that beat the winner are compiled whole.
+/// `WHOLE_COMPILES` fastest are compiled whole.
 /// It is then said so, not called a tie.
 pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
     let (w, r) = (&winner.predicted, &runner.predicted);
@@ -369,11 +369,11 @@ pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
         let ahead = 100.0 * (r.tokens_per_second / w.tokens_per_second - 1.0);
         return format!(
             "{:.1} ms per step against {:.1} ms ({ahead:.1}% more tokens/s): an estimate from two short stacks, \
-             not compiled whole (the search compiles the {} fastest estimates that beat the winner whole and \
-             keeps the fastest exact plan)",
+             not compiled whole (the search compiles up to {} of the fastest estimates whole and keeps the \
+             fastest exact plan)",
             1e3 * r.step_seconds,
             1e3 * w.step_seconds,
-            super::RECHECKS
+            super::WHOLE_COMPILES
         );
     }
     // Rounded to what is printed, so a tie never reads `-0.0%`; a runner-up

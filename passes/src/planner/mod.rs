@@ -350,16 +350,21 @@ type Beaten = Vec<(evaluate::Choice, Evaluation)>;
 /// `outcomes`. The search's figures for deep models are extrapolated; where
 /// the exact plan no longer fits, the next smaller micro-batch of the same
 /// choice is tried, then the next choice (the one that did not fit goes to
-/// `unfit`).
+/// `unfit`). Outcomes in `ahead` were compiled already.
 fn exact_winner(
     req: &Request,
     machine: &Machine,
     outcomes: &[Outcome],
     unfit: &mut Unfit,
+    ahead: &mut Ahead,
 ) -> Result<(usize, Exact), PlanError> {
     let budget = req.cluster.budget_bytes();
     for (at, outcome) in outcomes.iter().enumerate() {
-        match exact(req, machine, outcome)? {
+        let compiled = match ahead.take(at) {
+            Some(compiled) => compiled?,
+            None => exact(req, machine, outcome)?,
+        };
+        match compiled {
             Ok(exact) => return Ok((at, exact)),
             Err(peak) if outcome.best.is_some() => unfit.push((outcome.choice, peak)),
             Err(_) => {}
@@ -371,6 +376,44 @@ fn exact_winner(
          a bug in the depth extrapolation; plan again with a larger --memory"
     )))
 }
+
+/// What [`exact`] gave for one outcome.
+type Compiled = Result<Result<Exact, u64>, PlanError>;
+
+/// Exact plans compiled ahead of need, by place in the outcomes.
+#[derive(Default)]
+struct Ahead(Vec<(usize, Compiled)>);
+
+impl Ahead {
+    /// The first two outcomes at once where the second may be needed.
+    ///
+    /// The first compiles whole on one core while the other idles. The
+    /// second is needed if the first does not fit exactly, or if its
+    /// estimate beats the first's exact figure, which lies within the
+    /// depth extrapolation's [`DEPTH_ERROR`] of its estimate: where the
+    /// estimates are that close (bert-1t's drive-bound choices, within
+    /// 0.3 %), the second is compiled on the idle core rather than after.
+    fn compile(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Ahead {
+        let estimate = |at: usize| outcomes.get(at).and_then(|o| o.best.as_ref());
+        let (Some(first), Some(second)) = (estimate(0), estimate(1)) else { return Ahead::default() };
+        let close =
+            second.predicted.tokens_per_second > 1.001 * (1.0 - DEPTH_ERROR) * first.predicted.tokens_per_second;
+        if !close {
+            return Ahead::default();
+        }
+        let (a, b) = rayon::join(|| exact(req, machine, &outcomes[0]), || exact(req, machine, &outcomes[1]));
+        Ahead(vec![(0, a), (1, b)])
+    }
+
+    fn take(&mut self, at: usize) -> Option<Compiled> {
+        let i = self.0.iter().position(|(a, _)| *a == at)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
+/// How far an estimate extrapolated from the short stacks may lie from the
+/// whole plan's figure: `passes/tests/plan.rs` holds the line to 3 %.
+const DEPTH_ERROR: f64 = 0.03;
 
 /// `outcome`'s choice compiled and planned whole at its estimated
 /// micro-batch, else the largest smaller one that fits; where none does,
@@ -404,9 +447,10 @@ fn exact(req: &Request, machine: &Machine, outcome: &Outcome) -> Result<Result<E
     Ok(Err(smallest_peak))
 }
 
-/// How many choices whose estimate beats the winner's exact figure are
-/// compiled whole as well (fastest estimate first).
-const RECHECKS: usize = 3;
+/// How many estimates the exact stage compiles whole at most, fastest
+/// first: the first winner, where it is an estimate, and the choices whose
+/// estimates beat the winner's exact figure.
+const WHOLE_COMPILES: usize = 4;
 
 /// `a` is faster than `b` by more than the 0.1 % [`explain`] calls a tie.
 fn faster(a: &Evaluation, b: &Evaluation) -> bool {
@@ -421,20 +465,47 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
 /// figure (bert-base on 8 A100s: 91.4 against 92.3 ms). Such a choice is
 /// compiled whole too, and the faster exact plan wins; the user never
 /// reads a runner-up faster than the plan they got.
+///
+/// The first winner is the fastest plan the search already planned whole
+/// (an `optimal` probe's, exact at no cost), where there is one; else the
+/// fastest estimate, compiled whole. From an exact winner only estimates
+/// that beat it are compiled: bert-1t's four `full` choices tie with the
+/// `optimal` ones within 0.1 %, so none is compiled again.
 fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(Exact, Beaten, Unfit), PlanError> {
     let mut unfit = Unfit::new();
-    let (at, mut winner) = exact_winner(req, machine, outcomes, &mut unfit)?;
-    // The next choices whose estimates beat the winner's exact figure are
-    // compiled whole at once; then weighed in order, each against the
-    // winner so far (faster with each change, so no later choice is
-    // weighed that the first exact winner would not have let through).
-    let contenders: Vec<&Outcome> = outcomes[at + 1..]
-        .iter()
-        .take(RECHECKS)
-        .take_while(|o| o.best.as_ref().is_some_and(|estimate| faster(estimate, &winner.0)))
+    let mut ahead = Ahead::default();
+    let planned = outcomes.iter().position(|o| o.best.as_ref().is_some_and(|e| o.whole.holds(e.strategy.micro_batch)));
+    let (at, mut winner) = match planned {
+        Some(at) => match exact(req, machine, &outcomes[at])? {
+            Ok(exact) => (at, exact),
+            Err(_) => return Err(PlanError::Compile("a step the search planned whole and kept does not fit".into())),
+        },
+        None => {
+            ahead = Ahead::compile(req, machine, outcomes);
+            exact_winner(req, machine, outcomes, &mut unfit, &mut ahead)?
+        }
+    };
+    // The choices whose estimates beat the winner's exact figure (the
+    // fastest first: before a winner planned in the search, after one
+    // compiled here) are compiled whole at once; then weighed in order,
+    // each against the winner so far (faster with each change, so no later
+    // choice is weighed that the first exact winner would not have let
+    // through).
+    let (rest, rechecks) =
+        if planned.is_some() { (0..at, WHOLE_COMPILES) } else { (at + 1..outcomes.len(), WHOLE_COMPILES - 1) };
+    let contenders: Vec<(usize, &Outcome)> = rest
+        .map(|place| (place, &outcomes[place]))
+        .take(rechecks)
+        .take_while(|(_, o)| o.best.as_ref().is_some_and(|estimate| faster(estimate, &winner.0)))
         .collect();
-    // One whole compile a task.
-    let compiled: Vec<_> = contenders.par_iter().with_max_len(1).map(|o| exact(req, machine, o)).collect();
+    let early: Vec<Option<Compiled>> = contenders.iter().map(|&(place, _)| ahead.take(place)).collect();
+    // One whole compile a task, less those compiled ahead.
+    let compiled: Vec<Compiled> = (&contenders, early)
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(&(_, o), early)| early.unwrap_or_else(|| exact(req, machine, o)))
+        .collect();
+    let contenders = contenders.into_iter().map(|(_, o)| o);
     let mut beaten = Vec::new();
     for (outcome, compiled) in contenders.into_iter().zip(compiled) {
         match &outcome.best {

@@ -67,6 +67,12 @@ impl Whole {
         Whole(Arc::new(Mutex::new(Some((micro_batch, step, plan)))))
     }
 
+    /// Whether the step at `micro_batch` is kept.
+    pub fn holds(&self, micro_batch: u64) -> bool {
+        let kept = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        kept.as_ref().is_some_and(|(b, _, _)| *b == micro_batch)
+    }
+
     /// The step and its memory plan at `micro_batch`, if kept, and no
     /// longer kept.
     pub fn take(&self, micro_batch: u64) -> Option<(Step, MemoryPlan)> {
