@@ -2,6 +2,7 @@
 //! memory from the memory pass, communication and time from the cost model.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use zeroplan_ir::plan::{
     Attention, CollectiveTraffic, CommSummary, DataParallel, MemorySummary, Offload, OffloadTo, Predicted, Strategy,
     offload_label,
@@ -9,6 +10,7 @@ use zeroplan_ir::plan::{
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
+use super::search::fits;
 use super::shared::SHARED_THROUGH;
 use super::{PlanError, Request};
 use crate::cost::{self, Machine};
@@ -256,16 +258,39 @@ impl Step {
         Ok((comm, predicted))
     }
 
-    /// Memory and time together.
+    /// Memory and, where the plan fits, time at `strategy`'s micro-batch:
+    /// the evaluation, or the memory of a plan that does not fit. The two
+    /// run at once where a core is free; where none is, the time runs after
+    /// the memory plan on the same core (rayon's `join`), and is skipped
+    /// when the plan does not fit: an `optimal` probe's tries that overshoot
+    /// the budget (bert-1t: five of nine whole steps) simulate nothing.
     pub fn evaluate(
         &self,
         req: &Request,
         machine: &Machine,
         strategy: Strategy,
-    ) -> Result<(Evaluation, MemoryPlan), PlanError> {
-        let (plan, memory) = self.memory(req, strategy.micro_batch)?;
-        let (comm, predicted) = self.predict(req, machine, strategy.micro_batch, strategy.micro_batches)?;
-        Ok((Evaluation { strategy, memory, comm, predicted }, plan))
+    ) -> Result<(MemoryPlan, Result<Evaluation, MemorySummary>), PlanError> {
+        let (b, micro_batches) = (strategy.micro_batch, strategy.micro_batches);
+        let unfit = AtomicBool::new(false);
+        let (planned, timed) = rayon::join(
+            || {
+                let planned = self.memory(req, b);
+                if planned.as_ref().is_ok_and(|(_, memory)| !fits(req, memory)) {
+                    unfit.store(true, Ordering::Relaxed);
+                }
+                planned
+            },
+            || (!unfit.load(Ordering::Relaxed)).then(|| self.predict(req, machine, b, micro_batches)),
+        );
+        let (plan, memory) = planned?;
+        if !fits(req, &memory) {
+            return Ok((plan, Err(memory)));
+        }
+        let (comm, predicted) = match timed {
+            Some(timed) => timed?,
+            None => self.predict(req, machine, b, micro_batches)?,
+        };
+        Ok((plan, Ok(Evaluation { strategy, memory, comm, predicted })))
     }
 }
 

@@ -430,19 +430,19 @@ fn exact(req: &Request, machine: &Machine, outcome: &Outcome) -> Result<Result<E
         .collect();
     for b in sizes {
         let strategy = outcome.choice.strategy(world, b, per_rank / b);
-        let (step, (evaluation, memory_plan)) = match outcome.whole.take(b) {
-            // The search's evaluation of that step is exact.
-            Some((step, plan)) => (step, (best.clone(), plan)),
+        let (step, (memory_plan, evaluated)) = match outcome.whole.take(b) {
+            // The search's evaluation of that step is exact, and fits.
+            Some((step, plan)) => (step, (plan, Ok(best.clone()))),
             None => {
                 let step = Step::compile(req, req.model, outcome.choice, ranks, b, per_rank / b)?;
                 let evaluated = step.evaluate(req, machine, strategy)?;
                 (step, evaluated)
             }
         };
-        if search::fits(req, &evaluation.memory) {
-            return Ok(Ok((evaluation, (outcome.choice, step), memory_plan)));
+        match evaluated {
+            Ok(evaluation) => return Ok(Ok((evaluation, (outcome.choice, step), memory_plan))),
+            Err(memory) => smallest_peak = smallest_peak.min(memory.peak_bytes),
         }
-        smallest_peak = smallest_peak.min(evaluation.memory.peak_bytes);
     }
     Ok(Err(smallest_peak))
 }

@@ -442,18 +442,15 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             }
             let choice = choice_at(target);
             let step = Step::after_training_step(req, choice, ranks, b, micro_batches, before.clone())?;
-            // A whole step: its time is simulated beside its memory planning,
-            // and kept if the plan fits.
-            let (planned, timed) = rayon::join(|| step.memory(req, b), || step.predict(req, machine, b, micro_batches));
-            let (plan, memory) = planned?;
-            if fits(req, &memory) {
-                let (comm, predicted) = timed?;
-                let strategy = choice.strategy(world, b, micro_batches);
-                let min_peak_bytes = memory.peak_bytes;
-                let best = Some(Evaluation { strategy, memory, comm, predicted });
-                let whole = Whole::keep(b, step, plan);
-                return Ok(Some(Outcome { whole, ..Outcome::compiled(choice, min_peak_bytes, best, false) }));
-            }
+            // A whole step, kept if its plan fits.
+            let memory = match step.evaluate(req, machine, choice.strategy(world, b, micro_batches))? {
+                (plan, Ok(best)) => {
+                    let min_peak_bytes = best.memory.peak_bytes;
+                    let whole = Whole::keep(b, step, plan);
+                    return Ok(Some(Outcome { whole, ..Outcome::compiled(choice, min_peak_bytes, Some(best), false) }));
+                }
+                (_, Err(memory)) => memory,
+            };
             if memory.peak_bytes <= budget {
                 break; // It is the host or NVMe that does not fit: recomputing more cannot help.
             }
