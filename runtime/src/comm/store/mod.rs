@@ -257,6 +257,13 @@ fn connect_once(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
         let left =
             deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(10), Duration::from_secs(2));
         match TcpStream::connect_timeout(&a, left) {
+            // A client retrying before its server binds can connect to
+            // itself (TCP's simultaneous open, where the kernel picks the
+            // server's port as the client's own), and that socket then holds
+            // the port the server is about to bind: dropped, and tried again.
+            Ok(c) if c.local_addr().ok() == Some(a) => {
+                last = io::Error::new(io::ErrorKind::ConnectionRefused, format!("`{a}` answered as this very socket"));
+            }
             Ok(c) => return Ok(c),
             Err(e) => last = e,
         }
