@@ -391,8 +391,8 @@ impl Ahead {
     /// second is needed if the first does not fit exactly, or if its
     /// estimate beats the first's exact figure, which lies within the
     /// depth extrapolation's [`DEPTH_ERROR`] of its estimate: where the
-    /// estimates are that close (bert-1t's drive-bound choices, within
-    /// 0.3 %), the second is compiled on the idle core rather than after.
+    /// estimates are that close, the second is compiled on the idle core
+    /// rather than after.
     fn compile(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Ahead {
         let estimate = |at: usize| outcomes.get(at).and_then(|o| o.best.as_ref());
         let (Some(first), Some(second)) = (estimate(0), estimate(1)) else { return Ahead::default() };
@@ -468,9 +468,10 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
 ///
 /// The first winner is the fastest plan the search already planned whole
 /// (an `optimal` probe's, exact at no cost), where there is one; else the
-/// fastest estimate, compiled whole. From an exact winner only estimates
-/// that beat it are compiled: bert-1t's four `full` choices tie with the
-/// `optimal` ones within 0.1 %, so none is compiled again.
+/// fastest estimate, compiled whole. Either way only estimates that beat
+/// the exact winner are compiled after it (bert-1t on one DGX-2: its four
+/// `full` choices, estimated 0.2–2 % above the `optimal` plan the search
+/// planned whole, compile at once and lose to it).
 fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(Exact, Beaten, Unfit), PlanError> {
     let mut unfit = Unfit::new();
     let mut ahead = Ahead::default();
@@ -505,9 +506,8 @@ fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<
         .with_max_len(1)
         .map(|(&(_, o), early)| early.unwrap_or_else(|| exact(req, machine, o)))
         .collect();
-    let contenders = contenders.into_iter().map(|(_, o)| o);
     let mut beaten = Vec::new();
-    for (outcome, compiled) in contenders.into_iter().zip(compiled) {
+    for ((_, outcome), compiled) in contenders.into_iter().zip(compiled) {
         match &outcome.best {
             Some(estimate) if faster(estimate, &winner.0) => {}
             _ => break,
