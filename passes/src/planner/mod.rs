@@ -385,24 +385,31 @@ type Compiled = Result<Result<Exact, u64>, PlanError>;
 struct Ahead(Vec<(usize, Compiled)>);
 
 impl Ahead {
-    /// The first two outcomes at once where the second may be needed.
+    /// The first outcome and the next distinct one at once where the
+    /// second may be needed.
     ///
     /// The first compiles whole on one core while the other idles. The
-    /// second is needed if the first does not fit exactly, or if its
-    /// estimate beats the first's exact figure, which lies within the
-    /// depth extrapolation's [`DEPTH_ERROR`] of its estimate: where the
-    /// estimates are that close, the second is compiled on the idle core
-    /// rather than after.
+    /// next outcome that is not the first's twin (`explain::same_plan`: the
+    /// same plan under another name, bert-large's ZeRO-1 and ZeRO-2) is
+    /// needed if the first does not fit exactly, or if its estimate beats
+    /// the first's exact figure, which lies within the depth
+    /// extrapolation's [`DEPTH_ERROR`] of its estimate: where the estimates
+    /// are that close, it is compiled on the idle core rather than after.
     fn compile(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Ahead {
-        let estimate = |at: usize| outcomes.get(at).and_then(|o| o.best.as_ref());
-        let (Some(first), Some(second)) = (estimate(0), estimate(1)) else { return Ahead::default() };
+        let Some(first) = outcomes.first().and_then(|o| o.best.as_ref()) else { return Ahead::default() };
+        let next = outcomes
+            .iter()
+            .enumerate()
+            .skip(1)
+            .find_map(|(at, o)| o.best.as_ref().filter(|e| !explain::same_plan(e, first)).map(|e| (at, e)));
+        let Some((at, second)) = next else { return Ahead::default() };
         let close =
             second.predicted.tokens_per_second > 1.001 * (1.0 - DEPTH_ERROR) * first.predicted.tokens_per_second;
         if !close {
             return Ahead::default();
         }
-        let (a, b) = rayon::join(|| exact(req, machine, &outcomes[0]), || exact(req, machine, &outcomes[1]));
-        Ahead(vec![(0, a), (1, b)])
+        let (a, b) = rayon::join(|| exact(req, machine, &outcomes[0]), || exact(req, machine, &outcomes[at]));
+        Ahead(vec![(0, a), (at, b)])
     }
 
     fn take(&mut self, at: usize) -> Option<Compiled> {
