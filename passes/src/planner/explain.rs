@@ -364,8 +364,8 @@ pub fn same_plan(a: &Evaluation, b: &Evaluation) -> bool {
 /// It is then said so, not called a tie.
 pub fn why_slower(winner: &Evaluation, runner: &Evaluation) -> String {
     let (w, r) = (&winner.predicted, &runner.predicted);
-    // Past the 0.1% that `planner::faster` calls a tie.
-    if r.tokens_per_second > 1.001 * w.tokens_per_second {
+    // Past the `planner::TIE` of 0.1%.
+    if r.tokens_per_second > (1.0 + super::TIE) * w.tokens_per_second {
         let ahead = 100.0 * (r.tokens_per_second / w.tokens_per_second - 1.0);
         return format!(
             "{:.1} ms per step against {:.1} ms ({ahead:.1}% more tokens/s): an estimate from two short stacks, \

@@ -404,7 +404,7 @@ impl Ahead {
             .find_map(|(at, o)| o.best.as_ref().filter(|e| !explain::same_plan(e, first)).map(|e| (at, e)));
         let Some((at, second)) = next else { return Ahead::default() };
         let close =
-            second.predicted.tokens_per_second > 1.001 * (1.0 - DEPTH_ERROR) * first.predicted.tokens_per_second;
+            second.predicted.tokens_per_second > (1.0 + TIE) * (1.0 - DEPTH_ERROR) * first.predicted.tokens_per_second;
         if !close {
             return Ahead::default();
         }
@@ -459,9 +459,12 @@ fn exact(req: &Request, machine: &Machine, outcome: &Outcome) -> Result<Result<E
 /// estimates beat the winner's exact figure.
 const WHOLE_COMPILES: usize = 4;
 
-/// `a` is faster than `b` by more than the 0.1 % [`explain`] calls a tie.
+/// How much faster one plan must be than another not to tie with it: 0.1 %.
+pub const TIE: f64 = 0.001;
+
+/// `a` is faster than `b` by more than a [`TIE`].
 fn faster(a: &Evaluation, b: &Evaluation) -> bool {
-    a.predicted.tokens_per_second > 1.001 * b.predicted.tokens_per_second
+    a.predicted.tokens_per_second > (1.0 + TIE) * b.predicted.tokens_per_second
 }
 
 /// The winner, the exact figures of the choices it beat whole, and the
