@@ -4,7 +4,9 @@
 //! (`--exhaustive`) gives the same winner with the same figures, and no
 //! skipped choice is faster, in the exhaustive search, than the twin said
 //! to dominate it. The same holds for the `optimal` choices bounded out
-//! (`search::optimal_outcomes`).
+//! (`search::optimal_outcomes`), and for the `full` choices the exact
+//! stage does not compile whole for their `optimal` twin
+//! (`dominance::lighter_twin`).
 
 #[path = "../../ir/tests/common/mod.rs"]
 mod common;
@@ -138,6 +140,7 @@ fn find<'p>(plan: &'p Plan, strategy: &Strategy) -> &'p Candidate {
 #[test]
 fn pruning_keeps_the_exhaustive_winner_on_a_grid_of_cases() {
     let (mut skipped, mut recomputing_winners, mut nvme_skipped, mut optimal_skipped) = (0, 0, 0, 0);
+    let mut lighter = 0;
     for c in &GRID {
         let m = model(c.model);
         let what = format!(
@@ -178,8 +181,25 @@ fn pruning_keeps_the_exhaustive_winner_on_a_grid_of_cases() {
                 cheaper.strategy
             );
         }
+        // A `full` choice left an estimate for its `optimal` twin: where
+        // the exhaustive search compiled it whole (its figure is no longer
+        // the estimate), that figure is no faster than the twin's.
+        for d in pruned.candidates.iter().filter(|x| x.recomputes_more_than.is_some()) {
+            lighter += 1;
+            let twin = d.recomputes_more_than.as_ref().expect("filtered");
+            let (full, twin) = (find(&exhaustive, &d.strategy), find(&exhaustive, twin));
+            let (whole, twin_speed) =
+                (full.tokens_per_second.expect("it fit"), twin.tokens_per_second.expect("planned"));
+            assert!(
+                whole == d.tokens_per_second.expect("estimated") || whole <= twin_speed,
+                "{what}: {} ({whole} tokens/s whole) beats {} ({twin_speed}), which recomputes less",
+                full.strategy,
+                twin.strategy
+            );
+        }
     }
     // The grid exercises what it checks.
+    assert!(lighter > 0, "no full choice left to its optimal twin");
     assert!(skipped > 100, "only {skipped} choices skipped over the grid");
     assert!(nvme_skipped > 0, "no NVMe choice skipped for its CPU-memory twin");
     assert!(recomputing_winners > 0, "no case where the winner recomputes");

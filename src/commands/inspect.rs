@@ -177,7 +177,12 @@ pub fn text(plan: &Plan, shown: Candidates) -> String {
     match &plan.runner_up {
         Some(r) => t += &format!("runner-up  {}: {}\n", r.strategy, r.reason),
         None if plan.candidates.iter().filter(|c| c.fits).count() > 1 => {
-            t += "runner-up  none: every other strategy that fits is this plan (its twins above)\n"
+            let or = if plan.candidates.iter().any(|c| c.recomputes_more_than.is_some()) {
+                " or recomputes more than a plan above at the same micro-batch"
+            } else {
+                ""
+            };
+            t += &format!("runner-up  none: every other strategy that fits is this plan (its twins above){or}\n")
         }
         None => t += "runner-up  none: no other strategy fits\n",
     }
@@ -217,7 +222,17 @@ fn candidates(plan: &Plan, shown: Candidates) -> String {
     let width = rows[..listed].iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0);
     for (strategy, members) in &rows[..listed] {
         let candidate = members[0];
+        let bound = candidate.recomputes_more_than.as_ref().and_then(|twin| {
+            let twin_speed = plan.candidates.iter().find(|c| c.strategy == *twin)?.tokens_per_second?;
+            Some((twin, twin_speed))
+        });
         let speed = match (candidate.tokens_per_second, &candidate.dominated_by) {
+            (Some(x), _) if let Some((twin, at_most)) = bound => format!(
+                "≤ {} tokens/s: it recomputes more than `{}` at this micro-batch (estimated {})",
+                tokens(at_most),
+                twin.recompute,
+                tokens(x)
+            ),
             (Some(x), _) => format!("{} tokens/s", tokens(x)),
             (None, Some(twin)) => {
                 format!("not compiled: {} fits every micro-batch it could use, with less work", choice_name(twin))

@@ -192,6 +192,13 @@ pub struct Candidate {
     /// (`passes/src/planner/dominance.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dominated_by: Option<Strategy>,
+    /// Not compiled whole: this `optimal` twin, planned whole at the same
+    /// micro-batch, recomputes less and is otherwise the same strategy, so
+    /// this one's whole plan is at best as fast as the twin's exact
+    /// figure; `tokens_per_second` is the search's estimate, which may lie
+    /// above it (`passes/src/planner/dominance.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recomputes_more_than: Option<Strategy>,
 }
 
 /// The capacity a strategy's model states alone exceed

@@ -14,6 +14,11 @@
 //! compiles it anyway). The cheaper twins are searched first ([`wave`]) so
 //! their outcomes are known when the dearer ones are reached.
 //!
+//! The same argument spares the exact stage a whole compile: an `optimal`
+//! probe recomputes the least that fits at `full`'s micro-batch, so where
+//! the search planned it whole, `full` at that micro-batch can at best tie
+//! it ([`lighter_twin`]).
+//!
 //! `passes/tests/pruning.rs` plans a grid of cases both ways: the same
 //! winner, and no dominated choice faster than its twin.
 
@@ -52,6 +57,31 @@ pub fn dominator(choice: Choice, searched: &[Outcome]) -> Option<Choice> {
         return None;
     }
     cheaper_twins(choice).find(|twin| searched.iter().any(|o| o.choice == *twin && o.fits_every))
+}
+
+/// The `optimal` twin of a `full` outcome that the search planned whole
+/// at `full`'s estimated micro-batch, if there is one: its place in
+/// `searched`. Read before the exact stage takes the whole steps.
+///
+/// The twin's budget recomputes the least that fits there
+/// (`search::optimal_outcomes`): never more than `full`, which recomputes
+/// every layer, and the rest of the choice is the same. So `full`'s whole
+/// plan at that micro-batch is at best as fast as the twin's, exact
+/// already, and the winner is at least as fast as the twin; `full` is not
+/// compiled whole to be weighed against it (bert-1t on one DGX-2: four
+/// `full` estimates lie 0.2–2 % above their twins, and their whole plans,
+/// 2.3 s of compiling, each lost).
+pub fn lighter_twin(full: &Outcome, searched: &[Outcome]) -> Option<usize> {
+    if full.choice.recompute != Policy::Full {
+        return None;
+    }
+    let b = full.best.as_ref()?.strategy.micro_batch;
+    searched.iter().position(|o| {
+        matches!(o.choice.recompute, Policy::Optimal { .. })
+            && Choice { recompute: Policy::Full, ..o.choice } == full.choice
+            && o.best.as_ref().is_some_and(|e| e.strategy.micro_batch == b)
+            && o.whole.holds(b)
+    })
 }
 
 #[cfg(test)]

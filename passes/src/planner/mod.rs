@@ -160,7 +160,11 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         let _span = tracing::info_span!("plan.nothing_fits").entered();
         return Err(explain::nothing_fits(req, &outcomes)?);
     }
-    let ((winner, step, memory_plan), beaten, unfit) = exact_best(req, &machine, &outcomes)?;
+    // Each `full` outcome's `optimal` twin planned whole, where the exact
+    // stage may lean on it (before that stage takes the whole steps).
+    let lighter: Vec<Option<usize>> =
+        outcomes.iter().map(|o| dominance::lighter_twin(o, &outcomes).filter(|_| !req.exhaustive)).collect();
+    let ((winner, step, memory_plan), beaten, unfit) = exact_best(req, &machine, &outcomes, &lighter)?;
     let unfit_peak = |c: evaluate::Choice| unfit.iter().find(|(u, _)| *u == c).map(|&(_, peak)| peak);
     // The fastest other choice: exact where it was compiled whole, else the
     // search's estimate (the first of equals, as the search listed them).
@@ -171,11 +175,13 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     let twin = |c: evaluate::Choice| {
         estimate(c).zip(estimate(step.0)).is_some_and(|(e, w)| c != step.0 && explain::same_plan(e, w))
     };
+    // Nor a `full` choice whose `optimal` twin, planned whole, it cannot beat.
     let estimates = outcomes
         .iter()
-        .filter(|o| o.choice != step.0 && !twin(o.choice) && !beaten.iter().any(|(c, _)| *c == o.choice))
-        .filter(|o| unfit_peak(o.choice).is_none())
-        .filter_map(|o| o.best.as_ref());
+        .zip(&lighter)
+        .filter(|(o, _)| o.choice != step.0 && !twin(o.choice) && !beaten.iter().any(|(c, _)| *c == o.choice))
+        .filter(|(o, lighter)| unfit_peak(o.choice).is_none() && lighter.is_none())
+        .filter_map(|(o, _)| o.best.as_ref());
     let fastest_first =
         |a: &&Evaluation, b: &&Evaluation| b.predicted.tokens_per_second.total_cmp(&a.predicted.tokens_per_second);
     let exact_losers = beaten.iter().filter(|(c, _)| !twin(*c)).map(|(_, e)| e);
@@ -200,9 +206,11 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
         };
         exact.or(o.best.as_ref()).map(|e| (e.memory.peak_bytes, e.predicted.tokens_per_second))
     };
-    let mut candidates: Vec<Candidate> = outcomes
+    let lighter_strategy = |at: Option<usize>| at.and_then(|t| outcomes[t].best.as_ref()).map(|e| e.strategy.clone());
+    let candidates: Vec<Candidate> = outcomes
         .iter()
-        .map(|o| Candidate {
+        .zip(&lighter)
+        .map(|(o, &lighter)| Candidate {
             strategy: match &o.best {
                 // The winner's exact plan may use a smaller micro-batch than its estimate.
                 _ if o.choice == step.0 => winner.strategy.clone(),
@@ -215,17 +223,28 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
             tokens_per_second: figures(o).map(|(_, speed)| speed),
             states_exceed: o.bounded,
             dominated_by: o.dominated_by.and_then(&estimate).map(|e| e.strategy.clone()),
+            recomputes_more_than: lighter_strategy(lighter),
         })
         .collect();
     // The winner first, then the fastest; those that do not fit keep the
-    // search's order (least memory first).
+    // search's order (least memory first). A choice its lighter twin
+    // bounds ranks at the twin's figure, not its estimate, right after it.
+    let rank: Vec<Option<f64>> = candidates
+        .iter()
+        .zip(&lighter)
+        .map(|(c, lighter)| lighter.map_or(c.tokens_per_second, |t| figures(&outcomes[t]).map(|(_, speed)| speed)))
+        .collect();
     let at = outcomes.iter().position(|o| o.choice == step.0).expect("the winner is a candidate");
-    let first = candidates.remove(at);
-    candidates.sort_by(|a, b| match (a.tokens_per_second, b.tokens_per_second) {
-        (Some(x), Some(y)) => y.total_cmp(&x),
-        (x, y) => y.is_some().cmp(&x.is_some()),
+    let mut ranked: Vec<(Option<f64>, Candidate)> = rank.into_iter().zip(candidates).collect();
+    let first = ranked.remove(at);
+    ranked.sort_by(|(a, x), (b, y)| {
+        let order = match (a, b) {
+            (Some(a), Some(b)) => b.total_cmp(a),
+            (a, b) => b.is_some().cmp(&a.is_some()),
+        };
+        order.then(x.recomputes_more_than.is_some().cmp(&y.recomputes_more_than.is_some()))
     });
-    candidates.insert(0, first);
+    let candidates: Vec<Candidate> = std::iter::once(first).chain(ranked).map(|(_, c)| c).collect();
     let graph = step.1.graph;
     // The check and the buffers only read the step: at once (a 330k-node
     // step takes a quarter of a second for each).
@@ -479,10 +498,15 @@ fn faster(a: &Evaluation, b: &Evaluation) -> bool {
 /// The first winner is the fastest plan the search already planned whole
 /// (an `optimal` probe's, exact at no cost), where there is one; else the
 /// fastest estimate, compiled whole. Either way only estimates that beat
-/// the exact winner are compiled after it (bert-1t on one DGX-2: its four
-/// `full` choices, estimated 0.2–2 % above the `optimal` plan the search
-/// planned whole, compile at once and lose to it).
-fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<(Exact, Beaten, Unfit), PlanError> {
+/// the exact winner are compiled after it, and not a `full` choice whose
+/// `optimal` twin the search planned whole (`lighter`: it can at best tie
+/// the twin, [`dominance::lighter_twin`]).
+fn exact_best(
+    req: &Request,
+    machine: &Machine,
+    outcomes: &[Outcome],
+    lighter: &[Option<usize>],
+) -> Result<(Exact, Beaten, Unfit), PlanError> {
     let mut unfit = Unfit::new();
     let mut ahead = Ahead::default();
     let planned = outcomes.iter().position(|o| o.best.as_ref().is_some_and(|e| o.whole.holds(e.strategy.micro_batch)));
@@ -505,6 +529,7 @@ fn exact_best(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> Result<
     let (rest, rechecks) =
         if planned.is_some() { (0..at, WHOLE_COMPILES) } else { (at + 1..outcomes.len(), WHOLE_COMPILES - 1) };
     let contenders: Vec<(usize, &Outcome)> = rest
+        .filter(|&place| lighter[place].is_none())
         .map(|place| (place, &outcomes[place]))
         .take(rechecks)
         .take_while(|(_, o)| o.best.as_ref().is_some_and(|estimate| faster(estimate, &winner.0)))
