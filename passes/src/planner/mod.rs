@@ -19,6 +19,7 @@ pub mod dominance;
 pub mod evaluate;
 pub mod explain;
 pub mod floor;
+pub mod optimal_budget;
 pub mod program;
 pub mod search;
 pub mod shared;

@@ -379,9 +379,10 @@ fn renamed(twin: &Outcome, alias: Choice) -> Outcome {
 
 /// `optimal` recomputation for the choices where keeping every activation
 /// does not fit the micro-batch full recomputation reaches: its budget is
-/// the stored bytes without recomputation less what the peak overshoots,
+/// the largest whose peak the steps that keep every activation and that
+/// recompute every layer predict within the GPU's ([`super::optimal_budget`]),
 /// corrected by the measured overshoot until the whole plan fits (a few
-/// tries). It recomputes the least that fits, so at that micro-batch it is
+/// tries, most often one). It recomputes the least that fits, so at that micro-batch it is
 /// never slower than `full`; a budget that leaves every layer recomputed is
 /// `full`'s plan, and is not compiled again.
 ///
@@ -423,7 +424,8 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
         let before = Step::before_recompute(req, choice_at(0), ranks, b, micro_batches)?;
         let costs = crate::recompute::optimal::step_costs(&before, &super::evaluate::bindings(b, req.seq))
             .ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
-        let mut target = costs.stored_without_recompute().saturating_sub(peak_none.saturating_sub(budget));
+        let model = super::optimal_budget::PeakModel::measured(&costs, peak_none, full.memory.peak_bytes);
+        let mut target = super::optimal_budget::first_target(&costs, &model, budget);
         for attempt in 0..3 {
             // Whole MiB, so the policy's name reads `optimal:9625MiB`.
             target = target >> 20 << 20;
@@ -454,9 +456,11 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             if memory.peak_bytes <= budget {
                 break; // It is the host or NVMe that does not fit: recomputing more cannot help.
             }
-            // Tighten by the overshoot and a little more.
+            // Tighten by the overshoot and a little more, from the bytes
+            // this decision stored (a budget between them and the target
+            // would choose it again).
             let over = memory.peak_bytes - budget;
-            target = target.saturating_sub(over + over / 8 + (1 << 20));
+            target = target.min(decision.cost.bytes).saturating_sub(over + over / 8 + (1 << 20));
         }
         Ok(None)
     });

@@ -256,6 +256,27 @@ impl Costs {
         };
         self.fixed + self.layers.iter().map(|(_, options)| keep(options)).sum::<u64>()
     }
+
+    /// The most the layers hold at the backward of any layer that
+    /// recomputes under `choices` (0 where none does): what the layers
+    /// before it stored, and its own values — those it stores and the
+    /// clones of those it does not, which the backward regenerates just
+    /// before reading them (its `keep` bytes). The backward runs the layers
+    /// last first, so a layer recomputed late in the forward regenerates its
+    /// values while the others' are alive: the planner's model of the peak
+    /// reads this beside the stored bytes (`planner::optimal_budget`).
+    pub fn held_while_recomputing(&self, choices: &BTreeMap<u64, Choice>) -> u64 {
+        let (mut before, mut most) = (self.fixed, 0);
+        for (layer, options) in &self.layers {
+            let held = options.iter().map(|(_, cost)| cost.bytes).max().unwrap_or(0);
+            let chosen = choices.get(layer).and_then(|c| options.iter().find(|(o, _)| o == c));
+            if chosen.is_some_and(|(c, _)| *c != Choice::Keep) {
+                most = most.max(before + held);
+            }
+            before += chosen.map_or(held, |(_, cost)| cost.bytes);
+        }
+        most
+    }
 }
 
 impl Decision {
@@ -291,6 +312,16 @@ mod tests {
         let d = choose(&costs, 5 + 8);
         assert_eq!((d.cost, d.fits), (Cost { bytes: 13, flops: 11.0 }, true), "{:?}", d.choices);
         assert_eq!(choose(&costs, 100).cost, Cost { bytes: 25, flops: 0.0 });
+    }
+
+    #[test]
+    fn a_recomputing_layer_holds_its_keep_bytes_over_those_stored_before_it() {
+        let costs = two_layers();
+        let held = |a, b| costs.held_while_recomputing(&BTreeMap::from([(0, a), (1, b)]));
+        assert_eq!(held(Choice::Layer, Choice::Keep), 5 + 10);
+        assert_eq!(held(Choice::Keep, Choice::Attention), 5 + 10 + 10);
+        assert_eq!(held(Choice::Layer, Choice::Layer), 5 + 2 + 10);
+        assert_eq!(held(Choice::Keep, Choice::Keep), 0, "nothing recomputed");
     }
 
     #[test]
