@@ -382,8 +382,8 @@ fn renamed(twin: &Outcome, alias: Choice) -> Outcome {
 /// the largest whose peak the steps that keep every activation and that
 /// recompute every layer predict within the GPU's ([`super::optimal_budget`]),
 /// corrected by the measured overshoot until the whole plan fits (a few
-/// tries, most often one). It recomputes the least that fits, so at that micro-batch it is
-/// never slower than `full`; a budget that leaves every layer recomputed is
+/// tries, most often one). It recomputes the least that fits, so at that
+/// micro-batch it is never slower than `full`; a budget that leaves every layer recomputed is
 /// `full`'s plan, and is not compiled again.
 ///
 /// Nor is it faster than keeping every activation at that micro-batch

@@ -251,10 +251,7 @@ impl Costs {
     /// Bytes the step stores for its backward when nothing is recomputed:
     /// where an `optimal` budget starts from.
     pub fn stored_without_recompute(&self) -> u64 {
-        let keep = |options: &[(Choice, Cost)]| {
-            options.iter().find(|(c, _)| *c == Choice::Keep).map_or(0, |(_, cost)| cost.bytes)
-        };
-        self.fixed + self.layers.iter().map(|(_, options)| keep(options)).sum::<u64>()
+        self.fixed + self.layers.iter().map(|(_, options)| keep_bytes(options)).sum::<u64>()
     }
 
     /// The most the layers hold at the backward of any layer that
@@ -268,7 +265,7 @@ impl Costs {
     pub fn held_while_recomputing(&self, choices: &BTreeMap<u64, Choice>) -> u64 {
         let (mut before, mut most) = (self.fixed, 0);
         for (layer, options) in &self.layers {
-            let held = options.iter().map(|(_, cost)| cost.bytes).max().unwrap_or(0);
+            let held = keep_bytes(options);
             let chosen = choices.get(layer).and_then(|c| options.iter().find(|(o, _)| o == c));
             if chosen.is_some_and(|(c, _)| *c != Choice::Keep) {
                 most = most.max(before + held);
@@ -277,6 +274,11 @@ impl Costs {
         }
         most
     }
+}
+
+/// The bytes a layer stores keeping every value its backward reads.
+fn keep_bytes(options: &[(Choice, Cost)]) -> u64 {
+    options.iter().find(|(c, _)| *c == Choice::Keep).map_or(0, |(_, cost)| cost.bytes)
 }
 
 impl Decision {
