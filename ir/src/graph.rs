@@ -166,8 +166,9 @@ impl Graph {
     /// Inference is a function of the op and its operands' types, so where
     /// the operands here have the types `was` lists, the outputs are taken
     /// as they are rather than inferred again — a pass that rebuilds a
-    /// 300k-node step copies most nodes unchanged. Otherwise, and for
-    /// sources, it is [`Graph::add_node`].
+    /// 300k-node step copies most nodes unchanged. A source's type is its
+    /// declared one, checked when the node was first added: a copy keeps
+    /// it as it is. Otherwise it is [`Graph::add_node`].
     pub fn add_copy(
         &mut self,
         name: impl Into<Arc<str>>,
@@ -178,7 +179,10 @@ impl Graph {
     ) -> Result<NodeIndex, GraphError> {
         let name = name.into();
         if op.is_source() {
-            return self.add_node(name, op, operands, outputs.to_vec());
+            if !operands.is_empty() {
+                return self.add_node(name, op, operands, outputs.to_vec());
+            }
+            return self.insert(name, op, operands, outputs.clone());
         }
         // An operand copied unchanged shares its producer's types, so the
         // address says so before the shapes are compared.

@@ -55,7 +55,7 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
         }
     }
     // Per group, the clones' values once made.
-    let mut clones: FxHashMap<K, ValueMap> = FxHashMap::default();
+    let mut clones: FxHashMap<K, Clones> = FxHashMap::default();
     let mut nodes = 0usize;
     for &n in order {
         let node = graph.node(n);
@@ -93,6 +93,10 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     Ok(Cloned { graph: out, groups: clones.len(), nodes })
 }
 
+/// One group's clones: the old values they replace to their own. Hashed,
+/// not a [`ValueMap`]: a group is a few nodes of a 300k-node step.
+type Clones = FxHashMap<Value, Value>;
+
 /// Clones the forward nodes of a group (`members`, in schedule order) that
 /// the backward needs into the backward phase, reading the clones of each
 /// other and the original values of everything else. A group node no
@@ -106,14 +110,14 @@ fn clone_group(
     map: &ValueMap,
     suffix: &str,
     out: &mut Graph,
-) -> Result<ValueMap, GraphError> {
+) -> Result<Clones, GraphError> {
     let mut needed = FxHashSet::default();
     for &n in members.iter().rev() {
         if graph.users(n).iter().any(|u| graph.node(*u).phase == Phase::Backward || needed.contains(u)) {
             needed.insert(n);
         }
     }
-    let mut made = ValueMap::default();
+    let mut made = Clones::default();
     for &n in members.iter().filter(|n| needed.contains(n)) {
         let node = graph.node(n);
         let reads = graph.operands(n);

@@ -41,3 +41,4 @@ pub mod regather;
 pub mod rewrite;
 pub mod tiling;
 pub mod training;
+mod value_table;

@@ -1,28 +1,34 @@
 //! Copying nodes from one graph into another, mapping operands: the way
 //! passes build a transformed graph without mutating the input.
 
-use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use zeroplan_ir::shape::TensorType;
 use zeroplan_ir::{Graph, GraphError, NodeIndex, Op, Value};
 
-/// Old values to new values.
-pub type ValueMap = FxHashMap<Value, Value>;
+use crate::value_table::ValueTable;
+
+/// Old values to new values, for every node of the graph a pass rebuilds.
+pub type ValueMap = ValueTable<Value>;
 
 /// An empty graph named as `src` with room for `nodes` nodes, and a value
-/// map with room for as many: a pass that rebuilds a 300k-node step would
-/// otherwise move every node and rehash every name and value each time
-/// the tables double.
+/// map with a slot for each of `src`'s nodes: a pass that rebuilds a
+/// 300k-node step would otherwise move every node and rehash every name
+/// each time the tables double.
 pub fn rebuilt(src: &Graph, nodes: usize) -> (Graph, ValueMap) {
     let edges = src.petgraph().edge_count() * nodes / src.node_count().max(1);
     let out = Graph::with_capacity(src.name.clone(), nodes, edges);
-    (out, ValueMap::with_capacity_and_hasher(nodes, Default::default()))
+    (out, ValueMap::for_graph(src))
 }
+
+/// One node's operands, or their types, on the stack: a rebuild copies
+/// every node of a 300k-node step, most with at most three operands.
+type Operands<T> = SmallVec<[T; 4]>;
 
 /// Adds a copy of `src`'s node `n` to `dst` (same name, op and place, phase
 /// of `dst`), with operands translated through `map`, and maps its outputs.
 pub fn copy_node(src: &Graph, n: NodeIndex, dst: &mut Graph, map: &mut ValueMap) -> Result<(), GraphError> {
     let reads = src.operands(n);
-    let operands: Vec<Value> = reads.iter().map(|v| map[v]).collect();
+    let operands: Operands<Value> = reads.iter().map(|v| map[v]).collect();
     copy_reading(src, n, reads, &operands, dst, map)
 }
 
@@ -48,7 +54,7 @@ fn copy_reading(
     dst: &mut Graph,
     map: &mut ValueMap,
 ) -> Result<(), GraphError> {
-    let was: Vec<&TensorType> = reads.iter().map(|&v| src.value_type(v)).collect();
+    let was: Operands<&TensorType> = reads.iter().map(|&v| src.value_type(v)).collect();
     let node = src.node(n);
     let copy = dst
         .at_place(node.place, |dst| dst.add_copy(node.name.clone(), node.op.clone(), operands, &was, &node.outputs))?;

@@ -14,9 +14,12 @@
 //! accumulator's zeroing) is written into its target then and takes no
 //! memory of its own.
 
+use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
+
+use crate::value_table::ValueTable;
 
 /// What a tensor is, for reports by category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -65,13 +68,18 @@ pub enum LivenessError {
 
 /// Lifetimes of every value of `graph` under the schedule `order`.
 pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Result<Vec<Interval>, LivenessError> {
-    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    // Schedule positions by node index (dense: every node and every
+    // operand of a 300k-node step is looked up).
+    let mut at = vec![usize::MAX; graph.petgraph().node_bound()];
+    for (i, n) in order.iter().enumerate() {
+        at[n.index()] = i;
+    }
+    let position = |n: NodeIndex| at[n.index()];
     let last = order.len().saturating_sub(1);
-    let mut last_use: FxHashMap<Value, usize> = FxHashMap::default();
-    for &n in order {
-        for v in graph.operands(n).iter().copied() {
-            let at = position[&n];
-            last_use.entry(v).and_modify(|e| *e = (*e).max(at)).or_insert(at);
+    let mut last_use: ValueTable<usize> = ValueTable::for_graph(graph);
+    for (i, &n) in order.iter().enumerate() {
+        for &v in graph.operands(n) {
+            last_use.raise(v, i);
         }
     }
     for (_, v) in &graph.outputs {
@@ -83,9 +91,9 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     // between the two is given the bytes it is still reading.
     for &n in order {
         if matches!(graph.node(n).op, Op::SequenceAllGather { .. } | Op::SequenceReduceScatter { .. }) {
-            let first_read = graph.users(n).iter().map(|u| position[u]).min().unwrap_or(position[&n]);
-            for v in graph.operands(n).iter().copied() {
-                last_use.entry(v).and_modify(|e| *e = (*e).max(first_read)).or_insert(first_read);
+            let first_read = graph.users(n).iter().map(|&u| position(u)).min().unwrap_or(position(n));
+            for &v in graph.operands(n) {
+                last_use.raise(v, first_read);
             }
         }
     }
@@ -96,7 +104,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         if graph.node(n).op.is_view() {
             let (view, viewed) = (Value { node: n, output: 0 }, graph.operands(n)[0]);
             if let Some(&l) = last_use.get(&view) {
-                last_use.entry(viewed).and_modify(|e| *e = (*e).max(l)).or_insert(l);
+                last_use.raise(viewed, l);
             }
             alias.insert(view, viewed);
         }
@@ -123,13 +131,13 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
             // A view is read wherever its readers are (conservatively, all phases).
             .map(|r| {
                 let view = graph.node(r).op.is_view().then(|| last_use.get(&Value { node: r, output: 0 }));
-                view.flatten().copied().unwrap_or(position[&r])
+                view.flatten().copied().unwrap_or(position(r))
             })
             .max();
         // A constant no node reads (an accumulator's zeroing) is written into
         // its target when its phase ends, wherever the schedule put its node.
         let constant = matches!(graph.node(v.node).op, Op::Fill { .. }) && graph.users(v.node).is_empty();
-        let readers_done = constant || last_reader.is_none_or(|l| l <= position[&v.node]);
+        let readers_done = constant || last_reader.is_none_or(|l| l <= position(v.node));
         let same_size = graph.value_type(old).size_bytes(bindings) == graph.value_type(*v).size_bytes(bindings);
         let same_place = graph.node(old.node).place == graph.node(v.node).place;
         if readers_done
@@ -143,7 +151,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         } else {
             // Copied into the target when its phase ends: it lives until then.
             let phase_end = if optimizer(v.node) { last } else { micro_batch_end };
-            last_use.entry(*v).and_modify(|e| *e = (*e).max(phase_end)).or_insert(phase_end);
+            last_use.raise(*v, phase_end);
         }
     }
     let gradients = applied_gradients(graph);
@@ -173,8 +181,8 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
                     None => LivenessError::Unbound(graph.value_ref(value)),
                 }
             })?;
-            let start = if persistent { 0 } else { position[&n] };
-            let end = if persistent { last } else { last_use.get(&value).copied().unwrap_or(position[&n]) };
+            let start = if persistent { 0 } else { position(n) };
+            let end = if persistent { last } else { last_use.get(&value).copied().unwrap_or(position(n)) };
             let alias_of = alias.get(&value).copied();
             intervals.push(Interval { value, bytes, start, end, category, alias_of, place: node.place });
         }
