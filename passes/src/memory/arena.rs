@@ -129,13 +129,15 @@ impl Placed {
                 }
             }
             Placed::Indexed(index) => {
-                let mut live = index.overlapping(start, stop);
+                let mut live = index.scratch.take();
+                index.overlapping(start, stop, &mut live);
                 live.sort_unstable();
-                for (lo, hi) in live {
+                for &(lo, hi) in &live {
                     if !fit(lo, hi) {
                         break;
                     }
                 }
+                index.scratch.set(live);
             }
         }
         offset
@@ -177,11 +179,19 @@ struct Lifetimes {
     /// The same shape of tree: each node holds the union of the blocks
     /// that start at one of its positions.
     starting: Vec<Vec<(u64, u64)>>,
+    /// The list [`Lifetimes::overlapping`] fills, kept between first fits:
+    /// a step's 300k buffers would otherwise grow one from empty each.
+    scratch: std::cell::Cell<Vec<(u64, u64)>>,
 }
 
 impl Lifetimes {
     fn new(positions: usize) -> Lifetimes {
-        Lifetimes { positions, covering: vec![Vec::new(); 2 * positions], starting: vec![Vec::new(); 2 * positions] }
+        Lifetimes {
+            positions,
+            covering: vec![Vec::new(); 2 * positions],
+            starting: vec![Vec::new(); 2 * positions],
+            scratch: Default::default(),
+        }
     }
 
     /// Adds the block `range` live over `[start, stop]`.
@@ -206,9 +216,10 @@ impl Lifetimes {
         }
     }
 
-    /// The blocks live at some position of `[start, stop]`.
-    fn overlapping(&self, start: usize, stop: usize) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
+    /// The blocks live at some position of `[start, stop]`, in `out`
+    /// (emptied first).
+    fn overlapping(&self, start: usize, stop: usize, out: &mut Vec<(u64, u64)>) {
+        out.clear();
         let mut node = start + self.positions;
         while node > 0 {
             out.extend_from_slice(&self.covering[node]);
@@ -227,7 +238,6 @@ impl Lifetimes {
             lo /= 2;
             hi /= 2;
         }
-        out
     }
 }
 
