@@ -17,12 +17,6 @@ pub struct ValueTable<T> {
     rest: FxHashMap<Value, T>,
 }
 
-impl<T> Default for ValueTable<T> {
-    fn default() -> Self {
-        ValueTable { first: Vec::new(), rest: FxHashMap::default() }
-    }
-}
-
 impl<T> ValueTable<T> {
     /// A table with a slot for each node of `graph`.
     pub fn for_graph(graph: &Graph) -> ValueTable<T> {
