@@ -204,16 +204,28 @@ fn a_reason(req: &Request, err: &PlanError) -> Result<(), TestCaseError> {
         prop_assert!(matches!(err, PlanError::TensorParallel { .. }), "{err}: the bad --tp should be named first");
         return Ok(());
     }
-    // The sequences each data-parallel rank trains.
-    let per_rank = req.global_batch / (world / pins.tensor_parallel.unwrap_or(1));
+    // The sequences each data-parallel rank trains at `t` tensor ranks.
+    let per_rank = |t: u64| req.global_batch / (world / t);
+    // A micro-batch pin is bad only where no tensor-parallel degree the
+    // search may take (the pinned one, else those within a node the heads
+    // split into) gives each rank a multiple of it: with more tensor ranks
+    // there are fewer, larger data-parallel shares.
+    let degrees: Vec<u64> = match pins.tensor_parallel {
+        Some(t) => vec![t],
+        None => (1..=req.cluster.gpus_per_node)
+            .filter(|&t| world.is_multiple_of(t) && check_tensor_parallel(req.model, t).is_ok())
+            .collect(),
+    };
     let bad_stage = pins.zero_stage.is_some_and(|z| z > 3);
-    let bad_micro_batch = pins.micro_batch.is_some_and(|b| !per_rank.is_multiple_of(b));
+    let bad_micro_batch = pins.micro_batch.is_some_and(|b| degrees.iter().all(|&t| !per_rank(t).is_multiple_of(b)));
     match err {
         // Only a pinned `--sp` can be refused.
         PlanError::SequenceParallel(_) => prop_assert!(pins.sequence_parallel == Some(true), "{err}: not pinned"),
         PlanError::Stage(z) => prop_assert!(bad_stage && pins.zero_stage == Some(*z)),
         PlanError::MicroBatch { micro_batch, per_rank: p } => {
-            prop_assert!(!bad_stage && bad_micro_batch && pins.micro_batch == Some(*micro_batch) && *p == per_rank)
+            prop_assert!(
+                !bad_stage && bad_micro_batch && pins.micro_batch == Some(*micro_batch) && *p == per_rank(degrees[0])
+            )
         }
         PlanError::Pins(_) => {
             let allowed = |stage: u8, offload: Offload| match offload {
