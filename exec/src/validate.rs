@@ -160,7 +160,7 @@ fn inits_cut_for(g: &Graph, rank: Rank) -> Result<(), SelectError> {
         found
     }
     // Every node of the graph, scheduled or not: the loader initialises them all.
-    for node in g.petgraph().node_weights() {
+    for node in g.nodes() {
         if let Op::Param { init } | Op::State { init } = &node.op
             && let Some((group, cut, has)) = other_cut(init, rank)
         {

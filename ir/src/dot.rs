@@ -11,8 +11,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use petgraph::visit::EdgeRef;
-
 use crate::graph::{Graph, Node};
 use crate::kernel::Kernel;
 use crate::op::Op;
@@ -66,7 +64,7 @@ impl Graph {
     /// The graph in Graphviz DOT. Nodes named `layerN.…` are drawn inside a
     /// cluster per layer; edges are labelled with the value's type.
     pub fn to_dot(&self) -> String {
-        let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
+        let order = self.topo_order();
         let mut clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut out = String::new();
         writeln!(out, "digraph {} {{", quote(&self.name)).unwrap();
@@ -106,9 +104,10 @@ impl Graph {
             writeln!(out, "  }}").unwrap();
         }
         for &n in &order {
-            for e in self.graph.edges_directed(n, petgraph::Direction::Outgoing) {
-                let (from, to) = (self.node(e.source()), self.node(e.target()));
-                let ty = &from.outputs[e.weight().output as usize];
+            let to = self.node(n);
+            for v in self.operands(n) {
+                let from = self.node(v.node);
+                let ty = &from.outputs[v.output as usize];
                 writeln!(out, "  {} -> {} [label={}];", quote(&from.name), quote(&to.name), quote(&ty.to_string()))
                     .unwrap();
             }

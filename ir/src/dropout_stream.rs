@@ -87,7 +87,7 @@ pub fn graph_for_tensor_rank(graph: &mut Graph, rank: u64, ranks: u64) -> Result
         changed += usize::from(new != *stream);
         *stream = new;
     };
-    for node in graph.graph.node_weights_mut() {
+    for node in &mut graph.nodes {
         match &mut node.op {
             Op::Dropout { stream, .. } | Op::FlashAttention { stream, .. } | Op::FlashAttentionGrad { stream, .. } => {
                 rewrite(stream)

@@ -1,23 +1,41 @@
-//! The dataflow graph: typed ops on a petgraph [`StableGraph`].
+//! The dataflow graph: typed ops in a table of nodes, each holding its
+//! operands.
 //!
 //! Nodes hold an op, a readable unique name (`layer3.attn.q`), the types of
-//! their outputs and their operands in order (every pass reads them); an edge
-//! from producer to consumer records the same operand, so petgraph's
-//! algorithms (toposort, reachability) see exactly what the passes see, and
-//! a node's users are its outgoing edges.
-//! `StableGraph` keeps node indices valid when passes remove nodes.
+//! their outputs and their operands in order (every pass reads them). A
+//! node is added after the nodes it reads and none is removed — a pass
+//! that changes a graph builds a new one — so the order of addition is a
+//! topological order and a node's index is its place in it. Who reads a
+//! node is asked of far fewer nodes than what a node reads: that index is
+//! built, once, on the first [`Graph::users`], rather than kept edge by
+//! edge as the nodes are added (a tiled step adds a million).
 
-use petgraph::Direction;
-use petgraph::stable_graph::{NodeIndex, StableGraph};
-use petgraph::visit::{EdgeRef, NodeIndexable};
 use smallvec::SmallVec;
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use crate::infer::infer;
+use crate::name_index::NameIndex;
 use crate::op::{Init, Op};
 use crate::shape::TensorType;
+
+/// A node's place in its graph: the order it was added in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeIndex(u32);
+
+impl NodeIndex {
+    /// The node added `index`-th (from 0).
+    ///
+    /// # Panics
+    /// At 2^32 nodes or more, which [`Graph`] refuses to hold.
+    pub fn new(index: usize) -> NodeIndex {
+        NodeIndex(u32::try_from(index).expect("a graph holds fewer than 2^32 nodes"))
+    }
+
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
 
 /// One output of one node: what an operand refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,17 +87,9 @@ pub struct Node {
     pub outputs: Arc<[TensorType]>,
     pub phase: Phase,
     pub place: Place,
-    /// The operands in operand order, as the edges into the node record
-    /// them: read where the passes read them (every node, every pass), so
-    /// that reading them walks no edge list and allocates nothing.
+    /// The operands in operand order: every pass reads them, at every
+    /// node, so they are inline and reading them allocates nothing.
     operands: SmallVec<[Value; 3]>,
-}
-
-/// An edge: output `output` of the source feeds operand `operand` of the target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Operand {
-    pub output: u32,
-    pub operand: u32,
 }
 
 /// An error raised while adding a node; it names the node.
@@ -95,11 +105,14 @@ pub struct GraphError {
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     pub name: String,
-    pub(crate) graph: StableGraph<Node, Operand>,
-    /// Seeded per map (foldhash), not Fx: names come from plan and graph
-    /// files, which are untrusted, and names made to collide must not make
-    /// loading one quadratic; a file written offline cannot know the seed.
-    pub(crate) by_name: HashMap<Arc<str>, NodeIndex, foldhash::quality::RandomState>,
+    /// In the order they were added: a topological order.
+    pub(crate) nodes: Vec<Node>,
+    /// The operands of all nodes, counted as they are added.
+    operand_count: usize,
+    /// Who reads each node, built on the first [`Graph::users`] and
+    /// dropped when a node is added.
+    users: OnceLock<Users>,
+    by_name: NameIndex,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace
@@ -119,17 +132,25 @@ impl Graph {
         Graph { name: name.into(), ..Graph::default() }
     }
 
-    /// An empty graph with room for `nodes` nodes and `edges` edges: a pass
-    /// that rebuilds a 300k-node step into one of about the same size would
-    /// otherwise rehash every name and move every node each time the
-    /// tables double.
-    pub fn with_capacity(name: impl Into<String>, nodes: usize, edges: usize) -> Graph {
+    /// An empty graph with room for `nodes` nodes: a pass that rebuilds a
+    /// 300k-node step into one of about the same size would otherwise
+    /// rehash every name and move every node each time the tables double.
+    pub fn with_capacity(name: impl Into<String>, nodes: usize) -> Graph {
         Graph {
             name: name.into(),
-            graph: StableGraph::with_capacity(nodes, edges),
-            by_name: HashMap::with_capacity_and_hasher(nodes, Default::default()),
+            nodes: Vec::with_capacity(nodes),
+            by_name: NameIndex::with_capacity(nodes),
             ..Graph::default()
         }
+    }
+
+    /// Room for `nodes` more nodes: for a pass that grows its graph in
+    /// place (the training step appends the backward and the optimizer to
+    /// the forward), so that the node table is not moved, and its new
+    /// pages touched, at each doubling.
+    pub fn reserve(&mut self, nodes: usize) {
+        self.nodes.reserve(nodes);
+        self.by_name.reserve(&self.nodes, nodes);
     }
 
     /// Runs `add` with new nodes placed at `place`, then restores the cursor:
@@ -208,8 +229,8 @@ impl Graph {
         infer(op, &types, declared).map_err(fail)
     }
 
-    /// Adds the node and its operand edges under a name not yet taken;
-    /// the operands are known to exist.
+    /// Adds the node under a name not yet taken; the operands are known
+    /// to exist.
     fn insert(
         &mut self,
         name: Arc<str>,
@@ -217,26 +238,19 @@ impl Graph {
         operands: &[Value],
         outputs: Arc<[TensorType]>,
     ) -> Result<NodeIndex, GraphError> {
-        let slot = match self.by_name.entry(name) {
-            Entry::Occupied(taken) => {
-                let message = "a node of this name already exists".into();
-                return Err(GraphError { node: taken.key().to_string(), op: op.name(), message });
-            }
-            Entry::Vacant(slot) => slot,
-        };
-        let node = Node {
-            name: slot.key().clone(),
-            op,
-            outputs,
-            phase: self.phase,
-            place: self.place,
-            operands: operands.into(),
-        };
-        let index = self.graph.add_node(node);
-        slot.insert(index);
-        for (i, v) in operands.iter().enumerate() {
-            self.graph.add_edge(v.node, index, Operand { output: v.output, operand: i as u32 });
+        if u32::try_from(self.nodes.len()).is_err() {
+            let message = "a graph holds fewer than 2^32 nodes".into();
+            return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
+        let index = NodeIndex::new(self.nodes.len());
+        if self.by_name.insert(&self.nodes, &name, index).is_err() {
+            let message = "a node of this name already exists".into();
+            return Err(GraphError { node: name.to_string(), op: op.name(), message });
+        }
+        let node = Node { name, op, outputs, phase: self.phase, place: self.place, operands: operands.into() };
+        self.nodes.push(node);
+        self.operand_count += operands.len();
+        self.users.take();
         Ok(index)
     }
 
@@ -254,7 +268,7 @@ impl Graph {
         operands: &[Value],
     ) -> Result<Vec<Value>, GraphError> {
         let node = self.add_node(name, op, operands, Vec::new())?;
-        Ok((0..self.graph[node].outputs.len() as u32).map(|output| Value { node, output }).collect())
+        Ok((0..self.nodes[node.index()].outputs.len() as u32).map(|output| Value { node, output }).collect())
     }
 
     pub fn input(&mut self, name: impl Into<Arc<str>>, ty: TensorType) -> Result<Value, GraphError> {
@@ -281,7 +295,7 @@ impl Graph {
     /// them here would make building a step quadratic in its updates (a
     /// tiled 400-layer model has tens of thousands).
     pub fn set_update(&mut self, target: NodeIndex, value: Value) -> Result<(), GraphError> {
-        let node = &self.graph[target];
+        let node = &self.nodes[target.index()];
         let fail = |message: String| GraphError { node: node.name.to_string(), op: node.op.name(), message };
         if !matches!(node.op, Op::Param { .. } | Op::State { .. }) {
             return Err(fail("only parameters and states are updated".into()));
@@ -296,85 +310,86 @@ impl Graph {
     /// The number of nodes in each phase.
     pub fn phase_counts(&self) -> BTreeMap<Phase, usize> {
         let mut counts = BTreeMap::new();
-        for n in self.graph.node_indices() {
-            *counts.entry(self.graph[n].phase).or_default() += 1;
+        for node in &self.nodes {
+            *counts.entry(node.phase).or_default() += 1;
         }
         counts
     }
 
     pub fn node(&self, index: NodeIndex) -> &Node {
-        &self.graph[index]
+        &self.nodes[index.index()]
+    }
+
+    /// The nodes, in the order they were added (a topological order).
+    pub fn nodes(&self) -> std::slice::Iter<'_, Node> {
+        self.nodes.iter()
+    }
+
+    /// The nodes' indices, in the order they were added.
+    pub fn node_indices(&self) -> impl DoubleEndedIterator<Item = NodeIndex> + ExactSizeIterator + use<> {
+        (0..self.nodes.len()).map(NodeIndex::new)
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeIndex> {
-        self.by_name.get(name).copied()
+        self.by_name.get(&self.nodes, name)
     }
 
     /// Gives node `n` the unused name `name`: for a pass that learns what a
     /// node is only after adding it (the last of a running sum).
     pub fn rename(&mut self, n: NodeIndex, name: impl Into<Arc<str>>) -> Result<(), GraphError> {
         let name: Arc<str> = name.into();
-        if self.by_name.contains_key(&name) {
-            let op = self.graph[n].op.name();
+        if self.by_name.get(&self.nodes, &name).is_some() {
+            let op = self.nodes[n.index()].op.name();
             return Err(GraphError { node: name.to_string(), op, message: "a node of that name exists".into() });
         }
-        let old = std::mem::replace(&mut self.graph[n].name, name.clone());
-        self.by_name.remove(&old);
-        self.by_name.insert(name, n);
+        self.by_name.remove(&self.nodes[n.index()].name, n);
+        self.nodes[n.index()].name = name;
+        let (nodes, by_name) = (&self.nodes, &mut self.by_name);
+        by_name.insert(nodes, &nodes[n.index()].name, n).expect("the name was free");
         Ok(())
     }
 
     pub fn node_count(&self) -> usize {
-        self.graph.node_count()
+        self.nodes.len()
     }
 
-    /// The underlying petgraph, for passes that use its algorithms.
-    pub fn petgraph(&self) -> &StableGraph<Node, Operand> {
-        &self.graph
+    /// The operands of all nodes together: the edges of the dataflow.
+    pub fn operand_count(&self) -> usize {
+        self.operand_count
     }
 
     pub fn value_type(&self, v: Value) -> &TensorType {
-        &self.graph[v.node].outputs[v.output as usize]
+        &self.node(v.node).outputs[v.output as usize]
     }
 
     fn try_type(&self, v: Value) -> Option<&TensorType> {
-        self.graph.node_weight(v.node)?.outputs.get(v.output as usize)
+        self.nodes.get(v.node.index())?.outputs.get(v.output as usize)
     }
 
     /// The operands of a node, in operand order.
     pub fn operands(&self, index: NodeIndex) -> &[Value] {
-        &self.graph[index].operands
+        &self.node(index).operands
     }
 
-    /// Nodes in a deterministic topological order: among ready nodes, the one
-    /// added first goes first. `None` if the graph has a cycle.
-    ///
-    /// A node is added after its operands (`Graph::insert`) and none is
-    /// removed, so the order of addition is that order: an edge from a node
-    /// to one added before it — which a cycle needs — is checked for, not
-    /// assumed away.
-    pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
-        let forward = self.graph.node_count() == self.graph.node_bound()
-            && self
-                .graph
-                .node_indices()
-                .all(|n| self.graph.edges_directed(n, Direction::Incoming).all(|e| e.source() < n));
-        forward.then(|| self.graph.node_indices().collect())
+    /// Nodes in topological order: the order they were added in, since a
+    /// node is added after its operands ([`Graph::insert`]) and none is
+    /// removed.
+    pub fn topo_order(&self) -> Vec<NodeIndex> {
+        self.node_indices().collect()
     }
 
     /// Parameter nodes, in topological order.
     pub fn params(&self) -> Vec<NodeIndex> {
-        let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
-        order.into_iter().filter(|n| matches!(self.graph[*n].op, Op::Param { .. })).collect()
+        self.node_indices().filter(|n| matches!(self.node(*n).op, Op::Param { .. })).collect()
     }
 
     /// The number of trainable scalars: each parameter node counted once,
     /// however many ops use it (shared weights count once). A flat buffer
     /// counts its members, whether this rank holds all of it or a shard.
     pub fn parameter_count(&self) -> u64 {
-        let count = |n: &NodeIndex| match &self.graph[*n].op {
+        let count = |n: &NodeIndex| match &self.node(*n).op {
             Op::Param { init: Init::Flat { members, .. } } => Some(members.iter().map(|m| m.len()).sum()),
-            _ => self.graph[*n].outputs[0].shape.numel().as_constant(),
+            _ => self.node(*n).outputs[0].shape.numel().as_constant(),
         };
         self.params().iter().filter_map(count).sum()
     }
@@ -385,11 +400,11 @@ impl Graph {
     /// `t` included), so every tensor rank gives the same count.
     pub fn model_parameter_count(&self) -> u64 {
         let whole = |init: &Init, len: u64| len * init.tensor_shard_ranks().unwrap_or(1);
-        let count = |n: &NodeIndex| match &self.graph[*n].op {
+        let count = |n: &NodeIndex| match &self.node(*n).op {
             Op::Param { init: Init::Flat { members, .. } } => {
                 Some(members.iter().map(|m| whole(&m.init, m.len())).sum())
             }
-            Op::Param { init } => self.graph[*n].outputs[0].shape.numel().as_constant().map(|len| whole(init, len)),
+            Op::Param { init } => self.node(*n).outputs[0].shape.numel().as_constant().map(|len| whole(init, len)),
             _ => None,
         };
         self.params().iter().filter_map(count).sum()
@@ -398,8 +413,8 @@ impl Graph {
     /// The tensor-parallel ranks this graph is one rank of (1: none), from
     /// its tensor-parallel ops and sharded parameters.
     pub fn tensor_parallel(&self) -> u64 {
-        self.graph
-            .node_weights()
+        self.nodes
+            .iter()
             .filter_map(|node| match &node.op {
                 Op::Param { init } | Op::State { init } => init.tensor_shard_ranks(),
                 op => op.tensor_ranks(),
@@ -409,19 +424,96 @@ impl Graph {
     }
 
     /// The nodes that read any output of `n`, each once, in index order.
-    pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut users: Vec<NodeIndex> = self.graph.edges_directed(n, Direction::Outgoing).map(|e| e.target()).collect();
-        users.sort_unstable();
-        users.dedup();
-        users
+    pub fn users(&self, n: NodeIndex) -> &[NodeIndex] {
+        self.users.get_or_init(|| Users::of(&self.nodes)).of_node(n)
     }
 
     /// How many nodes of each op, by op name.
     pub fn op_histogram(&self) -> BTreeMap<&'static str, usize> {
         let mut counts = BTreeMap::new();
-        for n in self.graph.node_indices() {
-            *counts.entry(self.graph[n].op.name()).or_default() += 1;
+        for node in &self.nodes {
+            *counts.entry(node.op.name()).or_default() += 1;
         }
         counts
+    }
+}
+
+impl std::ops::Index<NodeIndex> for Graph {
+    type Output = Node;
+
+    fn index(&self, index: NodeIndex) -> &Node {
+        self.node(index)
+    }
+}
+
+/// Who reads each node: for node `n`, `readers[start[n]..start[n + 1]]`,
+/// each reader once, in index order (compressed sparse rows).
+#[derive(Clone, Debug, Default)]
+struct Users {
+    start: Vec<u32>,
+    readers: Vec<NodeIndex>,
+}
+
+impl Users {
+    fn of(nodes: &[Node]) -> Users {
+        // A node reading several outputs of one producer, or one twice, is
+        // one reader of it: operands are few, so a look back suffices.
+        fn distinct(node: &Node) -> impl Iterator<Item = NodeIndex> + '_ {
+            let ops = &node.operands;
+            (0..ops.len()).filter(move |&i| !ops[..i].iter().any(|v| v.node == ops[i].node)).map(move |i| ops[i].node)
+        }
+        let mut start = vec![0u32; nodes.len() + 1];
+        for node in nodes {
+            for p in distinct(node) {
+                start[p.index() + 1] += 1;
+            }
+        }
+        for i in 0..nodes.len() {
+            start[i + 1] += start[i];
+        }
+        // Readers go in as they are met, in index order: each row sorted.
+        let mut next: Vec<u32> = start[..nodes.len()].to_vec();
+        let mut readers = vec![NodeIndex::default(); start[nodes.len()] as usize];
+        for (i, node) in nodes.iter().enumerate() {
+            for p in distinct(node) {
+                readers[next[p.index()] as usize] = NodeIndex::new(i);
+                next[p.index()] += 1;
+            }
+        }
+        Users { start, readers }
+    }
+
+    fn of_node(&self, n: NodeIndex) -> &[NodeIndex] {
+        &self.readers[self.start[n.index()] as usize..self.start[n.index() + 1] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::shape::{Dim, Shape};
+
+    fn vector(n: u64) -> TensorType {
+        TensorType::new(Shape::new([Dim::constant(n)]), DType::F32)
+    }
+
+    #[test]
+    fn users_are_each_reader_once_in_index_order_and_follow_added_nodes() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", vector(4)).unwrap();
+        let halves = g.add_multi("halves", Op::Split { axis: 0, sizes: vec![2, 2] }, &[x]).unwrap();
+        // Reads both outputs of `halves`: one reader of it.
+        let sum = g.add("sum", Op::Add, &[halves[0], halves[1]]).unwrap();
+        // Reads `x` twice: one reader of it.
+        let square = g.add("square", Op::Mul, &[x, x]).unwrap();
+        assert_eq!(g.users(x.node), [halves[0].node, square.node]);
+        assert_eq!(g.users(halves[0].node), [sum.node]);
+        assert!(g.users(sum.node).is_empty());
+        assert_eq!(g.operand_count(), 5);
+        // A node added after the index was built is in the next answer.
+        let again = g.add("again", Op::Add, &[sum, sum]).unwrap();
+        assert_eq!(g.users(sum.node), [again.node]);
+        assert_eq!(g.topo_order(), g.node_indices().collect::<Vec<_>>());
     }
 }

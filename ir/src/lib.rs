@@ -1,6 +1,6 @@
 //! zeroplan's intermediate representations and model specs.
 //!
-//! - [`Graph`]: the dataflow graph of typed ops ([`Op`]), on petgraph, with a
+//! - [`Graph`]: the dataflow graph of typed ops ([`Op`]), in topological order, with a
 //!   verifier ([`Graph::verify`]), a stable text form ([`Graph::to_text`]) and
 //!   RON files ([`Graph::to_ron`], [`Graph::from_ron`]).
 //! - [`spec`]: BERT-family model specs, read from RON or a Hugging Face
@@ -21,6 +21,7 @@ pub mod graph;
 pub mod infer;
 pub mod interp;
 pub mod kernel;
+mod name_index;
 pub mod op;
 pub mod plan;
 mod serial;
@@ -31,9 +32,8 @@ mod text;
 mod verify;
 
 pub use dtype::DType;
-pub use graph::{Graph, GraphError, Node, Operand, Phase, Place, Value};
+pub use graph::{Graph, GraphError, Node, NodeIndex, Phase, Place, Value};
 pub use op::{FlatMember, GeluApproximation, Init, Op};
-pub use petgraph::stable_graph::NodeIndex;
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};
 pub use tensor::{Tensor, TensorData, TensorError, to_bf16, to_f16};

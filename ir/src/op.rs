@@ -128,7 +128,7 @@ pub enum GeluApproximation {
 }
 
 /// One operation. Attributes are the op's compile-time constants; operand and
-/// result types live on the graph's edges and nodes.
+/// result types live on the graph's nodes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     // ── Sources (no operands; the node's declared type is its type) ──

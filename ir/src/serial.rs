@@ -64,7 +64,7 @@ impl Graph {
     }
 
     fn to_file(&self) -> GraphFile {
-        let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
+        let order = self.topo_order();
         let nodes = order
             .into_iter()
             .map(|n| {

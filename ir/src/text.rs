@@ -27,7 +27,7 @@ impl Graph {
 
     fn write_text(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "graph {} {{", self.name)?;
-        let order = self.topo_order().unwrap_or_else(|| self.graph.node_indices().collect());
+        let order = self.topo_order();
         let mut phase = crate::graph::Phase::Forward;
         for n in order {
             let node = self.node(n);

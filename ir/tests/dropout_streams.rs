@@ -23,8 +23,7 @@ fn build(m: &ModelSpec, t: u64, sp: bool) -> Graph {
 
 /// Each dropout node's stream, by name.
 fn streams(g: &Graph) -> BTreeMap<String, u32> {
-    g.petgraph()
-        .node_weights()
+    g.nodes()
         .filter_map(|n| match n.op {
             Op::Dropout { stream, .. } => Some((n.name.to_string(), stream)),
             _ => None,

@@ -36,8 +36,7 @@ impl ModelStateBytes {
 pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
     let bytes = |v| graph.value_type(v).size_bytes(&Default::default()).unwrap_or(0);
     let mut total = ModelStateBytes::default();
-    let g = graph.petgraph();
-    for n in g.node_indices() {
+    for n in graph.node_indices() {
         let out = Value { node: n, output: 0 };
         if let Some(ops) = zeroplan_ir::kernel::adamw_operands(graph, n) {
             // fp32 masters (a state, after partitioning) are parameters; a
@@ -53,12 +52,12 @@ pub fn model_state_bytes(graph: &Graph) -> (ModelStateBytes, u64) {
                 let raw = graph.node_by_name(&format!("{param}.grad_f32")).map(|c| graph.operands(c)[0]);
                 total.micro_batch_gradients += raw.map_or(bytes(ops[1]), bytes);
             }
-        } else if let Op::Param { .. } = &g[n].op {
+        } else if let Op::Param { .. } = &graph[n].op {
             match graph.value_type(out).dtype {
                 DType::F32 => total.parameters += bytes(out),
                 _ => total.working_copies += bytes(out),
             }
-        } else if let Op::Cast { .. } = &g[n].op {
+        } else if let Op::Cast { .. } = &graph[n].op {
             let source = graph.operands(n)[0];
             if matches!(graph.node(source.node).op, Op::Param { .. }) {
                 total.working_copies += bytes(out);

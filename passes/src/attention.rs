@@ -41,7 +41,7 @@ impl Pass for Attention {
     }
 
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
-        let order = graph.topo_order().expect("a verified graph is acyclic");
+        let order = graph.topo_order();
         let mut matches = Vec::new();
         let mut kept = 0usize;
         for &n in &order {
@@ -181,7 +181,7 @@ fn match_scores(
 
 /// The number of operand slots that read `n`'s outputs.
 fn edge_count(g: &Graph, n: NodeIndex) -> usize {
-    g.users(n).into_iter().map(|u| g.operands(u).iter().filter(|v| v.node == n).count()).sum()
+    g.users(n).iter().copied().map(|u| g.operands(u).iter().filter(|v| v.node == n).count()).sum()
 }
 
 /// `g` with each match's chain replaced by its fused node.

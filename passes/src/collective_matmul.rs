@@ -90,7 +90,7 @@ impl Pass for CollectiveMatmul {
 
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
         let fail = |error| PassError::Graph { pass: "collective-matmul", error };
-        let order = graph.topo_order().expect("a verified graph is acyclic");
+        let order = graph.topo_order();
         let chunks = cx.options.collective_chunks.clone();
         let bindings = cx.options.shape_hint.clone();
         // Found once: each is a walk of the whole step.
@@ -275,7 +275,8 @@ fn gather_site(graph: &Graph, n: NodeIndex) -> Option<(Vec<NodeIndex>, Dim, u64)
     }
     let gemms: Vec<NodeIndex> = graph
         .users(n)
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|&m| row_gemm(graph, m) && graph.operands(m)[0] == gathered && graph.operands(m)[1] != gathered)
         .collect();
     (!gemms.is_empty()).then(|| (gemms, x.shape.dims()[1].clone(), ranks))

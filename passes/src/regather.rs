@@ -37,7 +37,7 @@ impl Pass for Regather {
     }
 
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
-        let order = graph.topo_order().expect("a verified graph is acyclic");
+        let order = graph.topo_order();
         // Each forward gather is a group of its own.
         let gathers: FxHashMap<NodeIndex, NodeIndex> = order
             .iter()

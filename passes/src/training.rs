@@ -108,6 +108,10 @@ impl Pass for TrainingStep {
             .map(|(_, v)| *v)
             .ok_or_else(|| fail(TrainError::NoLoss.to_string()))?;
         let graph_error = |error| PassError::Graph { pass: "training-step", error };
+        // The backward and the optimizer make the step 5.4–5.5 times the
+        // forward's nodes (bert-large, and transformer-100t's tiled step):
+        // room for that up front, so the node table is not moved as it grows.
+        graph.reserve(graph.node_count() * 5);
         let scale = optimizer::loss_scale(&mut graph, &self.train).map_err(graph_error)?;
         let grads = backward(&mut graph, loss, scale.seed).map_err(|e| fail(e.to_string()))?;
         optimizer::optimizer(&mut graph, &self.train, &grads, &scale).map_err(graph_error)?;

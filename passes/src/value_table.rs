@@ -7,7 +7,6 @@
 //! no probe) and the few later outputs (`split`, fused kernels) in a hash
 //! map beside it.
 
-use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;
 use zeroplan_ir::{Graph, Value};
 
@@ -21,7 +20,7 @@ impl<T> ValueTable<T> {
     /// A table with a slot for each node of `graph`.
     pub fn for_graph(graph: &Graph) -> ValueTable<T> {
         let mut first = Vec::new();
-        first.resize_with(graph.petgraph().node_bound(), || None);
+        first.resize_with(graph.node_count(), || None);
         ValueTable { first, rest: FxHashMap::default() }
     }
 

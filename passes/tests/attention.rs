@@ -14,7 +14,7 @@ use zeroplan_passes::manager::{PassContext, PassOptions, run_passes};
 use zeroplan_passes::pipeline::{Target, compile};
 
 fn ops<'g>(g: &'g Graph, name: &str) -> Vec<&'g Op> {
-    g.petgraph().node_weights().filter(|n| n.op.name() == name).map(|n| &n.op).collect()
+    g.nodes().filter(|n| n.op.name() == name).map(|n| &n.op).collect()
 }
 
 fn options(disabled: &[&str], tensor_parallel: Option<u64>) -> PassOptions {

@@ -59,13 +59,13 @@ fn step(m: &ModelSpec, t: u64, bound: &Bindings, chunks: Chunks) -> Graph {
 }
 
 fn predict(g: &Graph, bound: &Bindings, machine: &Machine) -> Predicted {
-    let order = g.topo_order().unwrap();
+    let order = g.topo_order();
     simulate(g, &order, bound, machine, 1, bound["batch"] * bound["seq"]).unwrap()
 }
 
 /// Chunk collectives of `op` in `phase`.
 fn chunked(g: &Graph, phase: Phase, op: &str) -> usize {
-    g.petgraph().node_weights().filter(|n| n.phase == phase && n.op.name() == op && n.name.contains(".chunk")).count()
+    g.nodes().filter(|n| n.phase == phase && n.op.name() == op && n.name.contains(".chunk")).count()
 }
 
 /// On the Megatron-LM H100 row's shape the cost model cuts the gathers
@@ -114,7 +114,7 @@ fn chunks_hide_the_sequence_parallel_collectives_behind_the_gemms() {
 fn the_two_groups_communicate_on_streams_of_their_own() {
     let (m, bound, machine) = (gpt_32b_layers(), bindings(4, 4096), h100s(64));
     let g = step(&m, 8, &bound, Chunks::Whole);
-    let order = g.topo_order().unwrap();
+    let order = g.topo_order();
     let events = timeline(&g, &order, &bound, &machine).unwrap();
     let on = |stream: Stream| -> Vec<(f64, f64)> {
         let mut spans = Vec::new();
@@ -165,7 +165,7 @@ fn fixed_chunks_cut_every_site_and_keep_recomputed_names() {
         recompute: zeroplan_passes::recompute::Policy::Full,
         ..PassOptions::default()
     });
-    let names: Vec<&str> = g.petgraph().node_weights().map(|n| &*n.name).collect();
+    let names: Vec<&str> = g.nodes().map(|n| &*n.name).collect();
     assert!(names.iter().any(|n| n.ends_with(".chunk1.recompute")), "no recomputed chunk");
     let misnamed: Vec<&&str> = names.iter().filter(|n| n.contains(".recompute.chunk")).collect();
     assert!(misnamed.is_empty(), "chunks named after .recompute: {misnamed:?}");
@@ -186,7 +186,7 @@ fn a_tiled_operator_is_multiplied_one_tile_at_a_time() {
     // Each tile parameter's forward GEMMs by place in the schedule.
     let mut spans: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     let mut chunked_tiles = 0;
-    for (at, n) in g.topo_order().unwrap().into_iter().enumerate() {
+    for (at, n) in g.topo_order().into_iter().enumerate() {
         let node = g.node(n);
         if node.phase != Phase::Forward || node.op.name() != "matmul" {
             continue;

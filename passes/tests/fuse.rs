@@ -73,7 +73,7 @@ fn fused_training_steps_match_unfused() {
         let (fg, stats) = fused_without(&graph, disabled);
         assert!(fg.node_count() < graph.node_count(), "{file}: {} → {}", graph.node_count(), fg.node_count());
         let kernels: usize = stats.iter().find(|(k, _)| k == "kernels").unwrap().1.parse().unwrap();
-        let fused_ops = fg.petgraph().node_weights().filter(|n| matches!(n.op, Op::Fused { .. })).count();
+        let fused_ops = fg.nodes().filter(|n| matches!(n.op, Op::Fused { .. })).count();
         assert_eq!(kernels, fused_ops, "{file}");
         assert!(kernels > 0, "{file}");
 
@@ -131,8 +131,7 @@ fn kernels_hold_the_backward_layer_norm_and_the_optimizer() {
     spec.layers = 1;
     let (g, _) = fused(&train(&spec));
     let kernel = |name: &str| {
-        g.petgraph()
-            .node_weights()
+        g.nodes()
             .find_map(|n| match &n.op {
                 Op::Fused { kernel } if kernel.name == name => Some(kernel.clone()),
                 _ => None,
@@ -174,15 +173,14 @@ fn model_state_accounting_sees_fused_adamw() {
     use zeroplan_passes::accounting::model_state_bytes;
     let graph = train(&model("tiny/tiny-bert.ron"));
     let (fg, _) = fused(&graph);
-    assert!(!fg.petgraph().node_weights().any(|n| matches!(n.op, Op::AdamW { .. })));
+    assert!(!fg.nodes().any(|n| matches!(n.op, Op::AdamW { .. })));
     assert_eq!(model_state_bytes(&fg), model_state_bytes(&graph));
     assert!(model_state_bytes(&fg).0.optimizer > 0);
 }
 
 /// The `fused` nodes of `pattern`, with their nodes.
 fn kernels_of<'g>(g: &'g Graph, pattern: &str) -> Vec<(NodeIndex, &'g Kernel)> {
-    g.petgraph()
-        .node_indices()
+    g.node_indices()
         .filter_map(|n| match &g.node(n).op {
             Op::Fused { kernel } if kernel.pattern.as_deref() == Some(pattern) => Some((n, &**kernel)),
             _ => None,
@@ -216,8 +214,11 @@ fn unfused_attention_runs_the_probability_dropout_as_kernels_of_its_own() {
         };
         // Forward: a dropout reading each softmax kernel's probabilities,
         // read by the context matmul.
-        let forward: Vec<NodeIndex> =
-            softmax.iter().flat_map(|&(n, _)| g.users(n)).filter(|&u| lone_dropout(u, Phase::Forward)).collect();
+        let forward: Vec<NodeIndex> = softmax
+            .iter()
+            .flat_map(|&(n, _)| g.users(n).iter().copied())
+            .filter(|&u| lone_dropout(u, Phase::Forward))
+            .collect();
         // Backward: a dropout backward on the context matmul's gradient,
         // read by each softmax gradient's kernel.
         let backward: Vec<NodeIndex> = softmax_grad
@@ -266,15 +267,14 @@ fn the_probability_dropout_kernels_cost_their_bytes_and_launches() {
         let options = PassOptions { recompute: policy, shape_hint: bound.clone(), disabled, ..PassOptions::default() };
         let unfused = compile(&spec, &Target::Training(&train), options).unwrap().graph;
         let kernel_bytes = |g: &Graph| -> f64 {
-            g.petgraph()
-                .node_indices()
+            g.node_indices()
                 .map(|n| work(g, n, &bound).unwrap())
                 .filter(|w| w.engine == Engine::Kernel)
                 .map(|w| w.bytes)
                 .sum()
         };
         let step = |g: &Graph| {
-            let order = g.topo_order().unwrap();
+            let order = g.topo_order();
             simulate(g, &order, &bound, &machine, 1, batch * seq).unwrap().step_seconds
         };
         let (together, apart) = (fused(&unfused).0, fused_without(&unfused, &["attention"]).0);

@@ -80,12 +80,8 @@ fn offload_puts_the_optimizer_on_the_host() {
     let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
     let dp = DataParallel { ranks: 4, zero_stage: 2, offload: Offload::Optimizer };
     let graph = compiled(&model("tiny/tiny-bert.ron"), &train, Some(dp), true);
-    let host: Vec<&str> = graph
-        .petgraph()
-        .node_weights()
-        .filter(|n| n.place == Place::Host && !matches!(n.op, Op::Copy))
-        .map(|n| &*n.name)
-        .collect();
+    let host: Vec<&str> =
+        graph.nodes().filter(|n| n.place == Place::Host && !matches!(n.op, Op::Copy)).map(|n| &*n.name).collect();
     assert!(host.iter().any(|n| n.ends_with(".master")) && host.iter().any(|n| n.ends_with(".adam_m")), "{host:?}");
     assert!(host.iter().all(|n| !n.ends_with(".params")), "16-bit parameters stay on the device: {host:?}");
     let bad = DataParallel { ranks: 4, zero_stage: 2, offload: Offload::OptimizerAndParams };
@@ -166,7 +162,7 @@ fn parameters_are_gathered_by_the_forward_from_stage_one_on() {
         let graph = bert_large_bf16(8, stage);
         let buckets = graph.op_histogram()["flatten"];
         let gathers = |phase: Phase| {
-            let gathers = graph.petgraph().node_weights().filter(|n| matches!(n.op, Op::AllGather { .. }));
+            let gathers = graph.nodes().filter(|n| matches!(n.op, Op::AllGather { .. }));
             gathers.filter(|n| n.phase == phase).count()
         };
         let (forward, backward) = match stage {

@@ -81,7 +81,7 @@ fn one_step(model: &ModelSpec, disabled: &[&str]) -> (f64, BTreeMap<String, Tens
     };
     let compiled = compile(model, &Target::Training(&train), options).unwrap();
     let graph = compiled.graph;
-    let merged = graph.petgraph().node_weights().filter(|n| n.op.name() == "split").count();
+    let merged = graph.nodes().filter(|n| n.op.name() == "split").count();
     let interp = Interpreter { rounding: Rounding::F64, seed: 5 };
     let mut state = interp.init_state(&graph).unwrap();
     let out = interp.step(&graph, &mut state, &[batch(model.head)], 0).unwrap();

@@ -54,16 +54,17 @@ fn compiled(m: &ModelSpec, train: &TrainingSpec, policy: Policy, disabled: &[&st
 /// forward reads (a view's buffer is the value it views; working copies of
 /// weights are model state), and the FLOPs of the `.recompute` clones.
 fn stored_and_recomputed(graph: &Graph, at: &Bindings) -> (u64, f64) {
-    let g = graph.petgraph();
     let params_only =
-        |n: zeroplan_ir::NodeIndex| graph.operands(n).iter().all(|v| matches!(g[v.node].op, Op::Param { .. }));
+        |n: zeroplan_ir::NodeIndex| graph.operands(n).iter().all(|v| matches!(graph[v.node].op, Op::Param { .. }));
     let activation = |n: zeroplan_ir::NodeIndex| {
-        g[n].phase == Phase::Forward && !g[n].op.is_source() && !(matches!(g[n].op, Op::Cast { .. }) && params_only(n))
+        graph[n].phase == Phase::Forward
+            && !graph[n].op.is_source()
+            && !(matches!(graph[n].op, Op::Cast { .. }) && params_only(n))
     };
     let mut stored = HashSet::new();
-    for m in g.node_indices().filter(|&m| g[m].phase != Phase::Forward) {
+    for m in graph.node_indices().filter(|&m| graph[m].phase != Phase::Forward) {
         for mut v in graph.operands(m).iter().copied() {
-            while g[v.node].op.is_view() {
+            while graph[v.node].op.is_view() {
                 v = graph.operands(v.node)[0];
             }
             if activation(v.node) {
@@ -72,9 +73,9 @@ fn stored_and_recomputed(graph: &Graph, at: &Bindings) -> (u64, f64) {
         }
     }
     let bytes = stored.iter().map(|&v| graph.value_type(v).size_bytes(at).unwrap()).sum();
-    let flops = g
+    let flops = graph
         .node_indices()
-        .filter(|&n| g[n].name.ends_with(".recompute"))
+        .filter(|&n| graph[n].name.ends_with(".recompute"))
         .map(|n| work(graph, n, at).unwrap().flops)
         .sum();
     (bytes, flops)
@@ -112,8 +113,7 @@ fn a_recomputed_step_is_the_same_step() {
             let (loss, state) = step(&compiled(&m, &train, Policy::None, disabled));
             for policy in [Policy::Full, Policy::Selective].into_iter().chain(optimal) {
                 let graph = compiled(&m, &train, policy, disabled);
-                let clones: Vec<_> =
-                    graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).collect();
+                let clones: Vec<_> = graph.nodes().filter(|n| n.name.ends_with(".recompute")).collect();
                 assert!(clones.iter().all(|n| n.phase == Phase::Backward), "{file} {policy:?}");
                 // Fused attention stores no seq² values: selective finds nothing
                 // to recompute, and a budget may be met by keeping everything.
@@ -143,7 +143,7 @@ fn every_recomputed_value_is_read() {
         for policy in [Policy::Full, Policy::Selective] {
             for disabled in [&["fuse"][..], &[]] {
                 let g = compiled_at(&m, &train, policy, disabled, &hint(2, 8));
-                for n in g.petgraph().node_indices().filter(|&n| g.node(n).name.contains(".recompute")) {
+                for n in g.node_indices().filter(|&n| g.node(n).name.contains(".recompute")) {
                     let name = &g.node(n).name;
                     assert!(!g.node(n).outputs.is_empty(), "{file} {policy:?} {disabled:?}: {name} has no output");
                     assert!(!g.users(n).is_empty(), "{file} {policy:?} {disabled:?}: nothing reads {name}");
@@ -214,12 +214,8 @@ fn a_budget_between_policies_mixes_layers() {
     let budget = (none + selective) / 2;
     let graph = compiled_at(&m, &train, Policy::Optimal { budget_bytes: budget }, &unfused, &at);
     let (stored, flops) = stored_and_recomputed(&graph, &at);
-    let recomputing: BTreeSet<&str> = graph
-        .petgraph()
-        .node_weights()
-        .filter(|n| n.name.ends_with(".recompute"))
-        .filter_map(|n| n.name.split('.').next())
-        .collect();
+    let recomputing: BTreeSet<&str> =
+        graph.nodes().filter(|n| n.name.ends_with(".recompute")).filter_map(|n| n.name.split('.').next()).collect();
     assert!(stored <= budget && flops < selective_flops, "stored {stored} of {budget}, {flops} FLOPs");
     assert!(
         !recomputing.is_empty() && recomputing.len() < m.layers as usize,
@@ -232,7 +228,7 @@ fn regions_are_attention_feed_forward_and_the_layer_less_its_boundary() {
     let train = TrainingSpec { dropout: Some(0.1), ..TrainingSpec::default() };
     let names_of = |file: &str, layer: u64, choice: Choice, disabled: &[&str]| {
         let graph = compiled(&model(file), &train, Policy::None, disabled);
-        let layers = Layers::of(&graph, &graph.topo_order().unwrap());
+        let layers = Layers::of(&graph, &graph.topo_order());
         let region = layers.region(&graph, layer, choice);
         let mut names: Vec<String> = region.keys().map(|&n| graph.node(n).name.to_string()).collect();
         names.sort();
@@ -263,7 +259,7 @@ fn regions_are_attention_feed_forward_and_the_layer_less_its_boundary() {
     // Working copies of weights are model state.
     let bf16 = TrainingSpec { precision: Compute::Bf16, ..train };
     let graph = compiled(&model("tiny/tiny-bert.ron"), &bf16, Policy::None, &["attention", "recompute", "fuse"]);
-    let layers = Layers::of(&graph, &graph.topo_order().unwrap());
+    let layers = Layers::of(&graph, &graph.topo_order());
     assert!(layers.region(&graph, 0, Choice::Layer).keys().all(|&n| !graph.node(n).name.ends_with(".bf16")));
 }
 

@@ -37,7 +37,7 @@ fn rewrite(graph: Graph, options: PassOptions) -> (Graph, BTreeMap<String, Strin
 }
 
 fn names(g: &Graph) -> Vec<String> {
-    g.petgraph().node_indices().map(|n| g.node(n).name.to_string()).collect()
+    g.node_indices().map(|n| g.node(n).name.to_string()).collect()
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn step(m: &ModelSpec, t: u64, dp: Option<DataParallel>, train: &TrainingSpec) -
 }
 
 fn count(g: &Graph, phase: Phase, op: &str) -> usize {
-    g.petgraph().node_weights().filter(|n| n.phase == phase && n.op.name() == op).count()
+    g.nodes().filter(|n| n.phase == phase && n.op.name() == op).count()
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn every_family_splits_over_two_and_four_tensor_ranks() {
             let reduces = count(&g, Phase::Forward, "tensor_all_reduce");
             // Per layer: attention output and feed-forward down (row-parallel).
             // Once: the word embeddings; with the MLM head, the loss statistics.
-            let head = usize::from(g.petgraph().node_weights().any(|n| n.op.name() == "cross_entropy_stats"));
+            let head = usize::from(g.nodes().any(|n| n.op.name() == "cross_entropy_stats"));
             assert_eq!(reduces, 2 * layers + 1 + head, "{file} t={t}: forward tensor all-reduces");
             // The backward's are the adjoints of the column-parallel regions'
             // entries (attention and feed-forward per layer, and the MLM decoder).
@@ -79,7 +79,7 @@ fn zero_runs_over_the_data_parallel_ranks_of_each_tensor_rank() {
             }
         }
         // Data-parallel collectives span the data ranks, tensor ones the tensor ranks.
-        for n in g.petgraph().node_weights() {
+        for n in g.nodes() {
             match n.op {
                 Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => {
                     assert_eq!(ranks, 2)
@@ -98,7 +98,7 @@ fn sequence_parallel_step(m: &ModelSpec, t: u64, train: &TrainingSpec, options: 
 }
 
 fn count_where(g: &Graph, phase: Phase, f: impl Fn(&Op) -> bool) -> usize {
-    g.petgraph().node_weights().filter(|n| n.phase == phase && f(&n.op)).count()
+    g.nodes().filter(|n| n.phase == phase && f(&n.op)).count()
 }
 
 /// Sequence parallelism (Korthikanti et al., 2022) turns each layer's two
@@ -120,7 +120,7 @@ fn sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduce
                 .unwrap_or_else(|e| panic!("{file} t={t}: {e}"));
             assert_eq!(g.model_parameter_count(), closed_form_params(&m), "{file} t={t}");
             let layers = m.layers as usize;
-            let mlm = usize::from(g.petgraph().node_weights().any(|n| n.op.name() == "cross_entropy_stats"));
+            let mlm = usize::from(g.nodes().any(|n| n.op.name() == "cross_entropy_stats"));
             let pooler = 1 - mlm;
             let at = |what: &str| format!("{file} t={t}: {what}");
             let scatter = |op: &Op| matches!(op, Op::SequenceReduceScatter { ranks } if *ranks == t);
@@ -139,7 +139,7 @@ fn sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduce
             let regathers = 2 * layers + mlm;
             let backward_gathers = count_where(&g, Phase::Backward, gather(true));
             assert_eq!(backward_gathers, 2 * layers + 1 + regathers, "{}", at("backward gathers"));
-            let regathered = g.petgraph().node_weights().filter(|n| n.name.ends_with(".sequence_all_gather.regather"));
+            let regathered = g.nodes().filter(|n| n.name.ends_with(".sequence_all_gather.regather"));
             assert_eq!(regathered.count(), regathers, "{}", at("re-gathers"));
             assert_eq!(count_where(&g, Phase::Backward, scatter), 2 * layers + mlm, "{}", at("backward scatters"));
             assert_eq!(count(&g, Phase::Backward, "sequence_slice"), pooler, "{}", at("backward slices"));
@@ -147,7 +147,7 @@ fn sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduce
             // whose adjoint all-reduces its partial gradient.
             let copies = count(&g, Phase::Forward, "tensor_copy");
             assert_eq!(count(&g, Phase::Backward, "tensor_all_reduce"), copies, "{}", at("partial-gradient sums"));
-            for n in g.petgraph().node_indices() {
+            for n in g.node_indices() {
                 let node = g.node(n);
                 if node.phase == Phase::Forward && node.op.name() == "tensor_copy" {
                     let from = g.node(g.operands(n)[0].node);
@@ -274,7 +274,7 @@ fn sequence_parallel_steps_store_the_slices_that_gemms_gather() {
     assert_eq!(whole(&stored_on), Vec::<String>::new());
     // What each gather reads is stored instead, a t-th of the bytes.
     let mut slices = 0;
-    for n in on.petgraph().node_indices() {
+    for n in on.node_indices() {
         let node = on.node(n);
         if node.phase == Phase::Forward
             && node.name.ends_with(".sequence_all_gather")
@@ -331,7 +331,7 @@ fn regather_disabled_leaves_the_recomputed_step_as_it_is() {
     assert_eq!(off.to_text(), through("recompute").to_text());
     assert_ne!(off.to_text(), through("regather").to_text());
     assert!(!off.to_text().contains(".regather"));
-    let read_by_backward = off.petgraph().node_indices().filter(|&n| {
+    let read_by_backward = off.node_indices().filter(|&n| {
         let node = off.node(n);
         node.phase == Phase::Forward
             && node.name.ends_with(".sequence_all_gather")
@@ -357,7 +357,7 @@ fn optimal_recomputation_weighs_the_stored_slices_not_the_gathered_inputs() {
     let before =
         zeroplan_passes::pipeline::compile_between(&m, &target, options, Resume::Build, Some("training-step")).unwrap();
     let g = before.graph;
-    let layers = Layers::of(&g, &g.topo_order().unwrap());
+    let layers = Layers::of(&g, &g.topo_order());
     let stored = |regathered| optimal::costs(&g, &layers, &bindings, regathered).unwrap().stored_without_recompute();
     assert_eq!(stored(false) - stored(true), 5 * 2048 - 3 * 512);
     assert_eq!(optimal::step_costs(&g, &bindings).unwrap().stored_without_recompute(), stored(true));

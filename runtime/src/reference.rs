@@ -136,8 +136,7 @@ impl ReferenceTrainer {
 /// for a graph without one, such as a forward graph).
 pub fn micro_batches(graph: &Graph) -> u64 {
     let averaged = graph
-        .petgraph()
-        .node_weights()
+        .nodes()
         .find_map(|n| match n.op {
             Op::GradScale { micro_batches, .. } => Some(micro_batches),
             _ => None,
@@ -150,8 +149,7 @@ pub fn micro_batches(graph: &Graph) -> u64 {
 /// it has none).
 pub fn data_parallel_ranks(graph: &Graph) -> u64 {
     graph
-        .petgraph()
-        .node_weights()
+        .nodes()
         .filter_map(|n| match n.op {
             Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::AllGather { ranks } => Some(ranks),
             _ => None,
@@ -163,7 +161,7 @@ pub fn data_parallel_ranks(graph: &Graph) -> u64 {
 /// The tensor-parallel ranks a program was built for (1 without tensor
 /// parallelism): the ranks of its Megatron-LM ops.
 pub fn tensor_parallel_ranks(graph: &Graph) -> u64 {
-    graph.petgraph().node_weights().filter_map(|n| n.op.tensor_ranks()).max().unwrap_or(1)
+    graph.nodes().filter_map(|n| n.op.tensor_ranks()).max().unwrap_or(1)
 }
 
 impl StepLog {

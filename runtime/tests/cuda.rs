@@ -70,7 +70,6 @@ fn zero_gradients(graph: &Graph, feeds: &Feeds) -> BTreeSet<String> {
     let state = interpreter.init_state(graph).unwrap();
     let values = interpreter.evaluate(graph, &state, feeds, 0).unwrap();
     graph
-        .petgraph()
         .node_indices()
         .filter_map(|n| zeroplan_ir::kernel::adamw_operands(graph, n))
         .filter(|ops| {
@@ -240,12 +239,8 @@ fn bias_gradient_gemms_match_the_host_runtime() {
         }
         let program = program(&model("tiny-bert"), &TrainingSpec { precision, ..TrainingSpec::default() });
         let g = &program.graph;
-        let grads: Vec<zeroplan_ir::Value> = g
-            .petgraph()
-            .node_indices()
-            .filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n))
-            .map(|o| o[1])
-            .collect();
+        let grads: Vec<zeroplan_ir::Value> =
+            g.node_indices().filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n)).map(|o| o[1]).collect();
         let mut gpu = CudaProgram::load(program.clone(), 7).unwrap_or_else(|e| panic!("{e}"));
         let mut host = HostProgram::load(program, 7).unwrap_or_else(|e| panic!("{e}"));
         gpu.set_finite_checks(true);

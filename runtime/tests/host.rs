@@ -43,8 +43,7 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
 
 /// Each parameter's gradient as its optimizer reads it, and the parameter's name.
 fn gradients(g: &Graph) -> Vec<(Value, String)> {
-    g.petgraph()
-        .node_indices()
+    g.node_indices()
         .filter_map(|n| zeroplan_ir::kernel::adamw_operands(g, n))
         .map(|ops| (ops[1], g.node(ops[0].node).name.to_string()))
         .collect()
@@ -173,7 +172,7 @@ fn fused_and_unfused_attention_train_alike() {
         let train = TrainingSpec { dropout: Some(0.1), lr: 1e-2, ..TrainingSpec::default() };
         let losses = |disabled: &[&str]| -> Vec<f64> {
             let plan = program(&model, &train, disabled, Policy::None);
-            let flash = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "flash_attention").count();
+            let flash = plan.graph.nodes().filter(|n| n.op.name() == "flash_attention").count();
             assert_eq!(flash, if disabled.is_empty() { model.layers as usize } else { 0 }, "{name} {disabled:?}");
             let mut host = HostProgram::load(plan, 7).unwrap_or_else(|e| panic!("{name}: {e}"));
             (0..3)

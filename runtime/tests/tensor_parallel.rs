@@ -110,11 +110,11 @@ fn agree_split(model: &ModelSpec, split: Split, d: usize, stage: u8, offload: Of
     let sp = if split.sp { " with sequence parallelism" } else { "" };
     let what = format!("{} on {t} tensor × {d} data ranks{sp}, ZeRO-{stage}, offload {offload:?}", model.name);
     let plan = program_of(model, &train, split, Some(dp));
-    let scatters = plan.graph.petgraph().node_weights().filter(|n| n.op.name() == "sequence_reduce_scatter").count();
+    let scatters = plan.graph.nodes().filter(|n| n.op.name() == "sequence_reduce_scatter").count();
     assert_eq!(scatters > 0, split.sp, "{what}: sequence reduce-scatters in the plan");
-    let chunked = plan.graph.petgraph().node_weights().filter(|n| n.name.contains(".chunk1")).count();
+    let chunked = plan.graph.nodes().filter(|n| n.name.contains(".chunk1")).count();
     assert_eq!(chunked > 0, split.chunks > 1, "{what}: {chunked} chunks of collective matmuls");
-    let recomputed = plan.graph.petgraph().node_weights().filter(|n| n.name.ends_with(".recompute")).count();
+    let recomputed = plan.graph.nodes().filter(|n| n.name.ends_with(".recompute")).count();
     assert_eq!(recomputed > 0, split.recompute != Policy::None, "{what}: {recomputed} recomputed nodes");
     let (arena, host_arena) = (plan.arena_bytes, plan.host_arena_bytes);
     let one = Split { t: 1, sp: false, seq, recompute: Policy::None, chunks: 1 };

@@ -56,7 +56,7 @@ fn ranks(plan: &Program) -> Vec<HostProgram> {
 
 /// The first forward node named `name`, or of op `op`.
 fn find(g: &Graph, pick: impl Fn(&str, &Op) -> bool) -> Value {
-    let order = g.topo_order().unwrap();
+    let order = g.topo_order();
     let node = order.into_iter().find(|&n| pick(&g.node(n).name, &g.node(n).op)).expect("the node");
     Value { node, output: 0 }
 }
@@ -182,7 +182,7 @@ fn sequence_parallel_slices_draw_their_own_masks() {
 /// name (and position in a kernel's body).
 fn streams(g: &Graph) -> Vec<(String, u32)> {
     let mut out = Vec::new();
-    for n in g.topo_order().unwrap() {
+    for n in g.topo_order() {
         let node = g.node(n);
         match &node.op {
             Op::Dropout { stream, .. } | Op::FlashAttention { stream, .. } | Op::FlashAttentionGrad { stream, .. } => {

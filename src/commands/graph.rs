@@ -180,7 +180,6 @@ struct Summary {
 
 impl Summary {
     fn new(spec: &ModelSpec, graph: &Graph, memory: MemoryReport) -> Summary {
-        let g = graph.petgraph();
         let params = graph.params();
         let param_bytes = params.iter().filter_map(|n| graph.node(*n).outputs[0].size_bytes(&Default::default())).sum();
         // The compute dtype: what the embeddings are looked up in (parameters
@@ -188,10 +187,10 @@ impl Summary {
         let dtype = graph
             .node_by_name("embeddings.word")
             .map_or("none".to_string(), |n| graph.node(n).outputs[0].dtype.to_string());
-        let inputs = g
+        let inputs = graph
             .node_indices()
-            .filter(|n| matches!(g[*n].op, Op::Input))
-            .map(|n| (g[n].name.to_string(), g[n].outputs[0].to_string()))
+            .filter(|n| matches!(graph[*n].op, Op::Input))
+            .map(|n| (graph[n].name.to_string(), graph[n].outputs[0].to_string()))
             .collect();
         let outputs = graph.outputs.iter().map(|(name, v)| (name.clone(), graph.value_type(*v).to_string())).collect();
         Summary {
@@ -213,7 +212,6 @@ impl Summary {
             nodes: graph.node_count(),
             phases: graph.phase_counts().into_iter().map(|(p, n)| (p.name(), n)).collect(),
             model_state_bytes: graph
-                .petgraph()
                 .node_indices()
                 .any(|n| zeroplan_ir::kernel::adamw_operands(graph, n).is_some())
                 .then(|| model_state_bytes(graph).0),

@@ -409,7 +409,7 @@ pub fn feeds(program: &Program) -> Feeds {
     let g = &program.graph;
     let bindings: Bindings = [("batch".into(), program.batch), ("seq".into(), program.seq)].into();
     let mut feeds = BTreeMap::new();
-    for n in g.petgraph().node_indices().filter(|&n| g.node(n).op == Op::Input) {
+    for n in g.node_indices().filter(|&n| g.node(n).op == Op::Input) {
         let node = g.node(n);
         let ty = &node.outputs[0];
         let Some(shape) = bound_shape(&ty.shape, &bindings) else { continue };

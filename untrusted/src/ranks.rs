@@ -278,7 +278,7 @@ fn run_rank(rank: usize, program: Program, groups: zeroplan_runtime::comm::Group
 /// count is 0 (loading refuses that; the harness must not divide by it).
 fn micro_batches(g: &zeroplan_ir::Graph) -> Option<u64> {
     let ranks = zeroplan_runtime::reference::data_parallel_ranks(g);
-    let averaged = g.petgraph().node_weights().find_map(|n| match n.op {
+    let averaged = g.nodes().find_map(|n| match n.op {
         Op::GradScale { micro_batches, .. } => Some(micro_batches),
         _ => None,
     });

@@ -69,7 +69,7 @@ pub fn selected_with(model: &ModelSpec, train: &TrainingSpec, dp: Option<DataPar
     let graph = compile(model, &Target::Training(train), options).unwrap_or_else(|e| panic!("{e}")).graph;
     let memory = zeroplan_passes::memory::plan(&graph, &bindings).unwrap();
     let program = zeroplan_passes::planner::program::program(graph, &memory, 2, 6);
-    let order = program.graph.topo_order().unwrap();
+    let order = program.graph.topo_order();
     let rank = Rank { index: 0, ranks, tensor: 0, tensor_ranks: 1 };
     let bufs = buffers(&program, &order, &bindings, rank).unwrap();
     let steps = select::select(&program.graph, &order, &bufs, &bindings, rank, &mut StandIn).unwrap();

@@ -173,8 +173,7 @@ fn zero(plan: &Plan, notes: &mut Vec<String>) -> Json {
         "reduce_scatter": s.zero_stage >= 1,
     });
     let g = &plan.program.graph;
-    let bucket =
-        g.petgraph().node_weights().filter_map(|n| if let Op::Flatten { len } = n.op { Some(len) } else { None }).max();
+    let bucket = g.nodes().filter_map(|n| if let Op::Flatten { len } = n.op { Some(len) } else { None }).max();
     let nvme = s.offload_to == OffloadTo::Nvme && s.offload != Offload::None;
     let mut optimizer = json!({ "device": s.offload_to.name(), "pin_memory": true });
     let mut params = optimizer.clone();

@@ -15,7 +15,7 @@ pub fn is_plan(path: &Path) -> bool {
 /// The head a training graph ends in, and its vocabulary size.
 pub fn head_of(g: &Graph) -> Option<(Head, u64)> {
     let vocab = vocab_of(g)?;
-    let labels = g.petgraph().node_weights().find(|n| &*n.name == "labels" && n.op == Op::Input)?;
+    let labels = g.nodes().find(|n| &*n.name == "labels" && n.op == Op::Input)?;
     let head = match (labels.outputs[0].shape.rank(), labels.outputs[0].dtype.is_float()) {
         (2, _) => Head::Mlm,
         (_, true) => Head::Classification { num_labels: 1 },
@@ -33,7 +33,7 @@ pub fn head_of(g: &Graph) -> Option<(Head, u64)> {
 /// In flat buckets (every plan `compile` writes) the table is a view of its
 /// bucket: the lookup's table operand has its rows.
 fn vocab_of(g: &Graph) -> Option<u64> {
-    let nodes = || g.petgraph().node_weights();
+    let nodes = || g.nodes();
     let parallel = nodes()
         .find_map(|n| match n.op {
             Op::CrossEntropyStats { vocab, .. } => Some(vocab),

@@ -44,7 +44,6 @@ impl Nvme {
 /// (views excluded: they lie inside what they view).
 pub fn persistent_host_buffers(g: &Graph, bufs: &HashMap<Value, Buf>) -> Vec<Buf> {
     let mut out: Vec<Buf> = g
-        .petgraph()
         .node_indices()
         .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
         .filter_map(|n| bufs.get(&Value { node: n, output: 0 }).copied())

@@ -54,7 +54,7 @@ fn moved(value: &str, offset: u64) -> Vec<(&'static str, u64)> {
 }
 
 fn load(p: &Program) -> Result<HashMap<Value, Buf>, String> {
-    let order = p.graph.topo_order().unwrap();
+    let order = p.graph.topo_order();
     let bindings = Bindings::new();
     buffers(p, &order, &bindings, ONE).map_err(|e| e.to_string())
 }
@@ -145,7 +145,7 @@ fn liveness_cost() {
     let path = std::env::var("ZEROPLAN_PLAN").expect("ZEROPLAN_PLAN names a plan file");
     let plan = zeroplan_ir::plan::Plan::from_ron(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let (p, strategy) = (&plan.program, &plan.strategy);
-    let order = p.graph.topo_order().unwrap();
+    let order = p.graph.topo_order();
     let bindings: Bindings = [("batch".to_string(), p.batch), ("seq".to_string(), p.seq)].into();
     let rank =
         Rank { index: 0, ranks: strategy.ranks as usize, tensor: 0, tensor_ranks: strategy.tensor_parallel as usize };

@@ -8,7 +8,7 @@
 //! axis is then checked against the bindings, so inputs that disagree are
 //! reported by name rather than producing a wrong shape downstream.
 
-use petgraph::stable_graph::NodeIndex;
+use crate::graph::NodeIndex;
 
 use super::{Feeds, InterpError};
 use crate::graph::Graph;

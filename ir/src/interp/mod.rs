@@ -193,7 +193,7 @@ mod rows;
 pub mod sequence_parallel;
 pub mod tensor_parallel;
 
-use petgraph::stable_graph::NodeIndex;
+use crate::graph::NodeIndex;
 use std::collections::BTreeMap;
 
 use crate::graph::{Graph, Phase, Value};
@@ -349,7 +349,7 @@ impl Interpreter {
         skip: impl Fn(&str, &Init) -> bool,
         mut f: impl FnMut(&str, Tensor) -> Result<(), E>,
     ) -> Result<(), E> {
-        for n in topo_order(graph)? {
+        for n in graph.topo_order() {
             let node = graph.node(n);
             let init = match &node.op {
                 Op::Param { init } | Op::State { init } if !skip(&node.name, init) => init,
@@ -372,7 +372,7 @@ impl Interpreter {
     /// Param/State from `state`, Input from `feeds`, Arange/Fill from their
     /// types. `offset` is the dropout offset. Applies no update.
     pub fn evaluate(&self, graph: &Graph, state: &State, feeds: &Feeds, offset: u64) -> Result<Values, InterpError> {
-        let order = topo_order(graph)?;
+        let order = graph.topo_order();
         let inputs: Vec<NodeIndex> = order.iter().copied().filter(|&n| is_input(graph, n)).collect();
         let bindings = bind::bind_inputs(graph, &inputs, feeds)?;
         let mut pass = Pass::new(self, graph, state, Some(feeds), bindings, offset, Why::Evaluate);
@@ -397,7 +397,7 @@ impl Interpreter {
         if k == 0 {
             return Err(InterpError::new(&graph.name, "a step needs at least one micro-batch"));
         }
-        let order = topo_order(graph)?;
+        let order = graph.topo_order();
         let phase = |v: &Value| graph.node(v.node).phase;
         let inputs: Vec<NodeIndex> = order.iter().copied().filter(|&n| is_input(graph, n)).collect();
         let mut outputs = StepOutputs::default();
@@ -444,10 +444,6 @@ impl Interpreter {
         state.extend(updates);
         Ok(outputs)
     }
-}
-
-fn topo_order(graph: &Graph) -> Result<Vec<NodeIndex>, InterpError> {
-    graph.topo_order().ok_or_else(|| InterpError::new(&graph.name, "the graph has a cycle"))
 }
 
 fn is_input(graph: &Graph, n: NodeIndex) -> bool {

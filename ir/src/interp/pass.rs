@@ -6,7 +6,7 @@
 //! sources (`param`, `state`, `fill`, `arange`) on demand, and refuses to
 //! read any other value it did not compute, saying why ([`Why`]).
 
-use petgraph::stable_graph::NodeIndex;
+use crate::graph::NodeIndex;
 use std::collections::HashMap;
 
 use super::{Feeds, InterpError, Interpreter, Rounding, State, Values, bind, dispatch, nd};

@@ -54,7 +54,7 @@ pub struct Traffic {
 /// ones once. A collective whose size is unbound counts as empty.
 pub fn traffic(graph: &Graph, micro_batches: u64, bindings: &Bindings) -> BTreeMap<&'static str, Traffic> {
     let mut by_kind: BTreeMap<&'static str, Traffic> = BTreeMap::new();
-    for n in graph.petgraph().node_indices() {
+    for n in graph.node_indices() {
         let node = graph.node(n);
         let Some(share) = ring_share(&node.op) else { continue };
         let whole = whole_elements(graph, Value { node: n, output: 0 }, bindings).unwrap_or(0);

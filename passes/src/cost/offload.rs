@@ -63,7 +63,7 @@ fn is_offloaded_gradient(graph: &Graph, n: NodeIndex) -> bool {
 pub fn state_traffic(graph: &Graph, bindings: &Bindings) -> HashMap<NodeIndex, StateTraffic> {
     let mut out: HashMap<NodeIndex, StateTraffic> = HashMap::new();
     let size = |v| graph.value_type(v).size_bytes(bindings).unwrap_or(0) as f64;
-    for n in graph.petgraph().node_indices() {
+    for n in graph.node_indices() {
         for v in graph.operands(n).iter().copied() {
             if is_offloaded_state(graph, v.node) {
                 out.entry(n).or_default().read += size(v);
@@ -85,7 +85,6 @@ pub fn state_traffic(graph: &Graph, bindings: &Bindings) -> HashMap<NodeIndex, S
 /// tier holds for it.
 pub fn state_bytes(graph: &Graph, bindings: &Bindings) -> u64 {
     graph
-        .petgraph()
         .node_indices()
         .filter(|&n| is_offloaded_state(graph, n))
         .map(|n| graph.node(n).outputs.iter().map(|t| t.size_bytes(bindings).unwrap_or(0)).sum::<u64>())

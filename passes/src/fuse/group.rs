@@ -1,7 +1,6 @@
 //! Growing a group of fusible nodes around an anchor, and the convexity
 //! check that keeps the fused graph acyclic.
 
-use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashSet;
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Value};
@@ -25,34 +24,6 @@ fn sums_gradients(g: &Graph, n: NodeIndex, kshape: &zeroplan_ir::Shape) -> bool 
     node.phase == zeroplan_ir::Phase::Backward
         && node.op == Op::Add
         && g.operands(n).iter().all(|v| g.value_type(*v).shape == *kshape)
-}
-
-/// Each node's consumers, each once, in index order: one flat table by
-/// node index (a step has 300k nodes; a map of lists cost a sixth of the
-/// pass).
-pub(super) struct Users {
-    /// Where each node's consumers start in `users`; one more at the end.
-    start: Vec<usize>,
-    users: Vec<NodeIndex>,
-}
-
-impl Users {
-    pub(super) fn of(&self, n: NodeIndex) -> &[NodeIndex] {
-        let i = n.index();
-        &self.users[self.start[i]..self.start[i + 1]]
-    }
-}
-
-pub(super) fn users(g: &Graph) -> Users {
-    let bound = g.petgraph().node_bound();
-    let mut start = Vec::with_capacity(bound + 1);
-    let mut users = Vec::with_capacity(g.petgraph().edge_count());
-    for i in 0..bound {
-        start.push(users.len());
-        users.extend(g.users(NodeIndex::new(i)));
-    }
-    start.push(users.len());
-    Users { start, users }
 }
 
 /// Each node's place in the schedule, by node index.
@@ -84,7 +55,6 @@ fn apart(g: &Graph, producer: NodeIndex, consumer: NodeIndex, unfused_attention:
 pub(super) fn grow(
     g: &Graph,
     anchor: NodeIndex,
-    users: &Users,
     taken: &[bool],
     position: &Position,
     unfused_attention: bool,
@@ -114,7 +84,7 @@ pub(super) fn grow(
                 if sum && sums + 1 >= MAX_SUM_PARTS {
                     continue;
                 }
-                let all_inside = users.of(p).iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
+                let all_inside = g.users(p).iter().all(|u| set.contains(u) || g.node(*u).phase > phase);
                 if all_inside {
                     set.insert(p);
                     sums += usize::from(sum);
@@ -128,7 +98,7 @@ pub(super) fn grow(
     }
     let members: Vec<NodeIndex> = set.iter().copied().collect();
     for m in members {
-        for &u in users.of(m) {
+        for &u in g.users(m) {
             if matches!(g.node(u).op, Op::Dropout { .. }) && eligible(u, &set) && !apart(g, m, u, unfused_attention) {
                 set.insert(u);
             }
@@ -136,7 +106,7 @@ pub(super) fn grow(
     }
     let members: Vec<NodeIndex> = set.iter().copied().collect();
     for m in members {
-        for &u in users.of(m) {
+        for &u in g.users(m) {
             let reads_group = g.operands(u).iter().all(|v| set.contains(&v.node));
             if !taken[u.index()]
                 && !set.contains(&u)
@@ -148,7 +118,7 @@ pub(super) fn grow(
             }
         }
     }
-    if set.len() < 2 || !convex(&set, users, position) {
+    if set.len() < 2 || !convex(g, &set, position) {
         return None;
     }
     let mut nodes: Vec<NodeIndex> = set.into_iter().collect();
@@ -161,17 +131,17 @@ pub(super) fn grow(
 /// topological order, so the walk stops past the group's last node: it
 /// visits the window the group spans, not the rest of the graph (which
 /// made fusion quadratic in the model's depth).
-fn convex(set: &FxHashSet<NodeIndex>, users: &Users, position: &Position) -> bool {
+fn convex(g: &Graph, set: &FxHashSet<NodeIndex>, position: &Position) -> bool {
     let last = set.iter().map(|n| position[n.index()]).max().unwrap_or(0);
     let mut seen: FxHashSet<NodeIndex> = FxHashSet::default();
     let mut stack: Vec<NodeIndex> =
-        set.iter().flat_map(|&m| users.of(m).iter().copied()).filter(|u| !set.contains(u)).collect();
+        set.iter().flat_map(|&m| g.users(m).iter().copied()).filter(|u| !set.contains(u)).collect();
     while let Some(n) = stack.pop() {
         if set.contains(&n) {
             return false;
         }
         if position[n.index()] < last && seen.insert(n) {
-            stack.extend(users.of(n).iter().copied());
+            stack.extend(g.users(n).iter().copied());
         }
     }
     true
@@ -184,11 +154,11 @@ pub(super) fn exported(g: &Graph) -> FxHashSet<Value> {
 
 /// The group's values read outside it: by a later node, or `exported` (a
 /// graph output or an update), in group order (a node's outputs in order).
-pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], users: &Users, exported: &FxHashSet<Value>) -> Vec<Value> {
+pub(super) fn outputs(g: &Graph, nodes: &[NodeIndex], exported: &FxHashSet<Value>) -> Vec<Value> {
     let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     let mut out = Vec::new();
     for &n in nodes {
-        let outside: Vec<NodeIndex> = users.of(n).iter().copied().filter(|u| !set.contains(u)).collect();
+        let outside: Vec<NodeIndex> = g.users(n).iter().copied().filter(|u| !set.contains(u)).collect();
         for output in 0..g.node(n).outputs.len() as u32 {
             let v = Value { node: n, output };
             let read = outside.iter().any(|&u| g.operands(u).contains(&v)) || exported.contains(&v);

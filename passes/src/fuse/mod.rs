@@ -36,7 +36,6 @@
 mod group;
 mod patterns;
 
-use petgraph::visit::NodeIndexable;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -58,8 +57,7 @@ impl Pass for Fuse {
         let fail = |message: String| PassError::Failed { pass: "fuse", message };
         let (out, counts) = fuse(&graph, cx).map_err(fail)?;
         let kernels = out
-            .petgraph()
-            .node_weights()
+            .nodes()
             .filter_map(|n| match &n.op {
                 Op::Fused { kernel } => Some(kernel),
                 _ => None,
@@ -82,7 +80,7 @@ impl Pass for Fuse {
 
 /// The kernel bodies of every `fused` node, in the graph's text order.
 pub fn kernels_text(graph: &Graph) -> String {
-    let order = graph.topo_order().unwrap_or_default();
+    let order = graph.topo_order();
     order
         .into_iter()
         .filter_map(|n| match &graph.node(n).op {
@@ -96,21 +94,23 @@ pub fn kernels_text(graph: &Graph) -> String {
 struct Group {
     nodes: Vec<NodeIndex>,
     name: String,
-    op: Op,
+    /// Taken (not cloned) by [`rebuild`] when the fused node is added: a
+    /// tiled step has tens of thousands of kernels, each with its
+    /// expression tree.
+    op: Option<Op>,
     operands: Vec<Value>,
     outputs: Vec<Value>,
 }
 
 /// The fused graph and the number of kernels of each pattern.
 fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
-    let order = g.topo_order().ok_or("the graph has a cycle")?;
-    let mut position = vec![0; g.petgraph().node_bound()];
+    let order = g.topo_order();
+    let mut position = vec![0; g.node_count()];
     for (i, &n) in order.iter().enumerate() {
         position[n.index()] = i;
     }
-    let users = group::users(g);
     let exported = group::exported(g);
-    let mut taken = vec![false; g.petgraph().node_bound()];
+    let mut taken = vec![false; g.node_count()];
     let mut groups: Vec<Group> = Vec::new();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     // Attention pinned unfused (`--attention unfused`, `--disable attention`)
@@ -120,22 +120,22 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         if taken[anchor.index()] || !lower::fusible(g, anchor, &g.node(anchor).outputs[0].shape) {
             continue;
         }
-        let Some(nodes) = group::grow(g, anchor, &users, &taken, &position, unfused_attention) else { continue };
+        let Some(nodes) = group::grow(g, anchor, &taken, &position, unfused_attention) else { continue };
         if !cx.may_apply() {
             break;
         }
         let kshape = g.node(anchor).outputs[0].shape.clone();
-        let outputs = group::outputs(g, &nodes, &users, &exported);
+        let outputs = group::outputs(g, &nodes, &exported);
         let name = format!("{}.fused", g.node(anchor).name);
         let (mut kernel, operands) = lower::lower(g, &nodes, &outputs, &name, &kshape)?;
-        kernel.epilogue_of = patterns::epilogue(g, &nodes, &users, &exported, &kshape);
+        kernel.epilogue_of = patterns::epilogue(g, &nodes, &exported, &kshape);
         let pattern = patterns::classify(g, &nodes);
         kernel.pattern = Some(pattern.to_string());
         *counts.entry(pattern).or_default() += 1;
         for n in &nodes {
             taken[n.index()] = true;
         }
-        groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
+        groups.push(Group { nodes, name, op: Some(Op::Fused { kernel: Box::new(kernel) }), operands, outputs });
     }
     // The optimizer: each `adamw` and `squared_sum` alone, over its first
     // operand's shape (one launch per parameter; a launch over all
@@ -149,7 +149,7 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         }
         let kshape = g.value_type(g.operands(n)[0]).shape.clone();
         let nodes = vec![n];
-        let outputs = group::outputs(g, &nodes, &users, &exported);
+        let outputs = group::outputs(g, &nodes, &exported);
         if outputs.is_empty() {
             continue;
         }
@@ -159,9 +159,9 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         kernel.pattern = Some(pattern.to_string());
         *counts.entry(pattern).or_default() += 1;
         taken[n.index()] = true;
-        groups.push(Group { nodes, name, op: Op::Fused { kernel: Box::new(kernel) }, operands, outputs });
+        groups.push(Group { nodes, name, op: Some(Op::Fused { kernel: Box::new(kernel) }), operands, outputs });
     }
-    Ok((rebuild(g, &order, &position, &groups).map_err(|e| e.to_string())?, counts))
+    Ok((rebuild(g, &order, &position, groups).map_err(|e| e.to_string())?, counts))
 }
 
 /// The graph with each group replaced by its fused node, emitted in a
@@ -170,7 +170,7 @@ fn rebuild(
     g: &Graph,
     order: &[NodeIndex],
     position: &group::Position,
-    groups: &[Group],
+    mut groups: Vec<Group>,
 ) -> Result<Graph, zeroplan_ir::GraphError> {
     // Units: a group (by index) or a single node (groups.len() + position),
     // in dense tables: a step has 300k of them.
@@ -209,12 +209,13 @@ fn rebuild(
     let (mut out, mut map) = rebuilt(g, g.node_count());
     while let Some(Reverse((_, u))) = ready.pop() {
         if u < groups.len() {
-            let grp = &groups[u];
+            let grp = &mut groups[u];
             let first = g.node(grp.nodes[0]);
             out.phase = first.phase;
             let operands: Vec<Value> = grp.operands.iter().map(|v| map[v]).collect();
-            let fused =
-                out.at_place(first.place, |out| out.add_node(grp.name.clone(), grp.op.clone(), &operands, Vec::new()))?;
+            let op = grp.op.take().expect("each group is emitted once");
+            let name = std::mem::take(&mut grp.name);
+            let fused = out.at_place(first.place, |out| out.add_node(name, op, &operands, Vec::new()))?;
             for (k, v) in grp.outputs.iter().enumerate() {
                 map.insert(*v, Value { node: fused, output: k as u32 });
             }

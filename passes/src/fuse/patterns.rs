@@ -17,8 +17,6 @@ use rustc_hash::FxHashSet;
 
 use zeroplan_ir::{Graph, NodeIndex, Op, Phase, Shape, Value};
 
-use super::group::Users;
-
 /// The candidate anchors, in the order they are tried: the backward's
 /// `layer_norm_grad`s first (last first), so each takes its `dy` chain, the
 /// dropout backward of its `dx` and that dropout's bias gradient before a
@@ -87,13 +85,7 @@ pub(super) fn classify(g: &Graph, nodes: &[NodeIndex]) -> &'static str {
 /// cuBLASLt backend can fold that add (and GELU) into the GEMM as its
 /// epilogue. The matmul output must have the kernel's shape and no other
 /// reader. The first such add in group order.
-pub(super) fn epilogue(
-    g: &Graph,
-    nodes: &[NodeIndex],
-    users: &Users,
-    exported: &FxHashSet<Value>,
-    kshape: &Shape,
-) -> Option<String> {
+pub(super) fn epilogue(g: &Graph, nodes: &[NodeIndex], exported: &FxHashSet<Value>, kshape: &Shape) -> Option<String> {
     let set: FxHashSet<NodeIndex> = nodes.iter().copied().collect();
     for &n in nodes {
         if g.node(n).op != Op::Add {
@@ -102,7 +94,7 @@ pub(super) fn epilogue(
         let ops = g.operands(n);
         for (mm, bias) in [(ops[0], ops[1]), (ops[1], ops[0])] {
             let outputs = 0..g.node(mm.node).outputs.len() as u32;
-            let only_reader = users.of(mm.node) == [n]
+            let only_reader = g.users(mm.node) == [n]
                 && !outputs.into_iter().any(|output| exported.contains(&Value { node: mm.node, output }));
             let bias_ty = g.value_type(bias);
             let is_bias = !set.contains(&bias.node)

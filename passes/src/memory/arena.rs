@@ -6,6 +6,8 @@
 //! lifetime intersects its own. Persistent tensors live throughout, so they
 //! pack at the bottom; activations reuse the space above as they die.
 
+use smallvec::SmallVec;
+
 use super::liveness::Interval;
 
 /// Offsets are multiples of this (what CUDA allocations guarantee).
@@ -175,10 +177,10 @@ struct Lifetimes {
     positions: usize,
     /// Bottom-up segment tree: node `positions + p` is position `p`. Each
     /// node holds the union of the blocks live over all of its positions.
-    covering: Vec<Vec<(u64, u64)>>,
+    covering: Vec<Ranges>,
     /// The same shape of tree: each node holds the union of the blocks
     /// that start at one of its positions.
-    starting: Vec<Vec<(u64, u64)>>,
+    starting: Vec<Ranges>,
     /// The list [`Lifetimes::overlapping`] fills, kept between first fits:
     /// a step's 300k buffers would otherwise grow one from empty each.
     scratch: std::cell::Cell<Vec<(u64, u64)>>,
@@ -188,8 +190,8 @@ impl Lifetimes {
     fn new(positions: usize) -> Lifetimes {
         Lifetimes {
             positions,
-            covering: vec![Vec::new(); 2 * positions],
-            starting: vec![Vec::new(); 2 * positions],
+            covering: vec![Ranges::new(); 2 * positions],
+            starting: vec![Ranges::new(); 2 * positions],
             scratch: Default::default(),
         }
     }
@@ -241,10 +243,15 @@ impl Lifetimes {
     }
 }
 
+/// A union of address ranges, disjoint and sorted. Most of the trees' nodes
+/// hold one range: it sits in the node, not in an allocation of its own
+/// (a step of 1M buffers has 4M nodes).
+type Ranges = SmallVec<[(u64, u64); 1]>;
+
 /// Adds `[lo, hi)` to the union `ranges` (disjoint, sorted), merging it
 /// with the ranges it touches or overlaps: a first fit among blocks
 /// depends only on the union of their ranges.
-fn coalesce(ranges: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) {
+fn coalesce(ranges: &mut Ranges, (lo, hi): (u64, u64)) {
     let at = ranges.partition_point(|&(_, h)| h < lo);
     let mut merged = (lo, hi);
     let mut end = at;
@@ -329,12 +336,12 @@ mod tests {
 
     #[test]
     fn touching_ranges_merge_and_others_stay_apart() {
-        let mut ranges = vec![(0, 256), (1024, 2048)];
+        let mut ranges: Ranges = smallvec::smallvec![(0, 256), (1024, 2048)];
         coalesce(&mut ranges, (256, 512));
-        assert_eq!(ranges, [(0, 512), (1024, 2048)]);
+        assert_eq!(ranges[..], [(0, 512), (1024, 2048)]);
         coalesce(&mut ranges, (512, 1024));
-        assert_eq!(ranges, [(0, 2048)]);
+        assert_eq!(ranges[..], [(0, 2048)]);
         coalesce(&mut ranges, (4096, 4352));
-        assert_eq!(ranges, [(0, 2048), (4096, 4352)]);
+        assert_eq!(ranges[..], [(0, 2048), (4096, 4352)]);
     }
 }

@@ -14,7 +14,6 @@
 //! accumulator's zeroing) is written into its target then and takes no
 //! memory of its own.
 
-use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
@@ -58,8 +57,6 @@ pub struct Interval {
 /// Why liveness could not be computed.
 #[derive(Debug, thiserror::Error)]
 pub enum LivenessError {
-    #[error("the graph has a cycle")]
-    Cycle,
     #[error("the size of `{0}` is not known: bind every symbol (batch, seq)")]
     Unbound(String),
     #[error("`{value}`: {why}")]
@@ -70,7 +67,7 @@ pub enum LivenessError {
 pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Result<Vec<Interval>, LivenessError> {
     // Schedule positions by node index (dense: every node and every
     // operand of a 300k-node step is looked up).
-    let mut at = vec![usize::MAX; graph.petgraph().node_bound()];
+    let mut at = vec![usize::MAX; graph.node_count()];
     for (i, n) in order.iter().enumerate() {
         at[n.index()] = i;
     }
@@ -126,7 +123,8 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         let old = Value { node: *target, output: 0 };
         let last_reader = graph
             .users(*target)
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|&r| optimizer(v.node) || !optimizer(r))
             // A view is read wherever its readers are (conservatively, all phases).
             .map(|r| {
@@ -193,8 +191,8 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
 /// The nodes computing the gradients optimizers read, before the
 /// reductions and copies of the optimizer phase.
 fn applied_gradients(graph: &Graph) -> FxHashSet<NodeIndex> {
-    let g = graph.petgraph();
-    g.node_indices()
+    graph
+        .node_indices()
         .filter_map(|n| zeroplan_ir::kernel::adamw_operands(graph, n))
         .map(|ops| crate::accounting::held_gradient(graph, ops[1]).node)
         .filter(|n| !matches!(graph.node(*n).op, Op::State { .. }))

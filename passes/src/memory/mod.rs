@@ -40,7 +40,7 @@ pub struct MemoryPlan {
 
 /// Plans `graph` for `bindings` (e.g. `batch = 32, seq = 128`).
 pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
-    plan_in_order(graph, graph.topo_order().ok_or(LivenessError::Cycle)?, bindings)
+    plan_in_order(graph, graph.topo_order(), bindings)
 }
 
 /// [`plan`] under the schedule `order`, the graph's topological order

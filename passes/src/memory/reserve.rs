@@ -26,9 +26,8 @@ pub const NCCL_BYTES: u64 = 512 * MIB;
 /// What a process running `graph` holds outside the arena: NCCL's buffers
 /// only when it communicates, the GEMM workspace only when it multiplies.
 pub fn reserve(graph: &Graph) -> Reserve {
-    let g = graph.petgraph();
-    let communicates = g.node_indices().any(|n| g[n].op.is_collective());
-    let multiplies = g.node_indices().any(|n| matches!(g[n].op, Op::MatMul { .. }));
+    let communicates = graph.node_indices().any(|n| graph[n].op.is_collective());
+    let multiplies = graph.node_indices().any(|n| matches!(graph[n].op, Op::MatMul { .. }));
     Reserve {
         cuda_context: CUDA_CONTEXT_BYTES,
         gemm_workspace: if multiplies { GEMM_WORKSPACE_BYTES } else { 0 },

@@ -78,14 +78,14 @@ impl Pass for Partition {
         };
         dp.check().map_err(invalid)?;
         let Some(step) = slots::read(&graph).map_err(invalid)? else { return Ok(graph) };
-        let order = graph.topo_order().expect("a verified graph is acyclic");
+        let order = graph.topo_order();
         let buckets = buckets::buckets(&graph, &order, &step.slots, dp.ranks);
         cx.stat("buckets", buckets.len());
         cx.stat("padding elements", buckets.iter().map(Bucket::padding).sum::<u64>());
         let out = Builder::new(&graph, &step, &buckets, dp)
             .run(&order)
             .map_err(|error| PassError::Graph { pass: "partition", error })?;
-        let collectives = out.petgraph().node_weights().filter(|n| n.op.is_collective()).count();
+        let collectives = out.nodes().filter(|n| n.op.is_collective()).count();
         cx.stat("collectives", collectives);
         Ok(out)
     }
@@ -197,8 +197,9 @@ impl<'a> Builder<'a> {
             _ => 1,
         };
         // Partitioning adds the shards, gathers and reduce-scatters: half
-        // as many nodes again on a ZeRO-3 step.
-        let (out, map) = rebuilt(graph, graph.node_count() * 3 / 2);
+        // as many nodes again on a ZeRO-3 step, three quarters on a tiled one
+        // (each tile gathered per read).
+        let (out, map) = rebuilt(graph, graph.node_count() * 7 / 4);
         Builder {
             graph,
             step,
@@ -326,7 +327,7 @@ impl<'a> Builder<'a> {
     /// Notes the tile buckets a recomputed clone reads (directly or through
     /// views), which the recomputed forward prefetches one after another.
     fn with_recomputed_tiles(mut self) -> Self {
-        for n in self.graph.petgraph().node_indices() {
+        for n in self.graph.node_indices() {
             if !recompute::is_clone(&self.graph.node(n).name) {
                 continue;
             }

@@ -30,7 +30,7 @@ pub(super) struct Step {
 
 /// The optimizer of `graph`, or `None` when it has none (a forward graph).
 pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
-    let order = graph.topo_order().ok_or("the graph has a cycle")?;
+    let order = graph.topo_order();
     let mut slots = Vec::new();
     let mut replaced = FxHashSet::default();
     let mut shared = None;
@@ -56,7 +56,7 @@ pub(super) fn read(graph: &Graph) -> Result<Option<Step>, String> {
             Some(_) => return Err("AdamW nodes with different betas, eps or steering scalars".into()),
         }
         replaced.extend([n, param, ops[2].node, ops[3].node]);
-        let working = graph.users(param).into_iter().find(|&u| matches!(graph.node(u).op, Op::Cast { .. }));
+        let working = graph.users(param).iter().copied().find(|&u| matches!(graph.node(u).op, Op::Cast { .. }));
         replaced.extend(working);
         applied.insert(ops[1]);
         let raw_grad = raw_gradient(graph, ops[1], &updates, &mut replaced)?;

@@ -163,7 +163,7 @@ impl Step {
         let graph = compile_between(model, &Target::Training(train), options, from, None)
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
             .graph;
-        let order = graph.topo_order().ok_or_else(|| PlanError::Compile(format!("{choice}: the graph has a cycle")))?;
+        let order = graph.topo_order();
         Ok(Step { graph, order, offload_to: choice.offload_to })
     }
 
@@ -245,7 +245,7 @@ impl Step {
             .map(|(kind, t)| (kind.to_string(), CollectiveTraffic { count: t.count, bytes: t.bytes }))
             .collect();
         let mut host_copy_bytes = 0.0;
-        for n in self.graph.petgraph().node_indices() {
+        for n in self.graph.node_indices() {
             let node = self.graph.node(n);
             if matches!(node.op, Op::Copy) {
                 let value = Value { node: n, output: 0 };

@@ -105,7 +105,6 @@ impl Floors {
         let options = BuildOptions { dtype, tensor_parallel: t, sequence_parallel: false };
         let graph = build::forward(req.model, &options).map_err(|e| PlanError::Compile(e.to_string()))?;
         let tables: FxHashSet<_> = graph
-            .petgraph()
             .node_indices()
             .filter(|&n| matches!(graph.node(n).op, Op::Embedding))
             .map(|n| graph.operands(n)[0])

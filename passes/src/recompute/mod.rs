@@ -179,7 +179,7 @@ impl Pass for Recompute {
         if self.policy == Policy::None {
             return Ok(graph);
         }
-        let order = graph.topo_order().expect("a verified graph is acyclic");
+        let order = graph.topo_order();
         let layers = Layers::of(&graph, &order);
         let choices = self.choices(&graph, &layers, cx)?;
         let region = layers.assign(&graph, &choices);

@@ -74,7 +74,7 @@ pub fn costs(graph: &Graph, layers: &Layers, bindings: &Bindings, regathered: bo
     let all_full: BTreeMap<u64, Choice> = layers.indices().map(|l| (l, Choice::Layer)).collect();
     let internal = layers.all_internal();
     let outside: Vec<NodeIndex> =
-        graph.petgraph().node_indices().filter(|&n| is_activation(graph, n) && !internal.contains(&n)).collect();
+        graph.node_indices().filter(|&n| is_activation(graph, n) && !internal.contains(&n)).collect();
     let fixed = bytes(stored(graph, &outside, &layers.assign(graph, &all_full), regathered))?;
     let mut per_layer = Vec::new();
     for layer in layers.indices() {
@@ -113,7 +113,7 @@ pub fn stored(
     };
     let mut out = FxHashSet::default();
     for &n in nodes {
-        for m in graph.users(n) {
+        for &m in graph.users(n) {
             let phase = graph.node(m).phase;
             if phase == Phase::Forward && !region.contains_key(&m) {
                 continue;
@@ -243,7 +243,7 @@ fn pareto(mut points: Vec<Point>) -> Vec<Point> {
 /// `regather` after it where the step is sequence-parallel); `None` where a
 /// size is unbound.
 pub fn step_costs(graph: &Graph, bindings: &Bindings) -> Option<Costs> {
-    let order = graph.topo_order()?;
+    let order = graph.topo_order();
     costs(graph, &Layers::of(graph, &order), bindings, true)
 }
 

@@ -98,7 +98,7 @@ impl Layers {
         let mut internal: BTreeMap<u64, Vec<NodeIndex>> = BTreeMap::new();
         for &n in order {
             let Some(layer) = layer_of(graph, n).filter(|_| is_activation(graph, n)) else { continue };
-            let boundary = graph.users(n).into_iter().any(|m| {
+            let boundary = graph.users(n).iter().copied().any(|m| {
                 graph.node(m).phase == Phase::Forward && layer_of(graph, m).is_some_and(|other| other != layer)
             });
             if !boundary {

@@ -237,7 +237,7 @@ impl<D: Device> Runner<D> {
         rank.specialise(&mut program.graph).map_err(RunError::Load)?;
         let g = &program.graph;
         let bindings: Bindings = [("batch".to_string(), program.batch), ("seq".to_string(), program.seq)].into();
-        let order = g.topo_order().ok_or_else(|| RunError::Load("the program's graph has a cycle".into()))?;
+        let order = g.topo_order();
         // The load-time gate (`zeroplan_exec::validate`): nothing reaches a device unchecked.
         let bufs = validate::buffers(&program, &order, &bindings, rank)?;
         let (device, steps) = D::load(&program, &order, &bufs, &bindings, rank)?;
@@ -483,8 +483,7 @@ impl<D: Device> Runner<D> {
     /// Every param and state node's value, by name.
     pub fn state(&self) -> State {
         let g = &self.program.graph;
-        g.petgraph()
-            .node_indices()
+        g.node_indices()
             .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
             .map(|n| (g.node(n).name.to_string(), self.read(Value { node: n, output: 0 })))
             .collect()
@@ -765,7 +764,6 @@ impl<D: Device> Runner<D> {
     fn measured_peak(&self, place: Place) -> u64 {
         let g = &self.program.graph;
         let persistent = g
-            .petgraph()
             .node_indices()
             .filter(|&n| matches!(g.node(n).op, Op::Param { .. } | Op::State { .. }))
             .map(|n| self.end_in(n, place))
@@ -878,7 +876,7 @@ fn deferred_updates(
             // Optimizer readers of the target must see the micro-batch's update.
             let done = if from == to { position[&v.node] } else { micro_batch_end };
             let early =
-                g.users(*target).into_iter().find(|r| g.node(*r).phase == Phase::Optimizer && position[r] < done);
+                g.users(*target).iter().copied().find(|r| g.node(*r).phase == Phase::Optimizer && position[r] < done);
             if let Some(r) = early {
                 return Err(RunError::Order {
                     reader: g.node(r).name.to_string(),

@@ -32,7 +32,7 @@ fn every_fused_adamw_kernel_reads_back_its_hyper_parameters() {
     let train = TrainingSpec { betas: (0.85, 0.995), eps: 1e-7, weight_decay: 0.05, ..TrainingSpec::default() };
     let s = selected(&model("tiny-bert"), &train);
     let mut seen = 0;
-    for n in s.program.graph.petgraph().node_indices() {
+    for n in s.program.graph.node_indices() {
         let Op::Fused { kernel } = &s.program.graph.node(n).op else { continue };
         if kernel.pattern.as_deref() != Some("adamw") {
             assert_eq!(hyper::of_kernel(kernel), None, "{}", kernel.name);

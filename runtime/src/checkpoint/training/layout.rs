@@ -96,7 +96,7 @@ impl Layout {
             .map(|(target, _)| *target)
             .collect();
         let mut slots = Vec::new();
-        for n in graph.petgraph().node_indices() {
+        for n in graph.node_indices() {
             let node = graph.node(n);
             let init = match &node.op {
                 Op::Param { init } | Op::State { init } => init,
@@ -147,7 +147,7 @@ impl Layout {
                 shards.insert(name.to_string(), (whole.iter().map(|&d| d as usize).collect::<Vec<_>>(), *axis, *ranks));
             }
         };
-        for node in graph.petgraph().node_weights() {
+        for node in graph.nodes() {
             match &node.op {
                 Op::Param { init: Init::Flat { members, .. } } | Op::State { init: Init::Flat { members, .. } } => {
                     members.iter().for_each(|m| note(&m.name, &m.init))
