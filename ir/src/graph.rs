@@ -8,7 +8,9 @@
 //! topological order and a node's index is its place in it. Who reads a
 //! node is asked of far fewer nodes than what a node reads: that index is
 //! built, once, on the first [`Graph::users`], rather than kept edge by
-//! edge as the nodes are added (a tiled step adds a million).
+//! edge as the nodes are added (a tiled step adds a million). So is the
+//! index of names, on the first lookup by name: most graphs a pass builds
+//! are never asked for a node by name.
 
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
@@ -112,7 +114,10 @@ pub struct Graph {
     /// Who reads each node, built on the first [`Graph::users`] and
     /// dropped when a node is added.
     users: OnceLock<Users>,
-    by_name: NameIndex,
+    /// Each name's node, built on the first lookup by name and kept up to
+    /// date from then on. Until then a node's name is not checked as it is
+    /// added: [`Graph::verify`] finds two nodes of one name.
+    by_name: OnceLock<NameIndex>,
     /// The graph's results, by name, in the order they were declared.
     pub outputs: Vec<(String, Value)>,
     /// Persistent tensors (parameters, states) and the values that replace
@@ -133,15 +138,10 @@ impl Graph {
     }
 
     /// An empty graph with room for `nodes` nodes: a pass that rebuilds a
-    /// 300k-node step into one of about the same size would otherwise
-    /// rehash every name and move every node each time the tables double.
+    /// 300k-node step into one of about the same size would otherwise move
+    /// every node each time the table doubles.
     pub fn with_capacity(name: impl Into<String>, nodes: usize) -> Graph {
-        Graph {
-            name: name.into(),
-            nodes: Vec::with_capacity(nodes),
-            by_name: NameIndex::with_capacity(nodes),
-            ..Graph::default()
-        }
+        Graph { name: name.into(), nodes: Vec::with_capacity(nodes), ..Graph::default() }
     }
 
     /// Room for `nodes` more nodes: for a pass that grows its graph in
@@ -150,7 +150,9 @@ impl Graph {
     /// pages touched, at each doubling.
     pub fn reserve(&mut self, nodes: usize) {
         self.nodes.reserve(nodes);
-        self.by_name.reserve(&self.nodes, nodes);
+        if let Some(by_name) = self.by_name.get_mut() {
+            by_name.reserve(&self.nodes, nodes);
+        }
     }
 
     /// Runs `add` with new nodes placed at `place`, then restores the cursor:
@@ -165,7 +167,9 @@ impl Graph {
     /// Adds a node after inferring its output types from its operands.
     ///
     /// Source ops take their type from `declared`; other ops must pass an
-    /// empty `declared`. Names must be unique.
+    /// empty `declared`. Names must be unique: a graph whose names have
+    /// been looked up refuses a taken one here, any graph in
+    /// [`Graph::verify`].
     pub fn add_node(
         &mut self,
         name: impl Into<Arc<str>>,
@@ -229,8 +233,8 @@ impl Graph {
         infer(op, &types, declared).map_err(fail)
     }
 
-    /// Adds the node under a name not yet taken; the operands are known
-    /// to exist.
+    /// Adds the node, under a name not yet taken where the names are
+    /// indexed; the operands are known to exist.
     fn insert(
         &mut self,
         name: Arc<str>,
@@ -243,7 +247,9 @@ impl Graph {
             return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
         let index = NodeIndex::new(self.nodes.len());
-        if self.by_name.insert(&self.nodes, &name, index).is_err() {
+        if let Some(by_name) = self.by_name.get_mut()
+            && by_name.insert(&self.nodes, &name, index).is_err()
+        {
             let message = "a node of this name already exists".into();
             return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
@@ -331,21 +337,41 @@ impl Graph {
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeIndex> {
-        self.by_name.get(&self.nodes, name)
+        self.names().get(&self.nodes, name)
+    }
+
+    /// The first node, in order, whose name an earlier node has.
+    pub fn duplicate_name(&self) -> Option<NodeIndex> {
+        self.names().duplicate()
+    }
+
+    fn names(&self) -> &NameIndex {
+        self.by_name.get_or_init(|| NameIndex::build(&self.nodes))
     }
 
     /// Gives node `n` the unused name `name`: for a pass that learns what a
-    /// node is only after adding it (the last of a running sum).
+    /// node is only after adding it (the last of a running sum). A taken
+    /// name is refused as [`Graph::add_node`] refuses one.
     pub fn rename(&mut self, n: NodeIndex, name: impl Into<Arc<str>>) -> Result<(), GraphError> {
         let name: Arc<str> = name.into();
-        if self.by_name.get(&self.nodes, &name).is_some() {
+        let Some(by_name) = self.by_name.get_mut() else {
+            self.nodes[n.index()].name = name;
+            return Ok(());
+        };
+        if by_name.get(&self.nodes, &name).is_some() {
             let op = self.nodes[n.index()].op.name();
             return Err(GraphError { node: name.to_string(), op, message: "a node of that name exists".into() });
         }
-        self.by_name.remove(&self.nodes[n.index()].name, n);
+        if by_name.duplicate().is_some() {
+            // Which of two nodes of one name the index holds may change:
+            // it is built again, from the names as they now are.
+            self.nodes[n.index()].name = name;
+            self.by_name = OnceLock::new();
+            return Ok(());
+        }
+        by_name.remove(&self.nodes[n.index()].name, n);
         self.nodes[n.index()].name = name;
-        let (nodes, by_name) = (&self.nodes, &mut self.by_name);
-        by_name.insert(nodes, &nodes[n.index()].name, n).expect("the name was free");
+        by_name.insert(&self.nodes, &self.nodes[n.index()].name, n).expect("the name was free");
         Ok(())
     }
 
@@ -515,5 +541,28 @@ mod tests {
         let again = g.add("again", Op::Add, &[sum, sum]).unwrap();
         assert_eq!(g.users(sum.node), [again.node]);
         assert_eq!(g.topo_order(), g.node_indices().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_taken_name_is_refused_once_indexed_and_found_by_verify_before() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", vector(4)).unwrap();
+        // Not yet indexed: the second `y` is taken in, and verify names it.
+        let y = g.add("y", Op::Add, &[x, x]).unwrap();
+        let twin = g.add("y", Op::Mul, &[x, x]).unwrap();
+        let error = g.verify().unwrap_err();
+        assert_eq!((error.node.as_str(), error.message.as_str()), ("y", "two nodes have this name"));
+        assert_eq!(g.duplicate_name(), Some(twin.node));
+        // The index keeps the first; renaming the second mends the graph.
+        assert_eq!(g.node_by_name("y"), Some(y.node));
+        g.rename(twin.node, "z").unwrap();
+        assert_eq!(g.duplicate_name(), None);
+        assert_eq!((g.node_by_name("y"), g.node_by_name("z")), (Some(y.node), Some(twin.node)));
+        g.verify().unwrap();
+        // Indexed: a taken name is refused as it is added, or renamed to.
+        let error = g.add("z", Op::Add, &[x, x]).unwrap_err();
+        assert_eq!(error.message, "a node of this name already exists");
+        assert!(g.rename(y.node, "x").is_err());
+        assert_eq!(g.node_count(), 3);
     }
 }

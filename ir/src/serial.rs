@@ -113,6 +113,9 @@ impl Graph {
                 return Err(node_error(&entry.name, "the stored types differ from the inferred ones".into()));
             }
         }
+        if let Some(n) = graph.duplicate_name() {
+            return Err(node_error(&graph.node(n).name, "a node of this name is defined before it".into()));
+        }
         for (name, r) in file.outputs {
             let v =
                 graph.resolve(&r).ok_or_else(|| node_error(&name, format!("output refers to unknown value `{r}`")))?;

@@ -22,19 +22,15 @@ impl Graph {
     /// Checks the whole graph; returns the first problem found, in
     /// topological order.
     pub fn verify(&self) -> Result<(), VerifyError> {
+        let duplicate = self.duplicate_name();
         for n in self.node_indices() {
             let node = self.node(n);
             let fail = |message: String| VerifyError { node: node.name.to_string(), message };
             if node.name.is_empty() {
                 return Err(fail("the node has no name".into()));
             }
-            // Every node found under its own name: so no two share one.
-            match self.node_by_name(&node.name) {
-                Some(m) if m == n => {}
-                Some(m) if self.nodes.get(m.index()).is_some_and(|other| other.name == node.name) => {
-                    return Err(fail("two nodes have this name".into()));
-                }
-                _ => return Err(fail("the name index is out of date".into())),
+            if Some(n) == duplicate {
+                return Err(fail("two nodes have this name".into()));
             }
             // An operand reads an output of a node added before: so the
             // order of addition is a topological one, and there is no cycle.

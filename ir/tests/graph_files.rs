@@ -42,6 +42,26 @@ fn a_hand_edited_graph_that_no_longer_types_is_rejected_at_its_node() {
 }
 
 #[test]
+fn a_graph_file_naming_two_nodes_alike_is_rejected_at_the_second() {
+    use zeroplan_ir::{DType, Dim, Shape, TensorType};
+    // Sources alone: no operand is looked up by name while they load.
+    let mut g = Graph::new("g");
+    let ty = TensorType::new(Shape::new([Dim::constant(4)]), DType::F32);
+    g.input("x", ty.clone()).unwrap();
+    g.input("y", ty).unwrap();
+    let edited = g.to_ron().replace("\"y\"", "\"x\"");
+    let err = Graph::from_ron(&edited).unwrap_err().to_string();
+    assert!(err.contains("`x`") && err.contains("a node of this name"), "{err}");
+    // A whole step's: a weight listed twice.
+    let ron = forward(&load_model("tiny/tiny-bert.ron"), &BuildOptions::default()).unwrap().to_ron();
+    let start = ron.find("(\n        name: \"layer0.attn.q.weight\"").expect("the query weight is in the file");
+    let end = start + ron[start..].find("\n    )").expect("its entry ends") + "\n    )".len();
+    let edited = format!("{}, {}{}", &ron[..end], &ron[start..end], &ron[end..]);
+    let err = Graph::from_ron(&edited).unwrap_err().to_string();
+    assert!(err.contains("layer0.attn.q.weight") && err.contains("a node of this name"), "{err}");
+}
+
+#[test]
 fn malformed_graph_files_are_errors() {
     for bad in ["", "(", "(name: \"g\", nodes: [], outputs: [(\"loss\", \"nowhere\")])"] {
         assert!(Graph::from_ron(bad).is_err(), "{bad:?}");

@@ -169,6 +169,9 @@ struct Builder<'a> {
     /// buckets (the order `gradients_for_optimizer` sums in).
     norm: Option<Value>,
     summed: usize,
+    /// AdamW's steering scalars on the device → their host copies, made
+    /// once for every host optimizer.
+    host_scalars: FxHashMap<Value, Value>,
 }
 
 impl<'a> Builder<'a> {
@@ -219,6 +222,7 @@ impl<'a> Builder<'a> {
             by_layer,
             norm: None,
             summed: 0,
+            host_scalars: FxHashMap::default(),
         }
         .with_recomputed_tiles()
     }
@@ -668,10 +672,14 @@ impl<'a> Builder<'a> {
     fn host_scalars(&mut self, scalars: &[Value]) -> Result<Vec<Value>, GraphError> {
         let mut copies = Vec::new();
         for &s in scalars {
-            let name = format!("{}.d2h", self.out.value_ref(s).replace('#', "."));
-            let copy = match self.out.node_by_name(&name) {
-                Some(n) => Value { node: n, output: 0 },
-                None => self.add_at(Place::Host, name, Op::Copy, &[s])?,
+            let copy = match self.host_scalars.get(&s) {
+                Some(&copy) => copy,
+                None => {
+                    let name = format!("{}.d2h", self.out.value_ref(s).replace('#', "."));
+                    let copy = self.add_at(Place::Host, name, Op::Copy, &[s])?;
+                    self.host_scalars.insert(s, copy);
+                    copy
+                }
             };
             copies.push(copy);
         }

@@ -82,8 +82,9 @@ impl Choice {
     }
 }
 
-/// The matmul each part's region feeds (its first operand), by suffix; the
-/// down projection is `ffn.down.mm` when it has a bias.
+/// The matmul each part's region feeds (its first operand), by suffix, the
+/// first that names a matmul; the down projection is `ffn.down.mm` when it
+/// has a bias.
 const ENDS: [(Part, &[&str]); 2] =
     [(Part::Attention, &["attn.context"]), (Part::FeedForward, &["ffn.down.mm", "ffn.down"])];
 
@@ -91,13 +92,30 @@ const ENDS: [(Part, &[&str]); 2] =
 pub struct Layers {
     /// Per layer, its internal nodes in schedule order.
     internal: BTreeMap<u64, Vec<NodeIndex>>,
+    /// Per layer and part, the matmul its region feeds, and the place of its
+    /// suffix in [`ENDS`]. Found as the layers are, not by name: the step is
+    /// not otherwise looked up by name, and indexing its names costs as much
+    /// as the pass.
+    ends: FxHashMap<(u64, Part), (usize, NodeIndex)>,
 }
 
 impl Layers {
     pub fn of(graph: &Graph, order: &[NodeIndex]) -> Layers {
         let mut internal: BTreeMap<u64, Vec<NodeIndex>> = BTreeMap::new();
+        let mut ends = FxHashMap::default();
         for &n in order {
-            let Some(layer) = layer_of(graph, n).filter(|_| is_activation(graph, n)) else { continue };
+            let Some((layer, rest)) = layer_and_rest(&graph.node(n).name) else { continue };
+            if matches!(graph.node(n).op, Op::MatMul { .. }) {
+                for &(part, suffixes) in &ENDS {
+                    if let Some(rank) = suffixes.iter().position(|&s| s == rest) {
+                        let end = ends.entry((layer, part)).or_insert((rank, n));
+                        *end = (*end).min((rank, n));
+                    }
+                }
+            }
+            if !is_activation(graph, n) {
+                continue;
+            }
             let boundary = graph.users(n).iter().copied().any(|m| {
                 graph.node(m).phase == Phase::Forward && layer_of(graph, m).is_some_and(|other| other != layer)
             });
@@ -105,7 +123,7 @@ impl Layers {
                 internal.entry(layer).or_default().push(n);
             }
         }
-        Layers { internal }
+        Layers { internal, ends }
     }
 
     /// The layers' indices, ascending.
@@ -128,9 +146,9 @@ impl Layers {
         let mut out = FxHashMap::default();
         for &part in choice.parts() {
             let id = RegionId { layer, part };
-            match ENDS.iter().find(|(p, _)| *p == part) {
-                Some((_, ends)) => out.extend(self.feeding(graph, layer, ends).into_iter().map(|n| (n, id))),
-                None => out.extend(self.internal(layer).iter().map(|&n| (n, id))),
+            match part {
+                Part::Layer => out.extend(self.internal(layer).iter().map(|&n| (n, id))),
+                _ => out.extend(self.feeding(graph, layer, part).into_iter().map(|n| (n, id))),
             }
         }
         out
@@ -141,15 +159,12 @@ impl Layers {
         choices.iter().flat_map(|(&layer, &choice)| self.region(graph, layer, choice)).collect()
     }
 
-    /// The internal nodes of `layer` that feed the first operand of its
-    /// matmul named by one of `ends`, walking back to and including the
-    /// first matmuls met.
-    fn feeding(&self, graph: &Graph, layer: u64, ends: &[&str]) -> FxHashSet<NodeIndex> {
+    /// The internal nodes of `layer` that feed the first operand of the
+    /// matmul `part` ends at, walking back to and including the first
+    /// matmuls met.
+    fn feeding(&self, graph: &Graph, layer: u64, part: Part) -> FxHashSet<NodeIndex> {
         let internal: FxHashSet<NodeIndex> = self.internal(layer).iter().copied().collect();
-        let end = ends
-            .iter()
-            .filter_map(|suffix| graph.node_by_name(&format!("layer{layer}.{suffix}")))
-            .find(|&n| matches!(graph.node(n).op, Op::MatMul { .. }));
+        let end = self.ends.get(&(layer, part)).map(|&(_, n)| n);
         let mut found = FxHashSet::default();
         let mut stack: Vec<NodeIndex> = end.map(|n| graph.operands(n)[0].node).into_iter().collect();
         while let Some(n) = stack.pop() {
@@ -166,8 +181,13 @@ impl Layers {
 
 /// The layer index of a node named `layerN.…`.
 pub fn layer_of(graph: &Graph, n: NodeIndex) -> Option<u64> {
-    let (index, _) = graph.node(n).name.strip_prefix("layer")?.split_once('.')?;
-    index.parse().ok()
+    layer_and_rest(&graph.node(n).name).map(|(layer, _)| layer)
+}
+
+/// `N` and the rest of a name `layerN.rest`.
+fn layer_and_rest(name: &str) -> Option<(u64, &str)> {
+    let (index, rest) = name.strip_prefix("layer")?.split_once('.')?;
+    Some((index.parse().ok()?, rest))
 }
 
 /// A value the forward computes from the batch: not a source, not a working
