@@ -165,7 +165,16 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
 }
 
 /// The graph with each group replaced by its fused node, emitted in a
-/// topological order of the quotient graph (ties by original position).
+/// topological order of the quotient graph: of the units ready, the one
+/// whose last member comes first in the input.
+///
+/// Units are emitted in that order by a sweep over the input's positions —
+/// a unit comes up at its last member's — with a heap only for the few a
+/// group held back: a unit reading a group that ends after it (a lone node
+/// between a group's members) is ready only once the group is emitted,
+/// after the sweep has passed it. Of the ready units those are the first,
+/// so the order is the one a heap of every ready unit gives, without a
+/// million pushes and pops on a tiled step.
 fn rebuild(
     g: &Graph,
     order: &[NodeIndex],
@@ -186,28 +195,60 @@ fn rebuild(
     let members = |u: usize| -> &[NodeIndex] {
         if u < singles { &groups[u].nodes } else { std::slice::from_ref(&order[u - singles]) }
     };
-    // A unit's place among the ready ones: its last member's position.
-    let key: Vec<usize> =
-        (0..total).map(|u| members(u).iter().map(|n| position[n.index()]).max().unwrap_or(0)).collect();
-    let mut indegree = vec![0usize; total];
-    let mut next: Vec<Vec<usize>> = vec![Vec::new(); total];
+    // A unit's place in the sweep: its last member's position, which no
+    // other unit shares (a single node's is its own).
+    let group_key: Vec<usize> =
+        groups.iter().map(|grp| grp.nodes.iter().map(|n| position[n.index()]).max().unwrap_or(0)).collect();
+    let key = |u: usize| if u < singles { group_key[u] } else { u - singles };
+    let mut unit_with_key = vec![usize::MAX; order.len()];
+    // The units each unit reads, then who reads each, as compressed rows.
+    let mut reads_start = vec![0; total + 1];
+    let mut reads = Vec::with_capacity(g.operand_count());
     let mut deps = Vec::new();
-    for u in (0..total).filter(|&u| is_unit(u)) {
-        deps.clear();
-        for &n in members(u) {
-            deps.extend(g.operands(n).iter().map(|v| unit_at[position[v.node.index()]]).filter(|&d| d != u));
+    for u in 0..total {
+        if is_unit(u) {
+            unit_with_key[key(u)] = u;
+            deps.clear();
+            for &n in members(u) {
+                deps.extend(g.operands(n).iter().map(|v| unit_at[position[v.node.index()]]).filter(|&d| d != u));
+            }
+            deps.sort_unstable();
+            deps.dedup();
+            reads.extend_from_slice(&deps);
         }
-        deps.sort_unstable();
-        deps.dedup();
-        indegree[u] = deps.len();
-        for &d in &deps {
-            next[d].push(u);
+        reads_start[u + 1] = reads.len();
+    }
+    let mut indegree: Vec<usize> = (0..total).map(|u| reads_start[u + 1] - reads_start[u]).collect();
+    let mut readers_start = vec![0; total + 1];
+    for &d in &reads {
+        readers_start[d + 1] += 1;
+    }
+    for u in 0..total {
+        readers_start[u + 1] += readers_start[u];
+    }
+    let mut fill = readers_start.clone();
+    let mut readers = vec![0; reads.len()];
+    for u in 0..total {
+        for &d in &reads[reads_start[u]..reads_start[u + 1]] {
+            readers[fill[d]] = u;
+            fill[d] += 1;
         }
     }
-    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
-        (0..total).filter(|&u| is_unit(u) && indegree[u] == 0).map(|u| Reverse((key[u], u))).collect();
+    let mut held_back: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
+    let mut sweep = 0;
     let (mut out, mut map) = rebuilt(g, g.node_count());
-    while let Some(Reverse((_, u))) = ready.pop() {
+    loop {
+        let u = match held_back.pop() {
+            Some(Reverse((_, u))) => u,
+            None => {
+                let Some(u) = unit_with_key[sweep..].iter().position(|&u| u != usize::MAX && indegree[u] == 0) else {
+                    break;
+                };
+                let u = unit_with_key[sweep + u];
+                sweep = key(u) + 1;
+                u
+            }
+        };
         if u < groups.len() {
             let grp = &mut groups[u];
             let first = g.node(grp.nodes[0]);
@@ -224,10 +265,10 @@ fn rebuild(
             out.phase = g.node(n).phase;
             copy_node(g, n, &mut out, &mut map)?;
         }
-        for &w in &next[u] {
+        for &w in &readers[readers_start[u]..readers_start[u + 1]] {
             indegree[w] -= 1;
-            if indegree[w] == 0 {
-                ready.push(Reverse((key[w], w)));
+            if indegree[w] == 0 && key(w) < sweep {
+                held_back.push(Reverse((key(w), w)));
             }
         }
     }
