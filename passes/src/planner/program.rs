@@ -1,11 +1,11 @@
 //! The executable part of a plan: the graph in schedule order and a buffer
 //! for every tensor.
 
-use rustc_hash::FxHashMap;
 use zeroplan_ir::Graph;
 use zeroplan_ir::plan::{Buffer, Program};
 
 use crate::memory::MemoryPlan;
+use crate::value_table::ValueTable;
 
 /// The program of `graph` as `memory` placed it, symbols bound to
 /// `batch` × `seq`.
@@ -21,10 +21,18 @@ pub fn with_buffers(graph: Graph, buffers: Vec<Buffer>, memory: &MemoryPlan, bat
 
 /// A buffer for every tensor of `graph` as `memory` placed it.
 pub fn buffers(graph: &Graph, memory: &MemoryPlan) -> Vec<Buffer> {
-    let mut buffers = Vec::new();
+    let mut buffers = Vec::with_capacity(memory.intervals.len() + memory.host_intervals.len());
     for (intervals, arena) in [(&memory.intervals, &memory.arena), (&memory.host_intervals, &memory.host)] {
-        let offset_of: FxHashMap<usize, u64> = arena.placements.iter().map(|p| (p.interval, p.offset)).collect();
-        let index_of: FxHashMap<_, usize> = intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
+        // By interval and by value, in dense tables: a tiled step has a
+        // million buffers.
+        let mut offset_of = vec![None; intervals.len()];
+        for p in &arena.placements {
+            offset_of[p.interval] = Some(p.offset);
+        }
+        let mut index_of = ValueTable::for_graph(graph);
+        for (i, interval) in intervals.iter().enumerate() {
+            index_of.insert(interval.value, i);
+        }
         for (i, interval) in intervals.iter().enumerate() {
             // An alias shares the offset of the buffer at the end of its chain.
             let mut root = i;
@@ -34,7 +42,7 @@ pub fn buffers(graph: &Graph, memory: &MemoryPlan) -> Vec<Buffer> {
             buffers.push(Buffer {
                 value: graph.value_ref(interval.value),
                 place: interval.place,
-                offset: offset_of.get(&root).copied().unwrap_or(0),
+                offset: offset_of[root].unwrap_or(0),
                 bytes: interval.bytes,
                 alias_of: interval.alias_of.map(|v| graph.value_ref(v)),
             });
