@@ -70,7 +70,7 @@ fn check_init(init: &Init, dims: Option<&[u64]>) -> Result<(), String> {
                 return Err(format!("a flat buffer is a constant rank-1 tensor over ≥ 1 shards, not {dims:?}"));
             };
             let mut end = 0;
-            for m in members {
+            for m in members.iter() {
                 if m.offset < end {
                     return Err(format!("flat member `{}` at {} overlaps the one before it", m.name, m.offset));
                 }
@@ -91,7 +91,7 @@ fn check_init(init: &Init, dims: Option<&[u64]>) -> Result<(), String> {
             let Some(cut) = cut else {
                 return Err(format!("{init}: axis {axis} of {whole:?} does not split over {ranks} ranks"));
             };
-            let mut part = whole.clone();
+            let mut part = whole.to_vec();
             part[*axis] = cut;
             if part != dims {
                 return Err(format!("{init}: one rank's part of {whole:?} is {part:?}, but the node is {dims:?}"));
@@ -717,11 +717,11 @@ mod tests {
         for (m, shards) in
             [(member(vec![1 << 32, 1 << 32], 0), 1), (member(vec![4], u64::MAX - 1), 1), (member(vec![4], 0), u64::MAX)]
         {
-            let op = Op::Param { init: crate::op::Init::Flat { members: vec![m], shards } };
+            let op = Op::Param { init: crate::op::Init::Flat { members: [m].into(), shards } };
             let err = infer(&op, &[], std::slice::from_ref(&flat)).unwrap_err();
             assert!(err.contains("2⁶⁴") || err.contains("more than 16"), "{err}");
         }
-        let fits = Op::Param { init: crate::op::Init::Flat { members: vec![member(vec![4, 4], 0)], shards: 1 } };
+        let fits = Op::Param { init: crate::op::Init::Flat { members: [member(vec![4, 4], 0)].into(), shards: 1 } };
         assert!(infer(&fits, &[], std::slice::from_ref(&flat)).is_ok());
     }
 

@@ -6,11 +6,16 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::shape::Shape;
 
 /// How a parameter is initialised when no checkpoint supplies it.
+///
+/// The parts of a flat buffer, a shard or a tile are shared (`Arc`): every
+/// pass that rebuilds a step copies every parameter's op, and a tiled step
+/// has tens of thousands of them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Init {
     /// Truncation-free normal with mean 0 (BERT's `initializer_range`).
@@ -28,7 +33,7 @@ pub enum Init {
     /// the separate parameters would), zero padding after the last; with
     /// `shards > 1`, this rank's `1/shards` of it.
     Flat {
-        members: Vec<FlatMember>,
+        members: Arc<[FlatMember]>,
         shards: u64,
     },
     /// A tensor-parallel shard: tensor rank `r`'s `1/ranks` along `axis` of
@@ -36,21 +41,21 @@ pub enum Init {
     /// parameter's name), so that `ranks` shards start bitwise where the
     /// unsharded parameter would.
     TensorShard {
-        whole: Vec<u64>,
+        whole: Arc<[u64]>,
         axis: usize,
         ranks: u64,
-        init: Box<Init>,
+        init: Arc<Init>,
     },
     /// A tile: the `len` rows from `start` (axis 0) of a whole tensor of
     /// shape `whole` named `of`, initialised as that tensor would be (under
     /// its name), so the tiles of a split parameter start bitwise where the
     /// unsplit parameter would (memory-centric tiling, `passes::tiling`).
     Slice {
-        of: String,
-        whole: Vec<u64>,
+        of: Arc<str>,
+        whole: Arc<[u64]>,
         start: u64,
         len: u64,
-        init: Box<Init>,
+        init: Arc<Init>,
     },
 }
 

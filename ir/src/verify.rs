@@ -102,7 +102,7 @@ impl Graph {
             if let crate::Op::Param { init } | crate::Op::State { init } = &node.op {
                 init.visit(&mut |i| {
                     if let Init::Slice { of, whole, start, len, .. } = i {
-                        found.push((of.as_str(), whole.as_slice(), *start, *len));
+                        found.push((&**of, &**whole, *start, *len));
                     }
                 });
             }

@@ -85,7 +85,7 @@ fn tiled(blocks: &[(u64, u64)]) -> Result<Graph, String> {
     use zeroplan_ir::{DType, Dim, Init, Shape, TensorType};
     let mut g = Graph::new("tiles");
     for (i, &(start, len)) in blocks.iter().enumerate() {
-        let init = Init::Slice { of: "w".into(), whole: vec![6, 4], start, len, init: Box::new(Init::Ones) };
+        let init = Init::Slice { of: "w".into(), whole: [6, 4].into(), start, len, init: Init::Ones.into() };
         let ty = TensorType::new(Shape(vec![Dim::constant(len), Dim::constant(4)]), DType::F32);
         g.param(format!("w.tile{i}"), ty, init).map_err(|e| e.to_string())?;
     }

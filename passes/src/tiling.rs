@@ -31,6 +31,7 @@
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use zeroplan_ir::{Dim, Graph, GraphError, Init, NodeIndex, Op, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
@@ -242,14 +243,10 @@ impl TilePlan {
         let Op::Param { init } = &node.op else { unreachable!("tiles are cut from parameters") };
         let (rows, cols) = matrix(graph, p).expect("tiled parameters are matrices");
         let mut values = Vec::new();
+        let whole: Arc<[u64]> = Arc::new([rows, cols]);
+        let of_init = Arc::new(init.clone());
         for (i, &(start, len)) in blocks.iter().enumerate() {
-            let init = Init::Slice {
-                of: node.name.to_string(),
-                whole: vec![rows, cols],
-                start,
-                len,
-                init: Box::new(init.clone()),
-            };
+            let init = Init::Slice { of: node.name.clone(), whole: whole.clone(), start, len, init: of_init.clone() };
             let ty = TensorType::new(Shape(vec![Dim::constant(len), Dim::constant(cols)]), node.outputs[0].dtype);
             let name = format!("{}{TILE_SUFFIX}{i}", node.name);
             values.push(out.at_place(node.place, |out| out.param(name, ty, init))?);

@@ -157,7 +157,7 @@ fn final_weights_agree(what: &str, g: &Graph, states: &[State], reference: &Stat
         } else {
             states[0][&*node.name].floats().unwrap().to_vec()
         };
-        for m in members {
+        for m in members.iter() {
             let got = &whole[m.offset as usize..(m.offset + m.len()) as usize];
             let want = reference[&m.name].floats().unwrap();
             if m.name.ends_with("attn.k.bias") {

@@ -188,7 +188,7 @@ impl Builder<'_> {
         }
         let mut local = whole.to_vec();
         local[axis] /= self.t;
-        let init = Init::TensorShard { whole: whole.to_vec(), axis, ranks: self.t, init: Box::new(init) };
+        let init = Init::TensorShard { whole: whole.into(), axis, ranks: self.t, init: std::sync::Arc::new(init) };
         self.param(name, &local, init)
     }
 

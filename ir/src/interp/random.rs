@@ -145,7 +145,7 @@ pub(super) fn init(
         }
         Init::Flat { members, .. } => {
             let mut flat = vec![0.0; n];
-            for m in members {
+            for m in members.iter() {
                 let shape = m.shape.iter().map(|&d| d as usize).collect();
                 let part =
                     self::init(&m.init, shape, dtype, seed, name_stream(&m.name), InitRank { data: None, ..rank })?;
@@ -199,7 +199,7 @@ mod tests {
         let whole = init(&normal, vec![6, 4], DType::F32, 3, 9, InitRank::default()).unwrap();
         let w = whole.floats().unwrap();
         for axis in [0, 1] {
-            let shard = Init::TensorShard { whole: vec![6, 4], axis, ranks: 2, init: Box::new(normal.clone()) };
+            let shard = Init::TensorShard { whole: [6, 4].into(), axis, ranks: 2, init: normal.clone().into() };
             let shape = if axis == 0 { vec![3, 4] } else { vec![6, 2] };
             let parts: Vec<Tensor> =
                 (0..2).map(|r| init(&shard, shape.clone(), DType::F32, 3, 9, at(r)).unwrap()).collect();
@@ -209,7 +209,7 @@ mod tests {
                 assert_eq!(parts[r].floats().unwrap()[i], v, "axis {axis}, element {e}");
             }
         }
-        let shard = Init::TensorShard { whole: vec![6, 4], axis: 0, ranks: 2, init: Box::new(normal) };
+        let shard = Init::TensorShard { whole: [6, 4].into(), axis: 0, ranks: 2, init: normal.into() };
         let err = init(&shard, vec![3, 4], DType::F32, 3, 9, InitRank::default()).unwrap_err();
         assert!(err.contains("per tensor rank"), "{err}");
     }
@@ -292,7 +292,7 @@ mod tests {
             },
             crate::op::FlatMember { name: "b".into(), shape: vec![4], offset: 6, init: Box::new(Init::Ones) },
         ];
-        let flat = |shards| Init::Flat { members: members.clone(), shards };
+        let flat = |shards| Init::Flat { members: members.as_slice().into(), shards };
         let whole = init(&flat(1), vec![12], DType::F32, 5, 0, InitRank::default()).unwrap();
         let shards: Vec<f64> = (0..2)
             .flat_map(|rank| {

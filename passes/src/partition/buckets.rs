@@ -106,7 +106,7 @@ pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks:
 
 /// The flat init of a bucket's members, this rank's `1/shards` of it.
 pub(super) fn flat_init(bucket: &Bucket, shards: u64) -> Init {
-    Init::Flat { members: bucket.members.clone(), shards }
+    Init::Flat { members: bucket.members.as_slice().into(), shards }
 }
 
 /// A flat buffer of zeros laid out as the bucket (AdamW's moments): zeros
