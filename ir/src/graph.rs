@@ -345,6 +345,12 @@ impl Graph {
         self.names().duplicate()
     }
 
+    /// Builds the name index now, if no lookup has yet: for a caller with
+    /// a core to spare before it verifies the graph or looks names up.
+    pub fn index_names(&self) {
+        self.names();
+    }
+
     fn names(&self) -> &NameIndex {
         self.by_name.get_or_init(|| NameIndex::build(&self.nodes))
     }

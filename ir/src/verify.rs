@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashSet;
 
-use crate::graph::Graph;
+use crate::graph::{Graph, NodeIndex};
 use crate::infer::infer;
 use crate::op::Init;
 
@@ -21,45 +21,20 @@ pub struct VerifyError {
 impl Graph {
     /// Checks the whole graph; returns the first problem found, in
     /// topological order.
+    ///
+    /// Whether two nodes share a name is asked of the name index last, so
+    /// a caller may build it on another thread meanwhile
+    /// ([`Graph::index_names`]).
     pub fn verify(&self) -> Result<(), VerifyError> {
-        let duplicate = self.duplicate_name();
-        for n in self.node_indices() {
-            let node = self.node(n);
-            let fail = |message: String| VerifyError { node: node.name.to_string(), message };
-            if node.name.is_empty() {
-                return Err(fail("the node has no name".into()));
+        let first = self.node_indices().find_map(|n| self.verify_node(n).err().map(|e| (n, e)));
+        match (first, self.duplicate_name()) {
+            // Of two problems the earlier node's; at one node, its name's.
+            (first, Some(d)) if first.as_ref().is_none_or(|(n, _)| d <= *n) => {
+                let node = self.node(d).name.to_string();
+                return Err(VerifyError { node, message: "two nodes have this name".into() });
             }
-            if Some(n) == duplicate {
-                return Err(fail("two nodes have this name".into()));
-            }
-            // An operand reads an output of a node added before: so the
-            // order of addition is a topological one, and there is no cycle.
-            for (i, v) in self.operands(n).iter().enumerate() {
-                if v.node >= n {
-                    return Err(fail(format!("operand {i} reads a node added after it ({})", v.node.index())));
-                }
-                let source = self.node(v.node);
-                if v.output as usize >= source.outputs.len() {
-                    return Err(fail(format!(
-                        "operand {i} reads output {} of `{}`, which has {} outputs",
-                        v.output,
-                        source.name,
-                        source.outputs.len()
-                    )));
-                }
-            }
-            let operands = self.operands(n);
-            let types: Vec<_> = operands.iter().map(|v| self.value_type(*v)).collect();
-            let declared = if node.op.is_source() { node.outputs.to_vec() } else { Vec::new() };
-            let inferred = infer(&node.op, &types, &declared).map_err(fail)?;
-            if *inferred != *node.outputs {
-                let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-                return Err(fail(format!(
-                    "stored type ({}) differs from the inferred type ({})",
-                    show(&node.outputs),
-                    show(&inferred)
-                )));
-            }
+            (Some((_, error)), _) => return Err(error),
+            _ => {}
         }
         let mut updated = FxHashSet::default();
         for (target, v) in &self.updates {
@@ -85,6 +60,45 @@ impl Graph {
             if !exists {
                 return Err(VerifyError { node: name.clone(), message: "graph output refers to no value".into() });
             }
+        }
+        Ok(())
+    }
+
+    /// The checks of one node: its name is not empty, its operands are
+    /// outputs of nodes before it, and its stored types are the inferred.
+    fn verify_node(&self, n: NodeIndex) -> Result<(), VerifyError> {
+        let node = self.node(n);
+        let fail = |message: String| VerifyError { node: node.name.to_string(), message };
+        if node.name.is_empty() {
+            return Err(fail("the node has no name".into()));
+        }
+        // An operand reads an output of a node added before: so the
+        // order of addition is a topological one, and there is no cycle.
+        for (i, v) in self.operands(n).iter().enumerate() {
+            if v.node >= n {
+                return Err(fail(format!("operand {i} reads a node added after it ({})", v.node.index())));
+            }
+            let source = self.node(v.node);
+            if v.output as usize >= source.outputs.len() {
+                return Err(fail(format!(
+                    "operand {i} reads output {} of `{}`, which has {} outputs",
+                    v.output,
+                    source.name,
+                    source.outputs.len()
+                )));
+            }
+        }
+        let operands = self.operands(n);
+        let types: Vec<_> = operands.iter().map(|v| self.value_type(*v)).collect();
+        let declared = if node.op.is_source() { node.outputs.to_vec() } else { Vec::new() };
+        let inferred = infer(&node.op, &types, &declared).map_err(fail)?;
+        if *inferred != *node.outputs {
+            let show = |ts: &[crate::TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+            return Err(fail(format!(
+                "stored type ({}) differs from the inferred type ({})",
+                show(&node.outputs),
+                show(&inferred)
+            )));
         }
         Ok(())
     }
