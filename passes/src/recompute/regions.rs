@@ -93,9 +93,9 @@ pub struct Layers {
     /// Per layer, its internal nodes in schedule order.
     internal: BTreeMap<u64, Vec<NodeIndex>>,
     /// Per layer and part, the matmul its region feeds, and the place of its
-    /// suffix in [`ENDS`]. Found as the layers are, not by name: the step is
-    /// not otherwise looked up by name, and indexing its names costs as much
-    /// as the pass.
+    /// suffix in [`ENDS`]. Found as the layers are, not by name: indexing
+    /// a tiled step's names for these few lookups would cost a third of the
+    /// pass.
     ends: FxHashMap<(u64, Part), (usize, NodeIndex)>,
 }
 
