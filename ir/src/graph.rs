@@ -94,6 +94,32 @@ pub struct Node {
     operands: SmallVec<[Value; 3]>,
 }
 
+impl Node {
+    /// A node outside any graph, for [`crate::splice::Splice::push`]:
+    /// `outputs` must be what `op` infers over the operands' types.
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        op: Op,
+        outputs: Arc<[TensorType]>,
+        phase: Phase,
+        place: Place,
+        operands: &[Value],
+    ) -> Node {
+        Node { name: name.into(), op, outputs, phase, place, operands: operands.into() }
+    }
+
+    pub fn operands(&self) -> &[Value] {
+        &self.operands
+    }
+
+    /// Reads `operands` instead, of the same types (a node moved into a
+    /// [`crate::splice::Splice`] names its operands anew).
+    pub fn set_operands(&mut self, operands: &[Value]) {
+        self.operands.clear();
+        self.operands.extend_from_slice(operands);
+    }
+}
+
 /// An error raised while adding a node; it names the node.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("node `{node}` ({op}): {message}")]
@@ -153,6 +179,25 @@ impl Graph {
         if let Some(by_name) = self.by_name.get_mut() {
             by_name.reserve(&self.nodes, nodes);
         }
+    }
+
+    /// The name, the node table, the outputs and the updates, for a
+    /// [`crate::splice::Splice`] to move the nodes out of.
+    pub(crate) fn into_parts(self) -> (String, Vec<Node>, Vec<(String, Value)>, Vec<(NodeIndex, Value)>) {
+        (self.name, self.nodes, self.outputs, self.updates)
+    }
+
+    /// A graph of `nodes`, in topological order, reading `operand_count`
+    /// operands in all; names not yet indexed, cursor at the forward on
+    /// the device.
+    pub(crate) fn from_parts(
+        name: String,
+        nodes: Vec<Node>,
+        operand_count: usize,
+        outputs: Vec<(String, Value)>,
+        updates: Vec<(NodeIndex, Value)>,
+    ) -> Graph {
+        Graph { name, nodes, operand_count, outputs, updates, ..Graph::default() }
     }
 
     /// Runs `add` with new nodes placed at `place`, then restores the cursor:

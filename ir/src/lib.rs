@@ -27,6 +27,7 @@ pub mod plan;
 mod serial;
 pub mod shape;
 pub mod spec;
+pub mod splice;
 pub mod tensor;
 mod text;
 mod verify;

@@ -51,7 +51,7 @@ impl Pass for Regather {
             cx.stat("gathers repeated", 0);
             return Ok(graph);
         }
-        let cloned = clone_before_backward(&graph, &order, &gathers, "regather", cx)
+        let cloned = clone_before_backward(graph, &gathers, "regather", cx)
             .map_err(|error| PassError::Graph { pass: "regather", error })?;
         cx.stat("gathers repeated", cloned.groups);
         Ok(cloned.graph)

@@ -192,7 +192,7 @@ impl Pass for Recompute {
             cx.stat("values recomputed", 0);
             return Ok(graph);
         }
-        let cloned = clone_before_backward(&graph, &order, &region, CLONE_SUFFIX, cx)
+        let cloned = clone_before_backward(graph, &region, CLONE_SUFFIX, cx)
             .map_err(|error| PassError::Graph { pass: "recompute", error })?;
         cx.stat("regions recomputed", cloned.groups);
         cx.stat("values recomputed", cloned.nodes);
