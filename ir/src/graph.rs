@@ -20,6 +20,7 @@ use crate::infer::infer;
 use crate::name_index::NameIndex;
 use crate::op::{Init, Op};
 use crate::shape::TensorType;
+use crate::splice::{Outputs, Updates};
 
 /// A node's place in its graph: the order it was added in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -183,7 +184,7 @@ impl Graph {
 
     /// The name, the node table, the outputs and the updates, for a
     /// [`crate::splice::Splice`] to move the nodes out of.
-    pub(crate) fn into_parts(self) -> (String, Vec<Node>, Vec<(String, Value)>, Vec<(NodeIndex, Value)>) {
+    pub(crate) fn into_parts(self) -> (String, Vec<Node>, Outputs, Updates) {
         (self.name, self.nodes, self.outputs, self.updates)
     }
 
@@ -194,8 +195,8 @@ impl Graph {
         name: String,
         nodes: Vec<Node>,
         operand_count: usize,
-        outputs: Vec<(String, Value)>,
-        updates: Vec<(NodeIndex, Value)>,
+        outputs: Outputs,
+        updates: Updates,
     ) -> Graph {
         Graph { name, nodes, operand_count, outputs, updates, ..Graph::default() }
     }

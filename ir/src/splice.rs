@@ -15,6 +15,12 @@
 
 use crate::graph::{Graph, GraphError, Node, NodeIndex, Value};
 
+/// A graph's named results ([`Graph::outputs`]).
+pub type Outputs = Vec<(String, Value)>;
+
+/// A graph's updates ([`Graph::updates`]).
+pub type Updates = Vec<(NodeIndex, Value)>;
+
 /// A graph being rebuilt from another's nodes, in order.
 pub struct Splice {
     name: String,
@@ -27,7 +33,7 @@ impl Splice {
     /// Takes `graph`'s nodes, with room for `added` more in the new graph.
     /// Its outputs and updates are the caller's to renumber
     /// ([`Splice::finish`]).
-    pub fn new(graph: Graph, added: usize) -> (Splice, Vec<(String, Value)>, Vec<(NodeIndex, Value)>) {
+    pub fn new(graph: Graph, added: usize) -> (Splice, Outputs, Updates) {
         let (name, nodes, outputs, updates) = graph.into_parts();
         let splice =
             Splice { name, nodes: Vec::with_capacity(nodes.len() + added), input: nodes.into_iter(), operand_count: 0 };
@@ -70,7 +76,7 @@ impl Splice {
 
     /// The new graph, with these outputs and updates (renumbered by the
     /// caller).
-    pub fn finish(self, outputs: Vec<(String, Value)>, updates: Vec<(NodeIndex, Value)>) -> Graph {
+    pub fn finish(self, outputs: Outputs, updates: Updates) -> Graph {
         Graph::from_parts(self.name, self.nodes, self.operand_count, outputs, updates)
     }
 }
