@@ -88,6 +88,9 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     Ok(Cloned { graph: splice.finish(outputs, updates), groups: clones.len(), nodes })
 }
 
+/// The groups cloned before one node, each with the members cloned.
+type Placed<K> = Vec<(K, Vec<NodeIndex>)>;
+
 /// The groups each backward node first reads, by its index, with the
 /// members the backward needs: where [`clone_before_backward`] puts their
 /// clones, asking `--pass-limit` for each group as the node that first
@@ -96,7 +99,7 @@ fn placed_clones<K: Copy + Eq + Hash + Ord>(
     graph: &Graph,
     group: &FxHashMap<NodeIndex, K>,
     cx: &mut PassContext,
-) -> Vec<(usize, Vec<(K, Vec<NodeIndex>)>)> {
+) -> Vec<(usize, Placed<K>)> {
     // Each group's members in schedule order, gathered in one walk rather
     // than one per group (312 layers of 190k nodes for the 100T model).
     let mut members: FxHashMap<K, Vec<NodeIndex>> = FxHashMap::default();
