@@ -20,7 +20,6 @@ use crate::infer::infer;
 use crate::name_index::NameIndex;
 use crate::op::{Init, Op};
 use crate::shape::TensorType;
-use crate::splice::{Outputs, Updates};
 
 /// A node's place in its graph: the order it was added in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -96,7 +95,7 @@ pub struct Node {
 }
 
 impl Node {
-    /// A node outside any graph, for [`crate::splice::Splice::push`]:
+    /// A node outside any graph, for [`Graph::insert_before`]:
     /// `outputs` must be what `op` infers over the operands' types.
     pub fn new(
         name: impl Into<Arc<str>>,
@@ -113,8 +112,8 @@ impl Node {
         &self.operands
     }
 
-    /// Reads `operands` instead, of the same types (a node moved into a
-    /// [`crate::splice::Splice`] names its operands anew).
+    /// Reads `operands` instead, of the same types (a node moved by
+    /// [`Graph::insert_before`] names its operands anew).
     pub fn set_operands(&mut self, operands: &[Value]) {
         self.operands.clear();
         self.operands.extend_from_slice(operands);
@@ -182,21 +181,15 @@ impl Graph {
         }
     }
 
-    /// The name, the node table, the outputs and the updates, for a
-    /// [`crate::splice::Splice`] to move the nodes out of.
-    pub(crate) fn into_parts(self) -> (String, Vec<Node>, Outputs, Updates) {
-        (self.name, self.nodes, self.outputs, self.updates)
-    }
-
     /// A graph of `nodes`, in topological order, reading `operand_count`
-    /// operands in all; names not yet indexed, cursor at the forward on
-    /// the device.
+    /// operands in all ([`Graph::insert_before`]); names not yet indexed,
+    /// cursor at the forward on the device.
     pub(crate) fn from_parts(
         name: String,
         nodes: Vec<Node>,
         operand_count: usize,
-        outputs: Outputs,
-        updates: Updates,
+        outputs: Vec<(String, Value)>,
+        updates: Vec<(NodeIndex, Value)>,
     ) -> Graph {
         Graph { name, nodes, operand_count, outputs, updates, ..Graph::default() }
     }

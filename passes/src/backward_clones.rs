@@ -12,7 +12,6 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::hash::Hash;
-use zeroplan_ir::splice::Splice;
 use zeroplan_ir::{Graph, GraphError, Node, NodeIndex, Phase, Place, Value};
 
 use crate::manager::PassContext;
@@ -35,13 +34,13 @@ pub fn read_by_backward<K>(graph: &Graph, order: &[NodeIndex], group: &FxHashMap
 
 /// `graph` rebuilt with each group of `group` (forward nodes and their
 /// group) cloned, with `suffix`, before its first backward reader; every
-/// backward node reads the clones where they exist. Each
-/// group cloned counts as one rewrite under `--pass-limit`.
+/// backward node reads the clones where they exist. Each group cloned
+/// counts as one rewrite under `--pass-limit`.
 ///
-/// Where the clones go is decided on `graph` as it is; then its nodes are
-/// moved, in order, into the new graph ([`Splice`]), the clones spliced in:
-/// on a tiled 100T step the clones are 5 % of 600k nodes, and copying the
-/// rest was the pass.
+/// Where the clones go is decided on `graph` as it is, and they are made
+/// from it; then they are inserted into its node table in place
+/// ([`Graph::insert_before`]): on a tiled 100T step the clones are 5 % of
+/// 600k nodes, and copying the rest into a new table was the pass.
 pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     graph: Graph,
     group: &FxHashMap<NodeIndex, K>,
@@ -49,43 +48,60 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
     cx: &mut PassContext,
 ) -> Result<Cloned, GraphError> {
     let before = placed_clones(&graph, group, cx);
-    let mut nodes = 0usize;
-    let (mut splice, outputs, updates) =
-        Splice::new(graph, before.iter().flat_map(|(_, groups)| groups).map(|(_, m)| m.len()).sum());
-    // Each old node's index in the new graph (outputs keep their numbers).
-    let mut map: Vec<NodeIndex> = Vec::with_capacity(splice.input_len());
-    let renumbered = |map: &[NodeIndex], v: Value| Value { node: map[v.node.index()], output: v.output };
-    // Per group, its clones: the new graph's original values to theirs.
-    let mut clones: FxHashMap<K, Clones> = FxHashMap::default();
+    // Each old node's index once the clones are in: up by those before it.
+    let mut moved_to: Vec<NodeIndex> = Vec::with_capacity(graph.node_count());
     let mut next = before.iter().peekable();
-    let mut operands: Vec<Value> = Vec::new();
-    let mut at = 0;
-    while let Some(mut node) = splice.next_input() {
-        while let Some((_, groups)) = next.next_if(|(place, _)| *place == at) {
-            for (g, members) in groups {
-                let Some(members) = members.iter().map(|m| map.get(m.index()).copied()).collect::<Option<Vec<_>>>()
-                else {
-                    let message = "a forward node of its group comes after it".into();
-                    return Err(GraphError { node: node.name.to_string(), op: node.op.name(), message });
-                };
-                let made = clone_group(&mut splice, members.into_iter(), suffix)?;
-                nodes += made.len();
-                clones.insert(*g, made);
-            }
+    let mut shift = 0;
+    for at in 0..graph.node_count() {
+        if let Some((_, groups)) = next.next_if(|(place, _)| *place == at) {
+            shift += groups.iter().map(|(_, members)| members.len()).sum::<usize>();
         }
+        moved_to.push(NodeIndex::new(at + shift));
+    }
+    let renumbered = |v: &Value| Value { node: moved_to[v.node.index()], output: v.output };
+    // Per group, its clones: the values they replace to their own.
+    let mut clones: FxHashMap<K, Clones> = FxHashMap::default();
+    let mut inserted = Vec::with_capacity(before.len());
+    let mut nodes = 0;
+    for (at, groups) in &before {
+        let mut slot = moved_to[*at].index() - groups.iter().map(|(_, members)| members.len()).sum::<usize>();
+        let mut here = Vec::new();
+        for (g, members) in groups {
+            let mut made = Clones::default();
+            for &m in members {
+                let node = graph.node(m);
+                let operands: Vec<Value> =
+                    graph.operands(m).iter().map(|v| made.get(v).copied().unwrap_or_else(|| renumbered(v))).collect();
+                let name = format!("{}.{suffix}", node.name);
+                here.push(Node::new(
+                    name,
+                    node.op.clone(),
+                    node.outputs.clone(),
+                    Phase::Backward,
+                    Place::Device,
+                    &operands,
+                ));
+                for output in 0..node.outputs.len() as u32 {
+                    made.insert(Value { node: m, output }, Value { node: NodeIndex::new(slot), output });
+                }
+                slot += 1;
+            }
+            nodes += made.len();
+            clones.insert(*g, made);
+        }
+        inserted.push((NodeIndex::new(*at), here));
+    }
+    let mut operands: Vec<Value> = Vec::new();
+    let graph = graph.insert_before(inserted, |_, node| {
+        let backward = node.phase == Phase::Backward;
         operands.clear();
-        operands.extend(node.operands().iter().map(|&v| {
-            let new = renumbered(&map, v);
-            let clone = || group.get(&v.node).and_then(|g| clones.get(g)).and_then(|m| m.get(&new)).copied();
-            if node.phase == Phase::Backward { clone().unwrap_or(new) } else { new }
+        operands.extend(node.operands().iter().map(|v| {
+            let clone = || group.get(&v.node).and_then(|g| clones.get(g)).and_then(|m| m.get(v)).copied();
+            if backward { clone().unwrap_or_else(|| renumbered(v)) } else { renumbered(v) }
         }));
         node.set_operands(&operands);
-        map.push(splice.push(node)?);
-        at += 1;
-    }
-    let outputs = outputs.into_iter().map(|(name, v)| (name, renumbered(&map, v))).collect();
-    let updates = updates.into_iter().map(|(target, v)| (map[target.index()], renumbered(&map, v))).collect();
-    Ok(Cloned { graph: splice.finish(outputs, updates), groups: clones.len(), nodes })
+    })?;
+    Ok(Cloned { graph, groups: clones.len(), nodes })
 }
 
 /// The groups cloned before one node, each with the members cloned.
@@ -131,8 +147,8 @@ fn placed_clones<K: Copy + Eq + Hash + Ord>(
     before
 }
 
-/// One group's clones: the values they replace, in the new graph, to their
-/// own. Hashed: a group is a few nodes of a 600k-node step.
+/// One group's clones: the values they replace to their own. Hashed: a
+/// group is a few nodes of a 600k-node step.
 type Clones = FxHashMap<Value, Value>;
 
 /// The forward nodes of a group (`members`, in schedule order) that the
@@ -148,27 +164,4 @@ fn needed_members(graph: &Graph, members: &[NodeIndex]) -> Vec<NodeIndex> {
         }
     }
     members.iter().copied().filter(|n| needed.contains(n)).collect()
-}
-
-/// Clones `members` (nodes of the new graph, in schedule order) into the
-/// backward phase, on the device, each reading the clones of the others
-/// and the original values of everything else.
-fn clone_group(
-    splice: &mut Splice,
-    members: impl Iterator<Item = NodeIndex>,
-    suffix: &str,
-) -> Result<Clones, GraphError> {
-    let mut made = Clones::default();
-    for n in members {
-        let node = splice.node(n);
-        let operands: Vec<Value> = node.operands().iter().map(|v| made.get(v).copied().unwrap_or(*v)).collect();
-        let name = format!("{}.{suffix}", node.name);
-        let clone = Node::new(name, node.op.clone(), node.outputs.clone(), Phase::Backward, Place::Device, &operands);
-        let outputs = clone.outputs.len() as u32;
-        let copy = splice.push(clone)?;
-        for output in 0..outputs {
-            made.insert(Value { node: n, output }, Value { node: copy, output });
-        }
-    }
-    Ok(made)
 }
