@@ -650,6 +650,7 @@ impl PassArgs {
             // `graph` and `train` from a spec name no GPU to weigh chunks on.
             collective_chunks: Default::default(),
             skip_verify: false,
+            weighed: None,
         }
     }
 }

@@ -71,6 +71,10 @@ pub struct PassOptions {
     /// of steps it only measures, where verification took a tenth of the
     /// time, and verifies the one it returns.
     pub skip_verify: bool,
+    /// The step the `recompute` pass receives, weighed already (the
+    /// planner's `optimal` budget): the pass uses it where it weighs that
+    /// graph ([`crate::recompute::optimal::Weighed::weighs`]).
+    pub weighed: Option<std::sync::Arc<crate::recompute::optimal::Weighed>>,
 }
 
 /// What passes share while a pipeline runs.

@@ -283,3 +283,46 @@ fn policies_read_back_their_names() {
         assert_eq!(Policy::from_name(bad), None, "{bad}");
     }
 }
+
+/// The nodes of `g`: names and operands, in order.
+fn listing(g: &Graph) -> Vec<(String, Vec<zeroplan_ir::Value>)> {
+    g.nodes().map(|n| (n.name.to_string(), n.operands().to_vec())).collect()
+}
+
+#[test]
+fn a_step_weighed_ahead_recomputes_as_one_weighed_by_the_pass_and_another_steps_weighing_is_not_taken() {
+    use std::sync::Arc;
+    use zeroplan_passes::pipeline::{Resume, compile_between};
+    use zeroplan_passes::recompute::optimal::step_costs;
+    let train = TrainingSpec { precision: Compute::Bf16, ..TrainingSpec::default() };
+    let (m, at) = (model("bert-base.ron"), hint(8, 128));
+    let unfused = ["attention", "fuse"];
+    let ((none, _), (selective, _)) = (
+        stored_and_recomputed(&compiled_at(&m, &train, Policy::None, &unfused, &at), &at),
+        stored_and_recomputed(&compiled_at(&m, &train, Policy::Selective, &unfused, &at), &at),
+    );
+    let policy = Policy::Optimal { budget_bytes: (none + selective) / 2 };
+    let options = |weighed| PassOptions {
+        recompute: policy,
+        disabled: unfused.iter().map(|s| s.to_string()).collect(),
+        shape_hint: at.clone(),
+        weighed,
+        ..PassOptions::default()
+    };
+    let target = Target::Training(&train);
+    let before =
+        |m: &ModelSpec| compile_between(m, &target, options(None), Resume::Build, Some("training-step")).unwrap().graph;
+    let after = |graph: Graph, weighed| {
+        let from = Resume::After { graph: Box::new(graph), after: "training-step" };
+        compile_between(&m, &target, options(weighed), from, None).unwrap().graph
+    };
+    let step = before(&m);
+    let weighed = Arc::new(step_costs(&step, &at).unwrap());
+    let by_pass = listing(&after(step.clone(), None));
+    assert!(by_pass.iter().any(|(name, _)| name.ends_with(".recompute")), "the budget recomputes something");
+    assert!(listing(&after(step.clone(), Some(weighed))) == by_pass, "the weighing handed over recomputes otherwise");
+    // A shorter stack's weighing, handed over by mistake, is weighed again.
+    let short = ModelSpec { layers: 2, ..m.clone() };
+    let other = Arc::new(step_costs(&before(&short), &at).unwrap());
+    assert!(listing(&after(step, Some(other))) == by_pass, "another step's weighing was taken");
+}

@@ -360,7 +360,7 @@ fn optimal_recomputation_weighs_the_stored_slices_not_the_gathered_inputs() {
     let layers = Layers::of(&g, &g.topo_order());
     let stored = |regathered| optimal::costs(&g, &layers, &bindings, regathered).unwrap().stored_without_recompute();
     assert_eq!(stored(false) - stored(true), 5 * 2048 - 3 * 512);
-    assert_eq!(optimal::step_costs(&g, &bindings).unwrap().stored_without_recompute(), stored(true));
+    assert_eq!(optimal::step_costs(&g, &bindings).unwrap().costs.stored_without_recompute(), stored(true));
 }
 
 fn step_with(m: &ModelSpec, train: &TrainingSpec, options: PassOptions) -> Result<Graph, String> {

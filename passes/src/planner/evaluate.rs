@@ -18,6 +18,8 @@ use crate::manager::PassOptions;
 use crate::memory::{self, Category, MemoryPlan};
 use crate::pipeline::{Resume, Target, compile_between};
 use crate::recompute::Policy;
+use crate::recompute::optimal::Weighed;
+use std::sync::Arc;
 
 /// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
 /// `--offload-to`, `--recompute` and `--tiles` pin, and what the runner-up
@@ -138,7 +140,7 @@ impl Step {
 
     /// The whole model's step for `choice` from `graph`, which
     /// [`Step::before_recompute`] made with the same arguments but the
-    /// recomputation policy.
+    /// recomputation policy, and which `weighed` weighs, if given.
     pub fn after_training_step(
         req: &Request,
         choice: Choice,
@@ -146,8 +148,10 @@ impl Step {
         hint_batch: u64,
         micro_batches: u64,
         graph: Graph,
+        weighed: Option<Arc<Weighed>>,
     ) -> Result<Step, PlanError> {
         let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
+        let options = PassOptions { weighed, ..options };
         let from = Resume::After { graph: Box::new(graph), after: SHARED_THROUGH };
         Step::resume(req.model, choice, &train, options, from)
     }

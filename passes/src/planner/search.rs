@@ -428,15 +428,17 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             || before.clone(),
             || crate::recompute::optimal::step_costs(&before, &super::evaluate::bindings(b, req.seq)),
         );
-        let costs =
-            costs.ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?;
+        let weighed = Arc::new(
+            costs.ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?,
+        );
+        let costs = &weighed.costs;
         let mut spare = Some(spare);
-        let model = super::optimal_budget::PeakModel::measured(&costs, peak_none, full.memory.peak_bytes);
-        let mut target = super::optimal_budget::first_target(&costs, &model, budget);
+        let model = super::optimal_budget::PeakModel::measured(costs, peak_none, full.memory.peak_bytes);
+        let mut target = super::optimal_budget::first_target(costs, &model, budget);
         for attempt in 0..3 {
             // Whole MiB, so the policy's name reads `optimal:9625MiB`.
             target = target >> 20 << 20;
-            let decision = crate::recompute::optimal::choose(&costs, target);
+            let decision = crate::recompute::optimal::choose(costs, target);
             if decision.is_full() {
                 return Ok(None); // Every layer recomputed: `full`'s plan, searched already.
             }
@@ -451,7 +453,7 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
             }
             let choice = choice_at(target);
             let graph = spare.take().unwrap_or_else(|| before.clone());
-            let step = Step::after_training_step(req, choice, ranks, b, micro_batches, graph)?;
+            let step = Step::after_training_step(req, choice, ranks, b, micro_batches, graph, Some(weighed.clone()))?;
             // A whole step, kept if its plan fits.
             let memory = match step.evaluate(req, machine, choice.strategy(world, b, micro_batches))? {
                 (plan, Ok(best)) => {

@@ -120,11 +120,13 @@ pub struct Recompute {
 }
 
 impl Recompute {
-    /// Each layer's choice under the policy; records the optimal policy's decision.
+    /// Each layer's choice under the policy (from `weighed`'s costs where
+    /// the step was weighed already); records the optimal policy's decision.
     fn choices(
         &self,
         graph: &Graph,
         layers: &Layers,
+        weighed: Option<&optimal::Weighed>,
         cx: &mut PassContext,
     ) -> Result<BTreeMap<u64, Choice>, PassError> {
         let every = |choice| layers.indices().map(|l| (l, choice)).collect();
@@ -134,17 +136,36 @@ impl Recompute {
             Policy::Selective => every(Choice::Attention),
             Policy::Optimal { budget_bytes } => {
                 let bindings = crate::rewrite::hint_bindings(&cx.options.shape_hint);
-                let regathered = cx.options.sequence_parallel && !cx.options.disabled.contains("regather");
-                let costs = optimal::costs(graph, layers, &bindings, regathered).ok_or_else(|| PassError::Failed {
-                    pass: "recompute",
-                    message: "a size is unknown at the shape hint: bind batch and seq".to_string(),
-                })?;
-                let decision = optimal::choose(&costs, budget_bytes);
+                let computed;
+                let costs = match weighed {
+                    Some(weighed) => &weighed.costs,
+                    None => {
+                        let regathered = regathered(cx);
+                        computed =
+                            optimal::costs(graph, layers, &bindings, regathered).ok_or_else(|| PassError::Failed {
+                                pass: "recompute",
+                                message: "a size is unknown at the shape hint: bind batch and seq".to_string(),
+                            })?;
+                        &computed
+                    }
+                };
+                let decision = optimal::choose(costs, budget_bytes);
                 record(budget_bytes, &decision, &bindings, cx);
                 decision.choices
             }
         })
     }
+}
+
+/// Whether the `regather` pass runs after this one.
+fn regathered(cx: &PassContext) -> bool {
+    cx.options.sequence_parallel && !cx.options.disabled.contains("regather")
+}
+
+/// The weighing the options hand over, where it is of `graph`.
+fn weighed(graph: &Graph, cx: &PassContext) -> Option<std::sync::Arc<optimal::Weighed>> {
+    let bindings = crate::rewrite::hint_bindings(&cx.options.shape_hint);
+    cx.options.weighed.clone().filter(|w| w.weighs(graph, &bindings, regathered(cx)))
 }
 
 /// The optimal policy's decision, in the pass's statistics (`--time-passes`)
@@ -180,8 +201,16 @@ impl Pass for Recompute {
             return Ok(graph);
         }
         let order = graph.topo_order();
-        let layers = Layers::of(&graph, &order);
-        let choices = self.choices(&graph, &layers, cx)?;
+        let weighed = weighed(&graph, cx).filter(|_| matches!(self.policy, Policy::Optimal { .. }));
+        let listed;
+        let layers = match &weighed {
+            Some(weighed) => &weighed.layers,
+            None => {
+                listed = Layers::of(&graph, &order);
+                &listed
+            }
+        };
+        let choices = self.choices(&graph, layers, weighed.as_deref(), cx)?;
         let region = layers.assign(&graph, &choices);
         // No backward node reads a value the policy would recompute (the
         // `attention` pass fused the region `selective` recomputes): the

@@ -238,13 +238,50 @@ fn pareto(mut points: Vec<Point>) -> Vec<Point> {
     thinned
 }
 
-/// The costs of the training step `graph` (before the `recompute` pass) at
-/// `bindings`, as the pass of the standard pipeline would weigh them (with
+/// The training step `graph` (before the `recompute` pass) weighed at
+/// `bindings`, as the pass of the standard pipeline would weigh it (with
 /// `regather` after it where the step is sequence-parallel); `None` where a
 /// size is unbound.
-pub fn step_costs(graph: &Graph, bindings: &Bindings) -> Option<Costs> {
+pub fn step_costs(graph: &Graph, bindings: &Bindings) -> Option<Weighed> {
     let order = graph.topo_order();
-    costs(graph, &Layers::of(graph, &order), bindings, true)
+    let layers = Layers::of(graph, &order);
+    let costs = costs(graph, &layers, bindings, true)?;
+    let (nodes, operands) = (graph.node_count(), graph.operand_count());
+    Some(Weighed { nodes, operands, bindings: bindings.clone(), layers, costs })
+}
+
+/// A step weighed before its `recompute` pass: its layers and their costs.
+/// The planner weighs a step to choose its `optimal` budget, then compiles
+/// that step (a copy of it) on; the pass takes the weighing
+/// ([`crate::manager::PassOptions::weighed`]) rather than list the layers
+/// and cost them again — on a tiled 100T step, 600k nodes and a third of
+/// the pass.
+pub struct Weighed {
+    /// The step's size, which the pass checks its graph against.
+    nodes: usize,
+    operands: usize,
+    bindings: Bindings,
+    pub layers: Layers,
+    pub costs: Costs,
+}
+
+impl Weighed {
+    /// Whether this weighs `graph` at `bindings` with `regather` to come
+    /// or not (the planner's steps always have it): the caller hands the
+    /// pass the step it weighed, and a graph of another size is not that
+    /// step.
+    pub fn weighs(&self, graph: &Graph, bindings: &Bindings, regathered: bool) -> bool {
+        self.nodes == graph.node_count()
+            && self.operands == graph.operand_count()
+            && self.bindings == *bindings
+            && (regathered || !graph.nodes().any(|n| matches!(n.op, Op::SequenceAllGather { .. })))
+    }
+}
+
+impl std::fmt::Debug for Weighed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weighed").field("nodes", &self.nodes).field("bindings", &self.bindings).finish_non_exhaustive()
+    }
 }
 
 impl Costs {
