@@ -50,19 +50,10 @@ impl Graph {
             });
         }
         // Each old node's new index, for the outputs and updates.
-        let mut moved_to: Vec<NodeIndex> = Vec::with_capacity(old);
-        let mut shift = 0;
-        let mut next = inserted.iter().peekable();
-        for at in 0..old {
-            if let Some((_, nodes)) = next.next_if(|(n, _)| n.index() == at) {
-                shift += nodes.len();
-            }
-            moved_to.push(NodeIndex::new(at + shift));
-        }
-        if next.peek().is_some() {
+        let Some(moved_to) = moved_to(old, inserted.iter().map(|(at, nodes)| (*at, nodes.len()))) else {
             let message = "nodes inserted past the end, or not in ascending order";
             return Err(GraphError { node: self.name.clone(), op: "insert", message: message.into() });
-        }
+        };
         // Room at the end, filled with one shared placeholder that the
         // moves below leave behind and overwrite.
         let placeholder = Node::new("", Op::Relu, Arc::from([]), Phase::Forward, Place::Device, &[]);
@@ -93,6 +84,23 @@ impl Graph {
         let updates = self.updates.iter().map(|&(target, v)| (moved_to[target.index()], renumbered(v))).collect();
         Ok(Graph::from_parts(self.name, self.nodes, operand_count, outputs, updates))
     }
+}
+
+/// Each of `nodes` old nodes' index once `count` nodes are inserted before
+/// each `(at, count)` of `inserted` (ascending): what
+/// [`Graph::insert_before`] moves them to, and what a caller renumbers by.
+/// `None` where an entry is out of order or past the end.
+pub fn moved_to(nodes: usize, inserted: impl IntoIterator<Item = (NodeIndex, usize)>) -> Option<Vec<NodeIndex>> {
+    let mut moved_to = Vec::with_capacity(nodes);
+    let mut shift = 0;
+    let mut next = inserted.into_iter().peekable();
+    for at in 0..nodes {
+        if let Some((_, count)) = next.next_if(|(n, _)| n.index() == at) {
+            shift += count;
+        }
+        moved_to.push(NodeIndex::new(at + shift));
+    }
+    next.peek().is_none().then_some(moved_to)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::hash::Hash;
+use zeroplan_ir::splice;
 use zeroplan_ir::{Graph, GraphError, Node, NodeIndex, Phase, Place, Value};
 
 use crate::manager::PassContext;
@@ -49,22 +50,16 @@ pub fn clone_before_backward<K: Copy + Eq + Hash + Ord>(
 ) -> Result<Cloned, GraphError> {
     let before = placed_clones(&graph, group, cx);
     // Each old node's index once the clones are in: up by those before it.
-    let mut moved_to: Vec<NodeIndex> = Vec::with_capacity(graph.node_count());
-    let mut next = before.iter().peekable();
-    let mut shift = 0;
-    for at in 0..graph.node_count() {
-        if let Some((_, groups)) = next.next_if(|(place, _)| *place == at) {
-            shift += groups.iter().map(|(_, members)| members.len()).sum::<usize>();
-        }
-        moved_to.push(NodeIndex::new(at + shift));
-    }
+    let cloned = |groups: &Placed<K>| groups.iter().map(|(_, members)| members.len()).sum::<usize>();
+    let moved_to = splice::moved_to(graph.node_count(), before.iter().map(|(at, g)| (NodeIndex::new(*at), cloned(g))))
+        .expect("the clones are placed in the order of the nodes");
     let renumbered = |v: &Value| Value { node: moved_to[v.node.index()], output: v.output };
     // Per group, its clones: the values they replace to their own.
     let mut clones: FxHashMap<K, Clones> = FxHashMap::default();
     let mut inserted = Vec::with_capacity(before.len());
     let mut nodes = 0;
     for (at, groups) in &before {
-        let mut slot = moved_to[*at].index() - groups.iter().map(|(_, members)| members.len()).sum::<usize>();
+        let mut slot = moved_to[*at].index() - cloned(groups);
         let mut here = Vec::new();
         for (g, members) in groups {
             let mut made = Clones::default();
