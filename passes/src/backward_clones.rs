@@ -2,9 +2,10 @@
 //! backward first reads it: what recomputation ([`crate::recompute`]) and
 //! sequence-parallel re-gathering ([`crate::regather`]) share.
 //!
-//! The graph is rebuilt in schedule order. Where a backward node reads a
-//! value of a group, the group's forward nodes that the backward needs are
-//! cloned into the backward phase (named `NAME.SUFFIX`) right before it, and
+//! Where a backward node reads a value of a group, the group's forward
+//! nodes that the backward needs are cloned into the backward phase (named
+//! `NAME.SUFFIX`) right before it, inserted in place
+//! ([`zeroplan_ir::Graph::insert_before`]), and
 //! every backward reader of the group reads the clones from then on. So the
 //! originals die after their forward readers and the clones live only from
 //! their first backward reader to their last: the memory planner sees the
@@ -22,7 +23,7 @@ pub struct Cloned {
     pub graph: Graph,
     /// Groups cloned.
     pub groups: usize,
-    /// Nodes cloned.
+    /// Values cloned: each output of each node cloned.
     pub nodes: usize,
 }
 

@@ -117,7 +117,8 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
     }
     let exported = group::exported(g);
     let mut taken = vec![false; g.node_count()];
-    // Each group's members and its kernel's shape (the anchor's output's).
+    // Each group's members and its anchor: the kernel runs over the
+    // anchor's output shape (an optimizer node's, its first operand's).
     let mut chosen: Vec<(Vec<NodeIndex>, NodeIndex)> = Vec::new();
     // Attention pinned unfused (`--attention unfused`, `--disable attention`)
     // runs its softmax and dropout as frameworks without flash attention do.
