@@ -118,6 +118,11 @@ impl Node {
         self.operands.clear();
         self.operands.extend_from_slice(operands);
     }
+
+    /// The operands, to be named anew ([`Graph::reassembled`]).
+    pub(crate) fn operands_mut(&mut self) -> &mut [Value] {
+        &mut self.operands
+    }
 }
 
 /// An error raised while adding a node; it names the node.

@@ -24,6 +24,7 @@ pub mod kernel;
 mod name_index;
 pub mod op;
 pub mod plan;
+pub mod reassemble;
 mod serial;
 pub mod shape;
 pub mod spec;

@@ -10,7 +10,7 @@
 //! backward once per micro-batch (the first simulated, the others assumed
 //! the same) followed by the optimizer phase.
 
-use rustc_hash::FxHashMap;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use zeroplan_ir::plan::Predicted;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Phase};
@@ -43,7 +43,8 @@ struct Playback {
 }
 
 fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Playback> {
-    let mut ready: FxHashMap<NodeIndex, f64> = FxHashMap::with_capacity_and_hasher(order.len(), Default::default());
+    // When each node's results are ready, by node index.
+    let mut ready = vec![0.0f64; graph.node_count()];
     let mut free: BTreeMap<Stream, f64> = BTreeMap::new();
     let mut p = Playback {
         events: Vec::with_capacity(order.len()),
@@ -54,11 +55,16 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
         hardware_flops: 0.0,
     };
     let tensor_parallel = graph.tensor_parallel();
-    let states = super::offload::state_traffic(graph, bindings);
-    for &n in order {
+    // What each instruction does, found on all cores before the streams
+    // play in order: sizing every tensor of a million-node step was most
+    // of the simulation.
+    let (states, works) = rayon::join(
+        || super::offload::state_traffic(graph, bindings),
+        || order.par_iter().map(|&n| work(graph, n, bindings)).collect::<Option<Vec<Work>>>(),
+    );
+    for (&n, w) in order.iter().zip(works?) {
         let node = graph.node(n);
-        let w = work(graph, n, bindings)?;
-        let inputs_ready = graph.operands(n).iter().map(|v| ready[&v.node]).fold(0.0, f64::max);
+        let inputs_ready = graph.operands(n).iter().map(|v| ready[v.node.index()]).fold(0.0, f64::max);
         let stream = super::work::stream(&node.op, w.engine);
         let (start, finish) = match stream {
             None => (inputs_ready, inputs_ready),
@@ -73,7 +79,7 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
                 (start, start + seconds)
             }
         };
-        ready.insert(n, finish);
+        ready[n.index()] = finish;
         p.events.push(Event { node: n, stream, start, end: finish, work: w });
         p.end = p.end.max(finish);
         if node.phase != Phase::Optimizer {

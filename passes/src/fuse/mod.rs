@@ -42,10 +42,11 @@ use std::collections::{BTreeMap, BinaryHeap};
 use rayon::prelude::*;
 
 use zeroplan_ir::kernel::lower;
-use zeroplan_ir::{Graph, NodeIndex, Op, Value};
+use zeroplan_ir::reassemble::Part;
+use zeroplan_ir::{Graph, Node, NodeIndex, Op, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
-use crate::rebuild::{copy_node, copy_outputs, rebuilt};
+use crate::value_table::ValueTable;
 
 /// The fusion pass.
 pub struct Fuse;
@@ -57,7 +58,8 @@ impl Pass for Fuse {
 
     fn run(&self, graph: Graph, cx: &mut PassContext) -> Result<Graph, PassError> {
         let fail = |message: String| PassError::Failed { pass: "fuse", message };
-        let (out, counts) = fuse(&graph, cx).map_err(fail)?;
+        let before = graph.node_count();
+        let (out, counts) = fuse(graph, cx).map_err(fail)?;
         let kernels = out
             .nodes()
             .filter_map(|n| match &n.op {
@@ -70,7 +72,7 @@ impl Pass for Fuse {
             kernels.iter().map(|k| k.outputs.iter().filter(|o| o.is_cross_row(rank(k))).count()).sum();
         let epilogues = kernels.iter().filter(|k| k.epilogue_of.is_some()).count();
         cx.stat("kernels", counts.values().sum::<usize>());
-        cx.stat("nodes_fused", graph.node_count() + counts.values().sum::<usize>() - out.node_count());
+        cx.stat("nodes_fused", before + counts.values().sum::<usize>() - out.node_count());
         cx.stat("cross_row_outputs", cross_row);
         cx.stat("gemm_epilogues", epilogues);
         for (pattern, n) in counts {
@@ -95,12 +97,10 @@ pub fn kernels_text(graph: &Graph) -> String {
 
 struct Group {
     nodes: Vec<NodeIndex>,
-    name: String,
-    /// Taken (not cloned) by [`rebuild`] when the fused node is added: a
-    /// tiled step has tens of thousands of kernels, each with its
-    /// expression tree.
-    op: Option<Op>,
-    operands: Vec<Value>,
+    /// The fused node, reading the input's values: taken (not cloned) by
+    /// [`rebuild`] when it is placed, as a tiled step has tens of thousands
+    /// of kernels, each with its expression tree.
+    fused: Option<Node>,
     outputs: Vec<Value>,
 }
 
@@ -109,7 +109,8 @@ struct Group {
 /// Groups are chosen one after another (each takes nodes the later ones
 /// may not), then lowered at once: lowering reads only the graph and the
 /// group, and on a tiled 100T step it was half the pass.
-fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
+fn fuse(graph: Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str, usize>), String> {
+    let g = &graph;
     let order = g.topo_order();
     let mut position = vec![0; g.node_count()];
     for (i, &n) in order.iter().enumerate() {
@@ -170,8 +171,14 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
             }
             let pattern = patterns::classify(g, &nodes);
             kernel.pattern = Some(pattern.to_string());
-            let op = Some(Op::Fused { kernel: Box::new(kernel) });
-            Ok(Some((Group { nodes, name, op, operands, outputs }, pattern)))
+            // The kernel reads and stores its values at the types they have
+            // here, which the fused graph keeps.
+            let op = Op::Fused { kernel: Box::new(kernel) };
+            let types: Vec<_> = operands.iter().map(|&v| g.value_type(v)).collect();
+            let types = zeroplan_ir::infer::infer(&op, &types, &[]).map_err(|e| format!("`{name}`: {e}"))?;
+            let first = g.node(nodes[0]);
+            let fused = Node::new(name, op, types.into(), first.phase, first.place, &operands);
+            Ok(Some((Group { nodes, fused: Some(fused), outputs }, pattern)))
         })
         .collect();
     let mut groups: Vec<Group> = Vec::with_capacity(lowered.len());
@@ -180,22 +187,23 @@ fn fuse(g: &Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static str
         *counts.entry(pattern).or_default() += 1;
         groups.push(group);
     }
-    Ok((rebuild(g, &order, &position, groups).map_err(|e| e.to_string())?, counts))
+    Ok((rebuild(graph, &order, &position, groups).map_err(|e| e.to_string())?, counts))
 }
 
-/// The graph with each group replaced by its fused node, emitted in a
-/// topological order of the quotient graph: of the units ready, the one
-/// whose last member comes first in the input.
+/// The graph with each group replaced by its fused node, in a topological
+/// order of the quotient graph: of the units ready, the one whose last
+/// member comes first in the input.
 ///
-/// Units are emitted in that order by a sweep over the input's positions —
-/// a unit comes up at its last member's — with a heap only for the few a
-/// group held back: a unit reading a group that ends after it (a lone node
-/// between a group's members) is ready only once the group is emitted,
-/// after the sweep has passed it. Of the ready units those are the first,
-/// so the order is the one a heap of every ready unit gives, without a
-/// million pushes and pops on a tiled step.
+/// Units are ordered by a sweep over the input's positions — a unit comes
+/// up at its last member's — with a heap only for the few a group held
+/// back: a unit reading a group that ends after it (a lone node between a
+/// group's members) is ready only once the group is placed, after the
+/// sweep has passed it. Of the ready units those are the first, so the
+/// order is the one a heap of every ready unit gives, without a million
+/// pushes and pops on a tiled step. The graph is then reassembled in that
+/// order ([`Graph::reassembled`]): the lone nodes moved, not copied.
 fn rebuild(
-    g: &Graph,
+    g: Graph,
     order: &[NodeIndex],
     position: &group::Position,
     mut groups: Vec<Group>,
@@ -255,7 +263,9 @@ fn rebuild(
     }
     let mut held_back: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
     let mut sweep = 0;
-    let (mut out, mut map) = rebuilt(g, g.node_count());
+    // The units in the fused graph's order, and each one's index there.
+    let mut placed = Vec::with_capacity(g.node_count());
+    let mut index_of = vec![u32::MAX; total];
     loop {
         let u = match held_back.pop() {
             Some(Reverse((_, u))) => u,
@@ -268,22 +278,8 @@ fn rebuild(
                 u
             }
         };
-        if u < groups.len() {
-            let grp = &mut groups[u];
-            let first = g.node(grp.nodes[0]);
-            out.phase = first.phase;
-            let operands: Vec<Value> = grp.operands.iter().map(|v| map[v]).collect();
-            let op = grp.op.take().expect("each group is emitted once");
-            let name = std::mem::take(&mut grp.name);
-            let fused = out.at_place(first.place, |out| out.add_node(name, op, &operands, Vec::new()))?;
-            for (k, v) in grp.outputs.iter().enumerate() {
-                map.insert(*v, Value { node: fused, output: k as u32 });
-            }
-        } else {
-            let n = order[u - groups.len()];
-            out.phase = g.node(n).phase;
-            copy_node(g, n, &mut out, &mut map)?;
-        }
+        index_of[u] = placed.len() as u32;
+        placed.push(u);
         for &w in &readers[readers_start[u]..readers_start[u + 1]] {
             indegree[w] -= 1;
             if indegree[w] == 0 && key(w) < sweep {
@@ -291,11 +287,25 @@ fn rebuild(
             }
         }
     }
-    out.phase = g.phase;
-    copy_outputs(g, &mut out, &map);
-    for (target, v) in &g.updates {
-        let t = map[&Value { node: *target, output: 0 }].node;
-        out.set_update(t, map[v])?;
+    // A group's values read outside it are its fused node's outputs.
+    let mut output_of: ValueTable<u32> = ValueTable::for_graph(&g);
+    for grp in &groups {
+        for (k, v) in grp.outputs.iter().enumerate() {
+            output_of.insert(*v, k as u32);
+        }
     }
-    Ok(out)
+    let renumber = |v: Value| {
+        let u = unit_at[position[v.node.index()]];
+        let node = index_of[u];
+        let output = if u < singles { *output_of.get(&v)? } else { v.output };
+        (node != u32::MAX).then(|| Value { node: NodeIndex::new(node as usize), output })
+    };
+    let parts = placed
+        .into_iter()
+        .map(|u| match u.checked_sub(singles) {
+            Some(at) => Part::Kept(order[at]),
+            None => Part::Made(groups[u].fused.take().expect("each group is placed once")),
+        })
+        .collect();
+    g.reassembled(parts, renumber)
 }

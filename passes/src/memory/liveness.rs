@@ -14,7 +14,7 @@
 //! accumulator's zeroing) is written into its target then and takes no
 //! memory of its own.
 
-use rustc_hash::FxHashMap;
+use rayon::prelude::*;
 use rustc_hash::FxHashSet;
 use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
 
@@ -96,7 +96,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
     }
     // A view is read wherever its views are: the viewed buffer lives until
     // the last of them (reverse order reaches views of views first).
-    let mut alias: FxHashMap<Value, Value> = FxHashMap::default();
+    let mut alias: ValueTable<Value> = ValueTable::for_graph(graph);
     for &n in order.iter().rev() {
         if graph.node(n).op.is_view() {
             let (view, viewed) = (Value { node: n, output: 0 }, graph.operands(n)[0]);
@@ -153,7 +153,13 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         }
     }
     let gradients = applied_gradients(graph);
-    let mut intervals = Vec::new();
+    // Every value's bytes, in schedule order, found on all cores: each
+    // reads its type's dimensions and the bindings, a cache miss or two
+    // per value of a million-node step.
+    let sizes: Vec<Option<u64>> =
+        order.par_iter().flat_map_iter(|&n| graph.node(n).outputs.iter().map(|ty| ty.size_bytes(bindings))).collect();
+    let mut sizes = sizes.into_iter();
+    let mut intervals = Vec::with_capacity(sizes.len());
     for &n in order {
         let node = graph.node(n);
         let persistent = matches!(node.op, Op::Param { .. } | Op::State { .. });
@@ -173,7 +179,7 @@ pub fn liveness(graph: &Graph, order: &[NodeIndex], bindings: &Bindings) -> Resu
         for output in 0..node.outputs.len() as u32 {
             let value = Value { node: n, output };
             let ty = &node.outputs[output as usize];
-            let bytes = ty.size_bytes(bindings).ok_or_else(|| {
+            let bytes = sizes.next().flatten().ok_or_else(|| {
                 match ty.shape.dims().iter().find_map(|d| d.indivisible(bindings)) {
                     Some(why) => LivenessError::Indivisible { value: graph.value_ref(value), why },
                     None => LivenessError::Unbound(graph.value_ref(value)),

@@ -1,0 +1,166 @@
+//! Reassembling a graph from its own nodes and new ones, in a new order.
+//!
+//! A pass that replaces some nodes by others and keeps the rest — fusion
+//! puts one kernel in place of each group of memory-bound nodes and keeps
+//! the other 900k nodes of a tiled step as they are — would otherwise copy
+//! every kept node into a new graph through [`Graph::add_copy`]: a clone of
+//! each op, name and type list, a look at each operand's type, one node
+//! after another, and a drop of the whole input after. Here a kept node is
+//! moved from the input's table into the new one, and every operand is
+//! renumbered after, on all cores.
+//!
+//! Types are not inferred again: a kept node keeps its outputs, and a new
+//! node comes with its own. The pass must keep every operand's type (a
+//! value a new node stands for has the type it had), as [`Graph::verify`]
+//! checks; the order is checked here.
+
+use rayon::prelude::*;
+
+use crate::graph::{Graph, GraphError, Node, NodeIndex, Value};
+
+/// One node of a reassembled graph.
+pub enum Part {
+    /// The input's node at this index, moved.
+    Kept(NodeIndex),
+    /// A new node. Its operands name the input's values, as a kept node's
+    /// do, and are renumbered the same way.
+    Made(Node),
+}
+
+impl Graph {
+    /// The graph of `parts`, in their order. Every operand of every part,
+    /// every output and every update names a value of this graph, which
+    /// `renumber` maps to the value that stands for it in the new one
+    /// (`None`: nothing does, which is refused). Nodes no part keeps are
+    /// dropped; a node kept twice is refused, and so is a node that would
+    /// read one that is not before it.
+    pub fn reassembled(
+        self,
+        parts: Vec<Part>,
+        renumber: impl Fn(Value) -> Option<Value> + Sync,
+    ) -> Result<Graph, GraphError> {
+        let refused =
+            |node: &str, op: &'static str, message: String| GraphError { node: node.to_string(), op, message };
+        if u32::try_from(parts.len()).is_err() {
+            return Err(refused(&self.name, "reassemble", "a graph holds fewer than 2^32 nodes".into()));
+        }
+        let Graph { name, nodes: old, outputs, updates, phase, place, .. } = self;
+        // `Option<Node>` is the size of a `Node` (the name's pointer is
+        // never null), so this reuses the input's table.
+        let mut old: Vec<Option<Node>> = old.into_iter().map(Some).collect();
+        let mut nodes = Vec::with_capacity(parts.len());
+        for part in parts {
+            nodes.push(match part {
+                Part::Kept(n) => old.get_mut(n.index()).and_then(Option::take).ok_or_else(|| {
+                    refused(&name, "reassemble", format!("node {} is kept twice, or is not in the graph", n.index()))
+                })?,
+                Part::Made(node) => node,
+            });
+        }
+        drop(old);
+        // The first node, in the new order, that reads what nothing stands
+        // for or what comes after it: the same one however the work is split.
+        let misread = nodes.par_iter_mut().enumerate().find_map_first(|(at, node)| {
+            for i in 0..node.operands().len() {
+                let v = node.operands()[i];
+                let message = match renumber(v) {
+                    Some(new) if new.node.index() < at => {
+                        node.operands_mut()[i] = new;
+                        continue;
+                    }
+                    Some(_) => "it reads a node that is not before it".to_string(),
+                    None => format!("operand {v:?} is not kept"),
+                };
+                return Some(refused(&node.name, node.op.name(), message));
+            }
+            None
+        });
+        if let Some(error) = misread {
+            return Err(error);
+        }
+        let renumbered = |v: Value, what: &str| {
+            renumber(v).ok_or_else(|| refused(&name, "reassemble", format!("{what} {v:?} is not kept")))
+        };
+        let outputs = outputs
+            .into_iter()
+            .map(|(output, v)| Ok((output, renumbered(v, "the output")?)))
+            .collect::<Result<_, GraphError>>()?;
+        let updates = updates
+            .into_iter()
+            .map(|(target, v)| {
+                let target = renumbered(Value { node: target, output: 0 }, "the updated tensor")?.node;
+                Ok((target, renumbered(v, "the update")?))
+            })
+            .collect::<Result<_, GraphError>>()?;
+        let operand_count = nodes.iter().map(|n| n.operands().len()).sum();
+        let mut graph = Graph::from_parts(name, nodes, operand_count, outputs, updates);
+        (graph.phase, graph.place) = (phase, place);
+        Ok(graph)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Dim, Op, Phase, Place, Shape, TensorType};
+
+    /// `x → y = relu(x) → z = relu(y)`, `z` the output.
+    fn graph() -> Graph {
+        let mut g = Graph::new("g");
+        let ty = TensorType { dtype: DType::F32, shape: Shape::new([Dim::constant(4)]) };
+        let x = g.input("x", ty).unwrap();
+        let y = g.add("y", Op::Relu, &[x]).unwrap();
+        let z = g.add("z", Op::Relu, &[y]).unwrap();
+        g.set_output("z", z);
+        g
+    }
+
+    fn at(n: usize) -> Value {
+        Value { node: NodeIndex::new(n), output: 0 }
+    }
+
+    #[test]
+    fn a_node_replaced_and_the_rest_kept_renumber_and_check() {
+        let g = graph();
+        let outputs = g.node(NodeIndex::new(1)).outputs.clone();
+        // `y` and `z` replaced by one node `yz` over `x`, standing for `z`;
+        // `x` kept.
+        let yz = Node::new("yz", Op::Relu, outputs, Phase::Forward, Place::Device, &[at(0)]);
+        let parts = vec![Part::Kept(NodeIndex::new(0)), Part::Made(yz)];
+        let g = g
+            .reassembled(parts, |v| match v.node.index() {
+                0 => Some(at(0)),
+                2 => Some(at(1)),
+                _ => None,
+            })
+            .unwrap();
+        let names: Vec<&str> = g.nodes().map(|n| &*n.name).collect();
+        assert_eq!(names, ["x", "yz"]);
+        assert_eq!(g.operands(NodeIndex::new(1)), [at(0)]);
+        assert_eq!(g.outputs, [("z".to_string(), at(1))]);
+        assert_eq!(g.operand_count(), 1);
+        assert_eq!(g.verify(), Ok(()));
+    }
+
+    #[test]
+    fn reading_what_nothing_stands_for_or_what_comes_later_is_refused() {
+        // `y` dropped, `z` still reading it.
+        let parts = vec![Part::Kept(NodeIndex::new(0)), Part::Kept(NodeIndex::new(2))];
+        let error = graph().reassembled(parts, |v| (v.node.index() != 1).then_some(v)).unwrap_err();
+        assert_eq!(error.node, "z");
+        assert!(error.message.contains("not kept"), "{error}");
+        // `z` put before `y`, which it reads.
+        let parts = vec![Part::Kept(NodeIndex::new(0)), Part::Kept(NodeIndex::new(2)), Part::Kept(NodeIndex::new(1))];
+        let swap = |v: Value| Some(at([0, 2, 1][v.node.index()]));
+        let error = graph().reassembled(parts, swap).unwrap_err();
+        assert_eq!(error.node, "z");
+        assert!(error.message.contains("not before it"), "{error}");
+    }
+
+    #[test]
+    fn a_node_kept_twice_is_refused() {
+        let parts = vec![Part::Kept(NodeIndex::new(0)), Part::Kept(NodeIndex::new(0))];
+        let error = graph().reassembled(parts, Some).unwrap_err();
+        assert!(error.message.contains("kept twice"), "{error}");
+    }
+}
