@@ -97,10 +97,8 @@ pub fn kernels_text(graph: &Graph) -> String {
 
 struct Group {
     nodes: Vec<NodeIndex>,
-    /// The fused node, reading the input's values: taken (not cloned) by
-    /// [`rebuild`] when it is placed, as a tiled step has tens of thousands
-    /// of kernels, each with its expression tree.
-    fused: Option<Node>,
+    /// The fused node, reading the input's values.
+    fused: Node,
     outputs: Vec<Value>,
 }
 
@@ -178,7 +176,7 @@ fn fuse(graph: Graph, cx: &mut PassContext) -> Result<(Graph, BTreeMap<&'static 
             let types = zeroplan_ir::infer::infer(&op, &types, &[]).map_err(|e| format!("`{name}`: {e}"))?;
             let first = g.node(nodes[0]);
             let fused = Node::new(name, op, types.into(), first.phase, first.place, &operands);
-            Ok(Some((Group { nodes, fused: Some(fused), outputs }, pattern)))
+            Ok(Some((Group { nodes, fused, outputs }, pattern)))
         })
         .collect();
     let mut groups: Vec<Group> = Vec::with_capacity(lowered.len());
@@ -206,7 +204,7 @@ fn rebuild(
     g: Graph,
     order: &[NodeIndex],
     position: &group::Position,
-    mut groups: Vec<Group>,
+    groups: Vec<Group>,
 ) -> Result<Graph, zeroplan_ir::GraphError> {
     // Units: a group (by index) or a single node (groups.len() + position),
     // in dense tables: a step has 300k of them.
@@ -300,12 +298,13 @@ fn rebuild(
         let output = if u < singles { *output_of.get(&v)? } else { v.output };
         (node != u32::MAX).then(|| Value { node: NodeIndex::new(node as usize), output })
     };
-    let parts = placed
+    let parts: Vec<Part> = placed
         .into_iter()
         .map(|u| match u.checked_sub(singles) {
             Some(at) => Part::Kept(order[at]),
-            None => Part::Made(groups[u].fused.take().expect("each group is placed once")),
+            None => Part::Made(u),
         })
         .collect();
-    g.reassembled(parts, renumber)
+    let made = groups.into_iter().map(|grp| grp.fused).collect();
+    g.reassembled(&parts, made, renumber)
 }
