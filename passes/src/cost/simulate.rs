@@ -31,10 +31,10 @@ pub struct Event {
     pub work: Work,
 }
 
-/// The schedule played once: every instruction's times, each stream's
-/// busy seconds (forward and backward, optimizer), the FLOPs.
+/// The schedule played once: each stream's busy seconds (forward and
+/// backward, optimizer), the FLOPs; every instruction's times went to the
+/// caller as they were found.
 struct Playback {
-    events: Vec<Event>,
     busy: BTreeMap<Stream, [f64; 2]>,
     micro_batch_end: f64,
     end: f64,
@@ -42,18 +42,22 @@ struct Playback {
     hardware_flops: f64,
 }
 
-fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Playback> {
+/// Plays `graph` in `order`, handing each instruction's event to
+/// `on_event`: the planner's simulation keeps none (a million events of a
+/// tiled step were a tenth of the planner's fresh memory), a timeline keeps
+/// them all.
+fn play(
+    graph: &Graph,
+    order: &[NodeIndex],
+    bindings: &Bindings,
+    machine: &Machine,
+    mut on_event: impl FnMut(Event),
+) -> Option<Playback> {
     // When each node's results are ready, by node index.
     let mut ready = vec![0.0f64; graph.node_count()];
     let mut free: BTreeMap<Stream, f64> = BTreeMap::new();
-    let mut p = Playback {
-        events: Vec::with_capacity(order.len()),
-        busy: BTreeMap::new(),
-        micro_batch_end: 0.0,
-        end: 0.0,
-        model_flops: 0.0,
-        hardware_flops: 0.0,
-    };
+    let mut p =
+        Playback { busy: BTreeMap::new(), micro_batch_end: 0.0, end: 0.0, model_flops: 0.0, hardware_flops: 0.0 };
     let tensor_parallel = graph.tensor_parallel();
     // What each instruction does, found on all cores before the streams
     // play in order: sizing every tensor of a million-node step was most
@@ -80,7 +84,6 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
             }
         };
         ready[n.index()] = finish;
-        p.events.push(Event { node: n, stream, start, end: finish, work: w });
         p.end = p.end.max(finish);
         if node.phase != Phase::Optimizer {
             p.micro_batch_end = p.micro_batch_end.max(finish);
@@ -89,13 +92,16 @@ fn play(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machi
                 p.model_flops += w.flops * (1.0 - super::work::recomputed_share(&node.op));
             }
         }
+        on_event(Event { node: n, stream, start, end: finish, work: w });
     }
     Some(p)
 }
 
 /// The timeline of `graph` in `order`: one event per instruction.
 pub fn timeline(graph: &Graph, order: &[NodeIndex], bindings: &Bindings, machine: &Machine) -> Option<Vec<Event>> {
-    Some(play(graph, order, bindings, machine)?.events)
+    let mut events = Vec::with_capacity(order.len());
+    play(graph, order, bindings, machine, |e| events.push(e))?;
+    Some(events)
 }
 
 /// The timeline of a whole step of `micro_batches` micro-batches, as
@@ -110,13 +116,14 @@ pub fn step_timeline(
     machine: &Machine,
     micro_batches: u64,
 ) -> Option<Vec<(u64, Event)>> {
-    let p = play(graph, order, bindings, machine)?;
+    let mut events = Vec::with_capacity(order.len());
+    let p = play(graph, order, bindings, machine, |e| events.push(e))?;
     let k = micro_batches.max(1);
-    let mut out = Vec::with_capacity(p.events.len() * k as usize);
+    let mut out = Vec::with_capacity(events.len() * k as usize);
     for i in 0..k {
         let shift = i as f64 * p.micro_batch_end;
         let last = i + 1 == k;
-        for e in p.events.iter().filter(|e| last || graph.node(e.node).phase != Phase::Optimizer) {
+        for e in events.iter().filter(|e| last || graph.node(e.node).phase != Phase::Optimizer) {
             out.push((i, Event { start: e.start + shift, end: e.end + shift, ..e.clone() }));
         }
     }
@@ -134,7 +141,7 @@ pub fn simulate(
     micro_batches: u64,
     tokens: u64,
 ) -> Option<Predicted> {
-    let p = play(graph, order, bindings, machine)?;
+    let p = play(graph, order, bindings, machine, |_| {})?;
     let repeats = micro_batches.max(1) as f64;
     let step_seconds = p.end + (repeats - 1.0) * p.micro_batch_end;
     let compute = p.busy.get(&Stream::Compute).map_or(0.0, |[fb, opt]| repeats * fb + opt);
