@@ -136,22 +136,8 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Dim, Op, Phase, Place, Shape, TensorType};
-
-    /// `x → y = relu(x) → z = relu(y)`, `z` the output.
-    fn graph() -> Graph {
-        let mut g = Graph::new("g");
-        let ty = TensorType { dtype: DType::F32, shape: Shape::new([Dim::constant(4)]) };
-        let x = g.input("x", ty).unwrap();
-        let y = g.add("y", Op::Relu, &[x]).unwrap();
-        let z = g.add("z", Op::Relu, &[y]).unwrap();
-        g.set_output("z", z);
-        g
-    }
-
-    fn at(n: usize) -> Value {
-        Value { node: NodeIndex::new(n), output: 0 }
-    }
+    use crate::splice::tests::{at, graph};
+    use crate::{Op, Phase, Place};
 
     #[test]
     fn a_node_replaced_and_the_rest_kept_renumber_and_check() {

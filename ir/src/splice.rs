@@ -104,12 +104,13 @@ pub fn moved_to(nodes: usize, inserted: impl IntoIterator<Item = (NodeIndex, usi
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{DType, Dim, Shape, TensorType, Value};
 
-    /// `x → y = relu(x) → z = relu(y)`, `z` the output.
-    fn graph() -> Graph {
+    /// `x → y = relu(x) → z = relu(y)`, `z` the output; the reassembly's
+    /// tests start from it too.
+    pub(crate) fn graph() -> Graph {
         let mut g = Graph::new("g");
         let ty = TensorType { dtype: DType::F32, shape: Shape::new([Dim::constant(4)]) };
         let x = g.input("x", ty).unwrap();
@@ -119,7 +120,8 @@ mod tests {
         g
     }
 
-    fn at(n: usize) -> Value {
+    /// The first output of node `n`.
+    pub(crate) fn at(n: usize) -> Value {
         Value { node: NodeIndex::new(n), output: 0 }
     }
 
