@@ -72,9 +72,10 @@ fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
     let mut order = owners.clone();
     order.sort_by_key(|&i| (std::cmp::Reverse(aligned(intervals[i].bytes)), intervals[i].start, i));
     let mut live = if indexed {
-        // `end` covers each interval's own end and its aliases'.
-        let positions = intervals.iter().zip(&end).map(|(iv, &e)| iv.start.max(e) + 1).max();
-        Placed::Indexed(Lifetimes::new(positions.unwrap_or(0)))
+        let mut starts: Vec<usize> = owners.iter().map(|&i| intervals[i].start).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        Placed::Indexed(Lifetimes::new(starts))
     } else {
         Placed::ByAddress(Vec::with_capacity(order.len()))
     };
@@ -172,8 +173,18 @@ impl Placed {
 /// they start to the end of the step and stacked end to end — are then a
 /// handful of ranges per node, where listing every block that starts
 /// later made placing them quadratic.
+///
+/// The trees' leaves are the positions where some block starts, not every
+/// position of the schedule: two lifetimes that each start at one of those
+/// positions meet exactly when they meet at one of them, so a lifetime
+/// `[start, stop]` is stored as running from its start's leaf to the leaf
+/// of the last start at or before `stop`. A million-node step starts its
+/// buffers at a fraction of its positions, and each leaf costs four tree
+/// nodes of ranges.
 struct Lifetimes {
-    /// Positions: the trees' leaves.
+    /// The positions blocks start at, ascending: the trees' leaves.
+    starts: Vec<usize>,
+    /// How many there are.
     positions: usize,
     /// Bottom-up segment tree: node `positions + p` is position `p`. Each
     /// node holds the union of the blocks live over all of its positions.
@@ -187,8 +198,12 @@ struct Lifetimes {
 }
 
 impl Lifetimes {
-    fn new(positions: usize) -> Lifetimes {
+    /// An empty index over blocks that start at `starts` (ascending,
+    /// distinct).
+    fn new(starts: Vec<usize>) -> Lifetimes {
+        let positions = starts.len();
         Lifetimes {
+            starts,
             positions,
             covering: vec![Ranges::new(); 2 * positions],
             starting: vec![Ranges::new(); 2 * positions],
@@ -196,8 +211,16 @@ impl Lifetimes {
         }
     }
 
-    /// Adds the block `range` live over `[start, stop]`.
+    /// The leaf of the last start at or before `position` (the first leaf
+    /// for a position before every start).
+    fn leaf(&self, position: usize) -> usize {
+        self.starts.partition_point(|&s| s <= position).saturating_sub(1)
+    }
+
+    /// Adds the block `range` live over `[start, stop]`, where `start` is
+    /// one of the index's starts.
     fn insert(&mut self, start: usize, stop: usize, range: (u64, u64)) {
+        let (start, stop) = (self.leaf(start), self.leaf(stop));
         let (mut lo, mut hi) = (start + self.positions, stop + 1 + self.positions);
         while lo < hi {
             if lo & 1 == 1 {
@@ -219,9 +242,10 @@ impl Lifetimes {
     }
 
     /// The blocks live at some position of `[start, stop]`, in `out`
-    /// (emptied first).
+    /// (emptied first), where `start` is one of the index's starts.
     fn overlapping(&self, start: usize, stop: usize, out: &mut Vec<(u64, u64)>) {
         out.clear();
+        let (start, stop) = (self.leaf(start), self.leaf(stop));
         let mut node = start + self.positions;
         while node > 0 {
             out.extend_from_slice(&self.covering[node]);
