@@ -46,8 +46,12 @@ pub fn plan(graph: &Graph, bindings: &Bindings) -> Result<MemoryPlan, LivenessEr
 /// [`plan`] under the schedule `order`, the graph's topological order
 /// already computed: the search plans each probe at several micro-batches.
 pub fn plan_in_order(graph: &Graph, order: Vec<NodeIndex>, bindings: &Bindings) -> Result<MemoryPlan, LivenessError> {
-    let (mut intervals, mut host_intervals): (Vec<Interval>, Vec<Interval>) =
-        liveness::liveness(graph, &order, bindings)?.into_iter().partition(|i| i.place == Place::Device);
+    // The host's intervals are taken out of the one list, which keeps the
+    // device's in order where they are: partitioning into two new lists
+    // held a million-node step's intervals twice (50 MB) at the planner's
+    // peak.
+    let mut intervals = liveness::liveness(graph, &order, bindings)?;
+    let mut host_intervals: Vec<Interval> = intervals.extract_if(.., |i| i.place != Place::Device).collect();
     own_buffers_across_places(&mut intervals);
     own_buffers_across_places(&mut host_intervals);
     // The two arenas are independent: a ZeRO-3 offload plan's host arena
