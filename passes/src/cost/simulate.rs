@@ -61,12 +61,18 @@ fn play(
     let tensor_parallel = graph.tensor_parallel();
     // What each instruction does, found on all cores before the streams
     // play in order: sizing every tensor of a million-node step was most
-    // of the simulation.
-    let (states, works) = rayon::join(
+    // of the simulation. Collected in place by index: collecting into an
+    // `Option<Vec>` gathers per-thread lists and copies them into one,
+    // both held at once (100 MB at the planner's peak).
+    let mut works: Vec<Option<Work>> = Vec::new();
+    let (states, ()) = rayon::join(
         || super::offload::state_traffic(graph, bindings),
-        || order.par_iter().map(|&n| work(graph, n, bindings)).collect::<Option<Vec<Work>>>(),
+        || order.par_iter().map(|&n| work(graph, n, bindings)).collect_into_vec(&mut works),
     );
-    for (&n, w) in order.iter().zip(works?) {
+    if works.iter().any(Option::is_none) {
+        return None;
+    }
+    for (&n, w) in order.iter().zip(works.into_iter().flatten()) {
         let node = graph.node(n);
         let inputs_ready = graph.operands(n).iter().map(|v| ready[v.node.index()]).fold(0.0, f64::max);
         let stream = super::work::stream(&node.op, w.engine);
