@@ -184,13 +184,11 @@ impl Placed {
 struct Lifetimes {
     /// The positions blocks start at, ascending: the trees' leaves.
     starts: Vec<usize>,
-    /// How many there are.
-    positions: usize,
-    /// Bottom-up segment tree: node `positions + p` is position `p`. Each
-    /// node holds the union of the blocks live over all of its positions.
+    /// Bottom-up segment tree: node `leaves + l` is leaf `l`. Each
+    /// node holds the union of the blocks live over all of its leaves.
     covering: Vec<Ranges>,
     /// The same shape of tree: each node holds the union of the blocks
-    /// that start at one of its positions.
+    /// that start at one of its leaves.
     starting: Vec<Ranges>,
     /// The list [`Lifetimes::overlapping`] fills, kept between first fits:
     /// a step's 300k buffers would otherwise grow one from empty each.
@@ -201,12 +199,11 @@ impl Lifetimes {
     /// An empty index over blocks that start at `starts` (ascending,
     /// distinct).
     fn new(starts: Vec<usize>) -> Lifetimes {
-        let positions = starts.len();
+        let leaves = starts.len();
         Lifetimes {
             starts,
-            positions,
-            covering: vec![Ranges::new(); 2 * positions],
-            starting: vec![Ranges::new(); 2 * positions],
+            covering: vec![Ranges::new(); 2 * leaves],
+            starting: vec![Ranges::new(); 2 * leaves],
             scratch: Default::default(),
         }
     }
@@ -220,8 +217,9 @@ impl Lifetimes {
     /// Adds the block `range` live over `[start, stop]`, where `start` is
     /// one of the index's starts.
     fn insert(&mut self, start: usize, stop: usize, range: (u64, u64)) {
+        let leaves = self.starts.len();
         let (start, stop) = (self.leaf(start), self.leaf(stop));
-        let (mut lo, mut hi) = (start + self.positions, stop + 1 + self.positions);
+        let (mut lo, mut hi) = (start + leaves, stop + 1 + leaves);
         while lo < hi {
             if lo & 1 == 1 {
                 coalesce(&mut self.covering[lo], range);
@@ -234,7 +232,7 @@ impl Lifetimes {
             lo /= 2;
             hi /= 2;
         }
-        let mut node = start + self.positions;
+        let mut node = start + leaves;
         while node > 0 {
             coalesce(&mut self.starting[node], range);
             node /= 2;
@@ -245,13 +243,14 @@ impl Lifetimes {
     /// (emptied first), where `start` is one of the index's starts.
     fn overlapping(&self, start: usize, stop: usize, out: &mut Vec<(u64, u64)>) {
         out.clear();
+        let leaves = self.starts.len();
         let (start, stop) = (self.leaf(start), self.leaf(stop));
-        let mut node = start + self.positions;
+        let mut node = start + leaves;
         while node > 0 {
             out.extend_from_slice(&self.covering[node]);
             node /= 2;
         }
-        let (mut lo, mut hi) = (start + 1 + self.positions, stop + 1 + self.positions);
+        let (mut lo, mut hi) = (start + 1 + leaves, stop + 1 + leaves);
         while lo < hi {
             if lo & 1 == 1 {
                 out.extend_from_slice(&self.starting[lo]);
