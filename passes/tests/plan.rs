@@ -298,6 +298,9 @@ fn plan_files_round_trip() {
     let m = model("tiny/tiny-bert.ron");
     let p = planned(&request(&m, cluster("a100-80gb", 2, None), 16, 8));
     let text = p.to_ron();
+    let mut streamed = Vec::new();
+    p.write_ron(&mut streamed).unwrap();
+    assert_eq!(String::from_utf8(streamed).unwrap(), text, "the streamed file is the text");
     let back = Plan::from_ron(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(back.to_ron(), text);
     assert_eq!(back.program.graph.node_count(), p.program.graph.node_count());

@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::cli::{Candidates, CapacityArgs};
 use crate::commands::compile::{cluster, training};
 use crate::commands::inspect;
-use crate::output::emit;
+use crate::output::{emit, write_atomic};
 use zeroplan_ir::spec;
 use zeroplan_passes::planner::capacity::{Capacity, LADDER, Size, capacity};
 use zeroplan_passes::planner::{Pins, Request, precision_name};
@@ -42,7 +42,7 @@ pub fn run(args: &CapacityArgs) -> Result<(), String> {
     let found = capacity(&req, &LADDER).map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if let (Some(path), Some(i)) = (&args.output, found.largest_planned) {
         let Some(Ok(plan)) = &found.sizes[i].full else { unreachable!("the largest planned size has its plan") };
-        emit(&plan.to_ron(), Some(path))?;
+        write_atomic(path, |file| plan.write_ron(file))?;
     }
     let text = if args.json { json_report(&found) } else { text(&req, &found) };
     emit(&text, None)

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::cli::{Candidates, CompileArgs};
 use crate::commands::compile::{pins, request};
 use crate::commands::inspect;
-use crate::output::emit;
+use crate::output::{emit, write_atomic};
 use zeroplan_driver::deepspeed::import;
 use zeroplan_ir::plan::{OffloadTo, Plan};
 use zeroplan_ir::spec::{Cluster, ModelSpec, TrainingSpec};
@@ -67,7 +67,7 @@ pub fn run(
     let given = plan(&request(args, model, train.clone(), cluster.clone(), global_batch, pins)).map_err(context);
     let best = plan(&request(args, model, train, cluster, global_batch, Pins::default())).map_err(context)?;
     if let (Some(path), Ok(given)) = (&args.output, &given) {
-        emit(&given.to_ron(), Some(path))?;
+        write_atomic(path, |file| given.write_ron(file))?;
     }
     let out = if args.json { json_report(&given, &best) } else { text_report(&file, &given, &best, args.candidates) };
     emit(&out, None)?;

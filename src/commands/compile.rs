@@ -3,7 +3,7 @@
 
 use crate::cli::{ClusterArgs, CompileArgs, TrainingArgs};
 use crate::commands::{compare, inspect};
-use crate::output::emit;
+use crate::output::{emit, write_atomic};
 use zeroplan_ir::spec::{self, Cluster, GpuProfile, ModelSpec, Nvme, Precision, TrainingSpec};
 use zeroplan_passes::planner::{Pins, Request, plan};
 
@@ -24,7 +24,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
     let plan = plan(&request(args, &model, train, cluster, global_batch, pins(args)))
         .map_err(|e| format!("{}: error: {e}", args.spec.display()))?;
     if let Some(path) = &args.output {
-        emit(&plan.to_ron(), Some(path))?;
+        write_atomic(path, |file| plan.write_ron(file))?;
     }
     let text = if args.json { inspect::json(&plan) } else { inspect::text(&plan, args.candidates) };
     // The plan of a deep model holds its whole step: freed beside the
