@@ -190,7 +190,6 @@ struct Lifetimes {
     /// buffer, and over a million-buffer step's starts each search is a
     /// chain of cache misses (`perf`: a sixth of placing it).
     leaf_at: Vec<u32>,
-    leaves: usize,
     /// Bottom-up segment tree: node `leaves + l` is leaf `l`. Each
     /// node holds the union of the blocks live over all of its leaves.
     covering: Vec<Ranges>,
@@ -217,7 +216,6 @@ impl Lifetimes {
         }
         Lifetimes {
             leaf_at,
-            leaves,
             covering: vec![Ranges::new(); 2 * leaves],
             starting: vec![Ranges::new(); 2 * leaves],
             scratch: Default::default(),
@@ -228,10 +226,15 @@ impl Lifetimes {
         self.leaf_at[position] as usize
     }
 
+    /// The trees' leaf count: each tree holds `2 * leaves` nodes.
+    fn leaves(&self) -> usize {
+        self.covering.len() / 2
+    }
+
     /// Adds the block `range` live over `[start, stop]`, where `start` is
     /// one of the index's starts.
     fn insert(&mut self, start: usize, stop: usize, range: (u64, u64)) {
-        let leaves = self.leaves;
+        let leaves = self.leaves();
         let (start, stop) = (self.leaf(start), self.leaf(stop));
         let (mut lo, mut hi) = (start + leaves, stop + 1 + leaves);
         while lo < hi {
@@ -257,7 +260,7 @@ impl Lifetimes {
     /// (emptied first), where `start` is one of the index's starts.
     fn overlapping(&self, start: usize, stop: usize, out: &mut Vec<(u64, u64)>) {
         out.clear();
-        let leaves = self.leaves;
+        let leaves = self.leaves();
         let (start, stop) = (self.leaf(start), self.leaf(stop));
         let mut node = start + leaves;
         while node > 0 {
