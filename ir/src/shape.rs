@@ -89,6 +89,18 @@ impl fmt::Debug for Symbols {
     }
 }
 
+/// The value `bindings` gives `symbol`. A graph binds two or three symbols
+/// (`batch`, `seq`), and the memory and cost models look one up for every
+/// symbolic dimension of every value of every candidate: a scan that
+/// compares lengths first finds it without the string comparisons a
+/// search of the ordered map makes at each key it passes.
+fn bound(bindings: &Bindings, symbol: &str) -> Option<u64> {
+    if bindings.len() > 4 {
+        return bindings.get(symbol).copied();
+    }
+    bindings.iter().find(|(name, _)| name.len() == symbol.len() && *name == symbol).map(|(_, &v)| v)
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -190,7 +202,7 @@ impl Dim {
     /// The dimension's value under `bindings`; `None` if a symbol is
     /// unbound, the product overflows or the divisor does not divide it.
     pub fn eval(&self, bindings: &Bindings) -> Option<u64> {
-        let whole = self.symbols.iter().try_fold(self.factor, |acc, s| acc.checked_mul(*bindings.get(s)?))?;
+        let whole = self.symbols.iter().try_fold(self.factor, |acc, s| acc.checked_mul(bound(bindings, s)?))?;
         whole.is_multiple_of(self.divisor).then(|| whole / self.divisor)
     }
 }
@@ -326,7 +338,7 @@ impl Shape {
                 (factor, divisor) = if f == 0 { (0, 1) } else { (f / g, q / g) };
             }
             for s in d.symbols.iter() {
-                symbols = symbols.checked_mul(*bindings.get(s)?)?;
+                symbols = symbols.checked_mul(bound(bindings, s)?)?;
             }
         }
         let whole = if factor == 0 { 0 } else { factor.checked_mul(symbols)? };

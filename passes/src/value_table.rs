@@ -19,8 +19,13 @@ pub struct ValueTable<T> {
 impl<T> ValueTable<T> {
     /// A table with a slot for each node of `graph`.
     pub fn for_graph(graph: &Graph) -> ValueTable<T> {
+        ValueTable::with_nodes(graph.node_count())
+    }
+
+    /// A table with a slot for each of `nodes` nodes.
+    pub fn with_nodes(nodes: usize) -> ValueTable<T> {
         let mut first = Vec::new();
-        first.resize_with(graph.node_count(), || None);
+        first.resize_with(nodes, || None);
         ValueTable { first, rest: FxHashMap::default() }
     }
 

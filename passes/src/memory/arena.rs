@@ -6,9 +6,11 @@
 //! lifetime intersects its own. Persistent tensors live throughout, so they
 //! pack at the bottom; activations reuse the space above as they die.
 
+use rayon::slice::ParallelSliceMut;
 use smallvec::SmallVec;
 
 use super::liveness::Interval;
+use crate::value_table::ValueTable;
 
 /// Offsets are multiples of this (what CUDA allocations guarantee).
 pub const ALIGNMENT: u64 = 256;
@@ -58,40 +60,74 @@ pub fn place(intervals: &[Interval]) -> Arena {
 fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
     let owners: Vec<usize> =
         (0..intervals.len()).filter(|&i| intervals[i].alias_of.is_none() && intervals[i].bytes > 0).collect();
-    // An owner's lifetime extends over the lifetimes of its aliases.
+    let end = owned_ends(intervals);
+    // Largest first, then earliest, then in the intervals' order: a total
+    // order, so an unstable sort gives the one placement. The keys sit
+    // beside each other, not behind an index into the intervals (a
+    // million-buffer step's comparisons were cache misses); a large
+    // arena's are sorted on every core (the winner's device arena is placed
+    // after the other candidates' work is done, with the other cores idle).
+    let mut order: Vec<(std::cmp::Reverse<u64>, usize, u32)> = owners
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (std::cmp::Reverse(aligned(intervals[i].bytes)), intervals[i].start, k as u32))
+        .collect();
+    if indexed {
+        order.par_sort_unstable();
+    } else {
+        order.sort_unstable();
+    }
+    let mut live = if indexed {
+        let positions = owners.iter().map(|&i| end[i] + 1).max().unwrap_or(0);
+        Placed::Indexed(Lifetimes::new(&starts(intervals, &owners, positions), positions))
+    } else {
+        Placed::ByAddress(Vec::with_capacity(order.len()))
+    };
+    // By owner, so the placements come out in the intervals' order.
+    let mut placed: Vec<Placement> =
+        owners.iter().map(|&interval| Placement { interval, offset: 0, bytes: 0, start: 0, end: 0 }).collect();
+    let mut size = 0;
+    for (_, start, k) in order {
+        let p = &mut placed[k as usize];
+        let (bytes, stop) = (aligned(intervals[p.interval].bytes), end[p.interval]);
+        let offset = live.first_fit(start, stop, bytes);
+        size = size.max(offset + bytes);
+        live.insert(start, stop, (offset, offset + bytes));
+        *p = Placement { offset, bytes: intervals[p.interval].bytes, start, end: stop, ..*p };
+    }
+    Arena { placements: placed, size, lower_bound: lower_bound(intervals, &end) }
+}
+
+/// Each interval's last position, an owner's extended over the lifetimes
+/// of the values that reuse its buffer. Aliases are found through a table
+/// by node index, not a hash map of every value (a million-buffer step's
+/// map cost a cache miss per lookup and its own allocation).
+fn owned_ends(intervals: &[Interval]) -> Vec<usize> {
     let mut end: Vec<usize> = intervals.iter().map(|i| i.end).collect();
-    let index_of: rustc_hash::FxHashMap<_, usize> = intervals.iter().enumerate().map(|(i, iv)| (iv.value, i)).collect();
+    let nodes = intervals.iter().map(|i| i.value.node.index() + 1).max().unwrap_or(0);
+    let mut index_of: ValueTable<u32> = ValueTable::with_nodes(nodes);
+    for (i, iv) in intervals.iter().enumerate() {
+        index_of.insert(iv.value, i as u32);
+    }
     for iv in intervals {
         let mut target = iv.alias_of;
         while let Some(t) = target {
-            let owner = index_of[&t];
+            let owner = index_of[&t] as usize;
             end[owner] = end[owner].max(iv.end);
             target = intervals[owner].alias_of;
         }
     }
-    let mut order = owners.clone();
-    order.sort_by_key(|&i| (std::cmp::Reverse(aligned(intervals[i].bytes)), intervals[i].start, i));
-    let mut live = if indexed {
-        let mut starts: Vec<usize> = owners.iter().map(|&i| intervals[i].start).collect();
-        starts.sort_unstable();
-        starts.dedup();
-        let positions = owners.iter().map(|&i| end[i] + 1).max().unwrap_or(0);
-        Placed::Indexed(Lifetimes::new(&starts, positions))
-    } else {
-        Placed::ByAddress(Vec::with_capacity(order.len()))
-    };
-    let mut placed: Vec<Placement> = Vec::with_capacity(order.len());
-    let mut size = 0;
-    for i in order {
-        let bytes = aligned(intervals[i].bytes);
-        let (start, stop) = (intervals[i].start, end[i]);
-        let offset = live.first_fit(start, stop, bytes);
-        size = size.max(offset + bytes);
-        live.insert(start, stop, (offset, offset + bytes));
-        placed.push(Placement { interval: i, offset, bytes: intervals[i].bytes, start, end: stop });
+    end
+}
+
+/// The distinct positions `owners` start at, ascending, found by marking
+/// each of the `positions` rather than by sorting a million starts.
+fn starts(intervals: &[Interval], owners: &[usize], positions: usize) -> Vec<usize> {
+    let mut starts_here = vec![false; positions];
+    for &i in owners {
+        starts_here[intervals[i].start] = true;
     }
-    placed.sort_by_key(|p| p.interval);
-    Arena { placements: placed, size, lower_bound: lower_bound(intervals, &end) }
+    starts_here.iter().enumerate().filter_map(|(p, &s)| s.then_some(p)).collect()
 }
 
 /// Buffers past which the placed blocks are indexed by lifetime: below,
