@@ -288,7 +288,8 @@ pub fn plan(req: &Request) -> Result<Plan, PlanError> {
     };
     // What the search and the memory plan leave is freed off the critical
     // path: a deep step's intervals and probes take a tenth of a second.
-    rayon::spawn(move || drop((outcomes, memory_plan)));
+    let shared = req.shared.take_graphs();
+    rayon::spawn(move || drop((outcomes, memory_plan, shared)));
     Ok(plan)
 }
 

@@ -97,6 +97,14 @@ impl Shared {
         Ok(prefixes.entry(key).or_insert_with(|| Arc::new(graph)).clone())
     }
 
+    /// The graphs compiled so far, taken out of the store: the planner
+    /// frees them off its critical path (100T on 4,096 H200s: 60 ms of
+    /// the main thread's end, the prefixes its probes resumed from).
+    pub fn take_graphs(&self) -> Vec<Arc<Graph>> {
+        let mut prefixes = self.prefixes.lock().unwrap_or_else(|e| e.into_inner());
+        prefixes.drain().map(|(_, graph)| graph).collect()
+    }
+
     /// Whether the `recompute` pass under `selective` leaves the shared
     /// graph of `options` as it is, so that a `selective` choice plans as
     /// its `none` twin.
