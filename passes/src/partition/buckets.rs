@@ -7,7 +7,6 @@
 //! and backward reduces them in reverse. Each bucket is padded to a multiple
 //! of `ranks × 128` elements, so every shard is equal and 256-byte aligned.
 
-use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use zeroplan_ir::{FlatMember, Graph, Init, NodeIndex, Op};
 
@@ -55,14 +54,21 @@ fn group<'a>(name: &'a str, init: &Init) -> &'a str {
 
 /// Groups `slots` into buckets for `ranks` ranks.
 pub(super) fn buckets(graph: &Graph, order: &[NodeIndex], slots: &[Slot], ranks: u64) -> Vec<Bucket> {
-    let position: FxHashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    // Where the forward first reads each parameter (through its working copy).
+    let mut position = vec![usize::MAX; graph.node_count()];
+    for (i, n) in order.iter().enumerate() {
+        position[n.index()] = i;
+    }
+    // Where the forward first reads each parameter (through its working
+    // copy), found once a slot (a tiled step has one a tile): made again at
+    // each comparison of the sort, the keys were a tenth of the pass.
     let first_use = |s: &Slot| {
         let read = s.working.unwrap_or(s.param);
-        graph.users(read).iter().map(|u| position[u]).min().unwrap_or(usize::MAX)
+        graph.users(read).iter().map(|u| position[u.index()]).min().unwrap_or(usize::MAX)
     };
-    let mut by_use: Vec<usize> = (0..slots.len()).collect();
-    by_use.sort_by_key(|&i| (first_use(&slots[i]), position[&slots[i].param]));
+    let mut keyed: Vec<(usize, usize, usize)> =
+        slots.iter().enumerate().map(|(i, s)| (first_use(s), position[s.param.index()], i)).collect();
+    keyed.sort_unstable();
+    let by_use = keyed.into_iter().map(|(_, _, i)| i);
     let mut buckets: Vec<Bucket> = Vec::new();
     let mut index: HashMap<(String, u64, bool), usize> = HashMap::new();
     let mut layers: HashMap<String, usize> = HashMap::new();
