@@ -10,7 +10,6 @@ use rayon::slice::ParallelSliceMut;
 use smallvec::SmallVec;
 
 use super::liveness::Interval;
-use crate::value_table::ValueTable;
 
 /// Offsets are multiples of this (what CUDA allocations guarantee).
 pub const ALIGNMENT: u64 = 256;
@@ -104,11 +103,7 @@ fn place_indexed(intervals: &[Interval], indexed: bool) -> Arena {
 /// map cost a cache miss per lookup and its own allocation).
 fn owned_ends(intervals: &[Interval]) -> Vec<usize> {
     let mut end: Vec<usize> = intervals.iter().map(|i| i.end).collect();
-    let nodes = intervals.iter().map(|i| i.value.node.index() + 1).max().unwrap_or(0);
-    let mut index_of: ValueTable<u32> = ValueTable::with_nodes(nodes);
-    for (i, iv) in intervals.iter().enumerate() {
-        index_of.insert(iv.value, i as u32);
-    }
+    let index_of = Interval::indices(intervals);
     for iv in intervals {
         let mut target = iv.alias_of;
         while let Some(t) = target {

@@ -54,6 +54,20 @@ pub struct Interval {
     pub place: zeroplan_ir::Place,
 }
 
+impl Interval {
+    /// Each interval's index in `intervals`, by its value: for following
+    /// `alias_of` to the interval it names. Sized by the largest node the
+    /// intervals hold, which a place's own list may end well before.
+    pub(crate) fn indices(intervals: &[Interval]) -> ValueTable<u32> {
+        let nodes = intervals.iter().map(|i| i.value.node.index() + 1).max().unwrap_or(0);
+        let mut index_of = ValueTable::with_nodes(nodes);
+        for (i, interval) in intervals.iter().enumerate() {
+            index_of.insert(interval.value, i as u32);
+        }
+        index_of
+    }
+}
+
 /// Why liveness could not be computed.
 #[derive(Debug, thiserror::Error)]
 pub enum LivenessError {

@@ -93,11 +93,7 @@ impl MemoryPlan {
 /// A view whose target lives in the other place's arena cannot share its
 /// buffer: it gets its own (the bytes it reads must be there anyway).
 fn own_buffers_across_places(intervals: &mut [Interval]) {
-    let nodes = intervals.iter().map(|i| i.value.node.index() + 1).max().unwrap_or(0);
-    let mut here = crate::value_table::ValueTable::with_nodes(nodes);
-    for interval in intervals.iter() {
-        here.insert(interval.value, ());
-    }
+    let here = Interval::indices(intervals);
     for interval in intervals.iter_mut() {
         if interval.alias_of.is_some_and(|v| !here.contains_key(&v)) {
             interval.alias_of = None;
