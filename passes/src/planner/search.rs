@@ -421,18 +421,20 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
         }
         let peak_none = none.memory(req, b)?.peak_bytes;
         let choice_at = |budget_bytes| Choice { recompute: Policy::Optimal { budget_bytes }, ..o.choice };
-        let before = Step::before_recompute(req, choice_at(0), ranks, b, micro_batches)?;
-        // The first try's copy of the step is made beside the weighing,
-        // which only reads it (a tiled 100T step: 600k nodes, 0.1–0.4 s).
-        let (spare, costs) = rayon::join(
-            || before.clone(),
-            || crate::recompute::optimal::step_costs(&before, &super::evaluate::bindings(b, req.seq)),
-        );
+        // The step before recomputation, which each try continues from.
+        // The first try takes the weighed one; a later try (the first one's
+        // plan overshot) builds it again rather than keep a copy: held
+        // through the first try, a tiled 100T step's copy (1.1M nodes) was
+        // 90–290 MB of the planner's peak, and on the identity grid of
+        // `passes/tests/pruning.rs` no second try is made.
+        let before = || Step::before_recompute(req, choice_at(0), ranks, b, micro_batches);
+        let first = before()?;
+        let weighed = crate::recompute::optimal::step_costs(&first, &super::evaluate::bindings(b, req.seq));
         let weighed = Arc::new(
-            costs.ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?,
+            weighed.ok_or_else(|| PlanError::Compile("a tensor size is unbound after binding batch and seq".into()))?,
         );
         let costs = &weighed.costs;
-        let mut spare = Some(spare);
+        let mut first = Some(first);
         let model = super::optimal_budget::PeakModel::measured(costs, peak_none, full.memory.peak_bytes);
         let mut target = super::optimal_budget::first_target(costs, &model, budget);
         for attempt in 0..3 {
@@ -452,7 +454,10 @@ fn optimal_outcomes(req: &Request, machine: &Machine, outcomes: &[Outcome]) -> R
                 }
             }
             let choice = choice_at(target);
-            let graph = spare.take().unwrap_or_else(|| before.clone());
+            let graph = match first.take() {
+                Some(graph) => graph,
+                None => before()?,
+            };
             let step = Step::after_training_step(req, choice, ranks, b, micro_batches, graph, Some(weighed.clone()))?;
             // A whole step, kept if its plan fits.
             let memory = match step.evaluate(req, machine, choice.strategy(world, b, micro_batches))? {
