@@ -31,6 +31,7 @@ pub mod fuse;
 pub mod manager;
 pub mod memory;
 pub mod mixed_precision;
+mod names;
 pub mod optimizer;
 pub mod partition;
 pub mod pipeline;

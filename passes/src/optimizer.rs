@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use zeroplan_ir::spec::{Precision, TrainingSpec};
 use zeroplan_ir::{DType, Graph, GraphError, Init, NodeIndex, Op, Phase, Shape, TensorType, Value};
 
+use crate::names::dotted;
+
 /// Steering scalars shared by the backward and optimizer phases.
 pub struct LossScale {
     /// dloss: the loss scale under fp16, else the constant 1.
@@ -54,7 +56,7 @@ pub(crate) fn norm_share(graph: &mut Graph, name: &str, sq: Value, init: Init, t
     if t == 1 || init.tensor_shard_ranks().is_some() {
         return Ok(sq);
     }
-    graph.add(format!("{name}.tensor_share"), Op::Scale { factor: 1.0 / t as f64 }, &[sq])
+    graph.add(dotted(&[name, "tensor_share"]), Op::Scale { factor: 1.0 / t as f64 }, &[sq])
 }
 
 /// The sum of `x` over the `t` tensor-parallel ranks (itself with one).
@@ -62,7 +64,7 @@ pub(crate) fn tensor_sum(graph: &mut Graph, name: &str, x: Value, t: u64) -> Res
     if t == 1 {
         return Ok(x);
     }
-    graph.add(format!("{name}.tensor_all_reduce"), Op::TensorAllReduce { ranks: t }, &[x])
+    graph.add(dotted(&[name, "tensor_all_reduce"]), Op::TensorAllReduce { ranks: t }, &[x])
 }
 
 /// Appends accumulation (backward phase) and the optimizer phase for
@@ -83,23 +85,23 @@ pub fn optimizer(
         graph.phase = Phase::Backward;
         let grad = match grads.get(&p) {
             Some(grad) => *grad,
-            None => graph.source(format!("{name}.grad_zero"), Op::Fill { value: 0.0 }, ty.clone())?,
+            None => graph.source(dotted(&[&name, "grad_zero"]), Op::Fill { value: 0.0 }, ty.clone())?,
         };
         if train.micro_batches == 1 {
             applied.push((p, grad));
             continue;
         }
         let acc_ty = TensorType::new(ty.shape.clone(), DType::F32);
-        let acc = graph.source(format!("{name}.grad_acc"), Op::State { init: Init::Zeros }, acc_ty.clone())?;
+        let acc = graph.source(dotted(&[&name, "grad_acc"]), Op::State { init: Init::Zeros }, acc_ty.clone())?;
         let grad32 = if graph.value_type(grad).dtype == DType::F32 {
             grad
         } else {
-            graph.add(format!("{name}.grad_f32"), Op::Cast { to: DType::F32 }, &[grad])?
+            graph.add(dotted(&[&name, "grad_f32"]), Op::Cast { to: DType::F32 }, &[grad])?
         };
-        let sum = graph.add(format!("{name}.grad_acc.next"), Op::Add, &[acc, grad32])?;
+        let sum = graph.add(dotted(&[&name, "grad_acc.next"]), Op::Add, &[acc, grad32])?;
         graph.set_update(acc.node, sum)?;
         graph.phase = Phase::Optimizer;
-        let zero = graph.source(format!("{name}.grad_acc.zero"), Op::Fill { value: 0.0 }, acc_ty)?;
+        let zero = graph.source(dotted(&[&name, "grad_acc.zero"]), Op::Fill { value: 0.0 }, acc_ty)?;
         graph.set_update(acc.node, zero)?;
         applied.push((p, acc));
     }
@@ -108,13 +110,13 @@ pub fn optimizer(
     let tensor_ranks = graph.tensor_parallel();
     let mut squared: Option<Value> = None;
     for (p, grad) in &applied {
-        let name = format!("{}.grad_sq", graph.node(*p).name);
+        let name = dotted(&[&graph.node(*p).name, "grad_sq"]);
         let sq = graph.add(name.clone(), Op::SquaredSum, &[*grad])?;
         let Op::Param { init } = &graph.node(*p).op else { unreachable!("params() holds parameters") };
         let sq = norm_share(graph, &name, sq, init.clone(), tensor_ranks)?;
         squared = Some(match squared {
             None => sq,
-            Some(total) => graph.add(format!("train.grad_sq.{}", graph.node(*p).name), Op::Add, &[total, sq])?,
+            Some(total) => graph.add(dotted(&["train.grad_sq", &graph.node(*p).name]), Op::Add, &[total, sq])?,
         });
     }
     let Some(squared) = squared else { return Ok(()) };
@@ -135,13 +137,16 @@ pub fn optimizer(
     for (p, grad) in applied {
         let name = graph.node(p).name.clone();
         let ty = graph.node(p).outputs[0].clone();
-        let m = graph.source(format!("{name}.adam_m"), Op::State { init: Init::Zeros }, ty.clone())?;
-        let v = graph.source(format!("{name}.adam_v"), Op::State { init: Init::Zeros }, ty)?;
+        let m = graph.source(dotted(&[&name, "adam_m"]), Op::State { init: Init::Zeros }, ty.clone())?;
+        let v = graph.source(dotted(&[&name, "adam_v"]), Op::State { init: Init::Zeros }, ty)?;
         let decay = if train.decay_norms_and_biases || !is_norm_or_bias(&name) { train.weight_decay } else { 0.0 };
         let adamw = Op::AdamW { beta1: train.betas.0, beta2: train.betas.1, eps: train.eps, weight_decay: decay };
         let param = Value { node: p, output: 0 };
-        let out =
-            graph.add_multi(format!("{name}.adamw"), adamw, &[param, grad, m, v, lr, next_step, multiplier, finite])?;
+        let out = graph.add_multi(
+            dotted(&[&name, "adamw"]),
+            adamw,
+            &[param, grad, m, v, lr, next_step, multiplier, finite],
+        )?;
         graph.set_update(p, out[0])?;
         graph.set_update(m.node, out[1])?;
         graph.set_update(v.node, out[2])?;

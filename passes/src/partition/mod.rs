@@ -54,6 +54,7 @@ use zeroplan_ir::plan::{DataParallel, Offload};
 use zeroplan_ir::{DType, Dim, Graph, GraphError, Init, NodeIndex, Op, Phase, Place, Shape, TensorType, Value};
 
 use crate::manager::{Pass, PassContext, PassError};
+use crate::names::dotted;
 use crate::optimizer::{norm_share, tensor_sum};
 use crate::rebuild::{ValueMap, copy_node_as, copy_node_over, rebuilt};
 use crate::recompute;
@@ -139,25 +140,6 @@ impl Read {
             Read::Phase(_) => layer.checked_sub(1),
         }
     }
-}
-
-/// `parts` joined by dots, built in one buffer kept per thread and then
-/// shared: the pass names 460k views and gathers of a tiled step, and
-/// `format!` into a `String` copied again into the `Arc` was a tenth of it.
-fn dotted(parts: &[&str]) -> Arc<str> {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-    }
-    SCRATCH.with_borrow_mut(|name| {
-        name.clear();
-        for (i, part) in parts.iter().enumerate() {
-            if i > 0 {
-                name.push('.');
-            }
-            name.push_str(part);
-        }
-        Arc::from(name.as_str())
-    })
 }
 
 struct Builder<'a> {
@@ -386,7 +368,13 @@ impl<'a> Builder<'a> {
         self.out.at_place(place, |out| out.add(name, op, operands))
     }
 
-    fn source_at(&mut self, place: Place, name: String, op: Op, ty: TensorType) -> Result<Value, GraphError> {
+    fn source_at(
+        &mut self,
+        place: Place,
+        name: impl Into<Arc<str>>,
+        op: Op,
+        ty: TensorType,
+    ) -> Result<Value, GraphError> {
         self.out.at_place(place, |out| out.source(name, op, ty))
     }
 
@@ -419,7 +407,7 @@ impl<'a> Builder<'a> {
         let bucket = &self.buckets[b];
         let shards = self.dp.parameter_shards();
         let ty = Self::flat(bucket.len / shards, self.compute);
-        let name = format!("{}.params", bucket.name);
+        let name = dotted(&[&bucket.name, "params"]);
         let w = self.source_at(self.weights_place(), name, Op::Param { init: flat_init(bucket, shards) }, ty)?;
         self.made[b].weights = Some(w);
         Ok(w)
@@ -520,7 +508,7 @@ impl<'a> Builder<'a> {
 
     fn bucket_gradient(&mut self, b: usize) -> Result<(), GraphError> {
         let bucket = &self.buckets[b];
-        let name = format!("{}.grad", bucket.name);
+        let name = dotted(&[&bucket.name, "grad"]);
         let grads: Vec<Value> = self.made[b].grads.iter().map(|g| g.expect("complete")).collect();
         let flat = self.out.add(name.clone(), Op::Flatten { len: bucket.len }, &grads)?;
         let ranks = self.dp.ranks;
@@ -529,21 +517,21 @@ impl<'a> Builder<'a> {
         let reduced = match self.dp.zero_stage {
             _ if ranks == 1 => flat,
             0 if self.micro_batches == 1 => {
-                self.out.add(format!("{name}.all_reduce"), Op::AllReduce { ranks }, &[flat])?
+                self.out.add(dotted(&[&name, "all_reduce"]), Op::AllReduce { ranks }, &[flat])?
             }
             0 | 1 => flat,
-            _ => self.out.add(format!("{name}.reduce_scatter"), Op::ReduceScatter { ranks }, &[flat])?,
+            _ => self.out.add(dotted(&[&name, "reduce_scatter"]), Op::ReduceScatter { ranks }, &[flat])?,
         };
         let mut reduced = reduced;
         let mut place = Place::Device;
         if self.gradients_leave_early() {
             if self.micro_batches == 1 {
-                let sq = self.out.add(format!("{name}.sq"), Op::SquaredSum, &[reduced])?;
+                let sq = self.out.add(dotted(&[&name, "sq"]), Op::SquaredSum, &[reduced])?;
                 self.made[b].squared = Some(sq);
                 self.sum_ready_squares()?;
             }
             place = Place::Host;
-            reduced = self.add_at(place, format!("{name}.d2h"), Op::Copy, &[reduced])?;
+            reduced = self.add_at(place, dotted(&[&name, "d2h"]), Op::Copy, &[reduced])?;
         }
         if self.micro_batches == 1 {
             self.made[b].pending = Some(reduced);
@@ -560,15 +548,15 @@ impl<'a> Builder<'a> {
     /// the optimizer phase; returns the accumulator.
     fn accumulate(out: &mut Graph, name: &str, reduced: Value) -> Result<Value, GraphError> {
         let ty = Self::flat(out.value_type(reduced).shape.numel().as_constant().unwrap_or(0), DType::F32);
-        let acc = out.source(format!("{name}.acc"), Op::State { init: Init::Zeros }, ty.clone())?;
+        let acc = out.source(dotted(&[name, "acc"]), Op::State { init: Init::Zeros }, ty.clone())?;
         let f32 = match out.value_type(reduced).dtype {
             DType::F32 => reduced,
-            _ => out.add(format!("{name}.f32"), Op::Cast { to: DType::F32 }, &[reduced])?,
+            _ => out.add(dotted(&[name, "f32"]), Op::Cast { to: DType::F32 }, &[reduced])?,
         };
-        let sum = out.add(format!("{name}.acc.next"), Op::Add, &[acc, f32])?;
+        let sum = out.add(dotted(&[name, "acc.next"]), Op::Add, &[acc, f32])?;
         out.set_update(acc.node, sum)?;
         let phase = std::mem::replace(&mut out.phase, Phase::Optimizer);
-        let zero = out.source(format!("{name}.acc.zero"), Op::Fill { value: 0.0 }, ty)?;
+        let zero = out.source(dotted(&[name, "acc.zero"]), Op::Fill { value: 0.0 }, ty)?;
         out.set_update(acc.node, zero)?;
         out.phase = phase;
         Ok(acc)
@@ -583,9 +571,9 @@ impl<'a> Builder<'a> {
         // first): collectives run in issue order, so one issued for a
         // bucket whose gradients come last would hold up all the others.
         for b in (0..self.buckets.len()).rev() {
-            let name = format!("{}.grad", self.buckets[b].name);
+            let name = dotted(&[&self.buckets[b].name, "grad"]);
             let pending = self.made[b].pending.ok_or_else(|| GraphError {
-                node: name.clone(),
+                node: name.to_string(),
                 op: "flatten",
                 message: "a bucket's gradients are not all computed by the backward".into(),
             })?;
@@ -593,8 +581,10 @@ impl<'a> Builder<'a> {
             let late = (self.micro_batches > 1 && self.dp.zero_stage == 0) || self.dp.zero_stage == 1;
             let applied = match (late && ranks > 1, self.dp.zero_stage) {
                 (false, _) => pending,
-                (true, 0) => self.out.add(format!("{name}.all_reduce"), Op::AllReduce { ranks }, &[pending])?,
-                (true, _) => self.out.add(format!("{name}.reduce_scatter"), Op::ReduceScatter { ranks }, &[pending])?,
+                (true, 0) => self.out.add(dotted(&[&name, "all_reduce"]), Op::AllReduce { ranks }, &[pending])?,
+                (true, _) => {
+                    self.out.add(dotted(&[&name, "reduce_scatter"]), Op::ReduceScatter { ranks }, &[pending])?
+                }
             };
             self.made[b].applied = Some(applied);
             if b >= self.buckets.len() - self.summed {
@@ -603,10 +593,10 @@ impl<'a> Builder<'a> {
             let sq = match self.made[b].squared {
                 Some(sq) => sq,
                 None if self.out.node(applied.node).place == Place::Host => {
-                    let sq = self.add_at(Place::Host, format!("{name}.sq"), Op::SquaredSum, &[applied])?;
-                    self.out.add(format!("{name}.sq.h2d"), Op::Copy, &[sq])?
+                    let sq = self.add_at(Place::Host, dotted(&[&name, "sq"]), Op::SquaredSum, &[applied])?;
+                    self.out.add(dotted(&[&name, "sq.h2d"]), Op::Copy, &[sq])?
                 }
-                None => self.out.add(format!("{name}.sq"), Op::SquaredSum, &[applied])?,
+                None => self.out.add(dotted(&[&name, "sq"]), Op::SquaredSum, &[applied])?,
             };
             self.add_square(b, sq)?;
         }
@@ -639,10 +629,10 @@ impl<'a> Builder<'a> {
     fn add_square(&mut self, b: usize, sq: Value) -> Result<(), GraphError> {
         let name = &self.buckets[b].name;
         let init = flat_init(&self.buckets[b], 1);
-        let sq = norm_share(&mut self.out, &format!("{name}.grad.sq"), sq, init, self.tensor_ranks)?;
+        let sq = norm_share(&mut self.out, &dotted(&[name, "grad.sq"]), sq, init, self.tensor_ranks)?;
         self.norm = Some(match self.norm {
             None => sq,
-            Some(t) => self.out.add(format!("train.grad_sq.{name}"), Op::Add, &[t, sq])?,
+            Some(t) => self.out.add(dotted(&["train.grad_sq", name]), Op::Add, &[t, sq])?,
         });
         self.summed += 1;
         Ok(())
@@ -661,14 +651,14 @@ impl<'a> Builder<'a> {
         // fp32 masters exist under mixed precision and whenever AdamW runs on the host.
         let master = if self.compute != DType::F32 || place == Place::Host {
             let init = Op::State { init: flat_init(bucket, shards) };
-            Some(self.source_at(place, format!("{name}.master"), init, Self::flat(shard_len, DType::F32))?)
+            Some(self.source_at(place, dotted(&[&name, "master"]), init, Self::flat(shard_len, DType::F32))?)
         } else {
             None
         };
         let zeros = || Op::State { init: flat_zeros(bucket, shards) };
         let ty = Self::flat(shard_len, DType::F32);
-        let m = self.source_at(place, format!("{name}.adam_m"), zeros(), ty.clone())?;
-        let v = self.source_at(place, format!("{name}.adam_v"), zeros(), ty)?;
+        let m = self.source_at(place, dotted(&[&name, "adam_m"]), zeros(), ty.clone())?;
+        let v = self.source_at(place, dotted(&[&name, "adam_v"]), zeros(), ty)?;
         // Without masters AdamW updates the parameters themselves, sharded as
         // the optimizer states are.
         let param = master.unwrap_or(weights);
@@ -676,24 +666,24 @@ impl<'a> Builder<'a> {
         let mut scalars: Vec<Value> = self.step.scalars.iter().map(|v| self.map[v]).collect();
         if place == Place::Host {
             if self.out.node(grad.node).place == Place::Device {
-                grad = self.add_at(Place::Host, format!("{name}.grad.d2h"), Op::Copy, &[grad])?;
+                grad = self.add_at(Place::Host, dotted(&[&name, "grad.d2h"]), Op::Copy, &[grad])?;
             }
             scalars = self.host_scalars(&scalars)?;
         }
         let (beta1, beta2, eps) = self.step.betas_eps;
         let op = Op::AdamW { beta1, beta2, eps, weight_decay: bucket.weight_decay };
         let operands = [param, grad, m, v, scalars[0], scalars[1], scalars[2], scalars[3]];
-        let updated = self.out.at_place(place, |out| out.add_multi(format!("{name}.adamw"), op, &operands))?;
+        let updated = self.out.at_place(place, |out| out.add_multi(dotted(&[&name, "adamw"]), op, &operands))?;
         self.out.set_update(m.node, updated[1])?;
         self.out.set_update(v.node, updated[2])?;
         let mut new = updated[0];
         if let Some(master) = master {
             self.out.set_update(master.node, new)?;
             if self.compute != DType::F32 {
-                new = self.add_at(place, format!("{name}.params.next"), Op::Cast { to: self.compute }, &[new])?;
+                new = self.add_at(place, dotted(&[&name, "params.next"]), Op::Cast { to: self.compute }, &[new])?;
             }
             if place == Place::Host && self.weights_place() == Place::Device {
-                new = self.add_at(Place::Device, format!("{name}.params.h2d"), Op::Copy, &[new])?;
+                new = self.add_at(Place::Device, dotted(&[&name, "params.h2d"]), Op::Copy, &[new])?;
             }
         }
         self.out.set_update(weights.node, new)
