@@ -227,7 +227,27 @@ impl Graph {
             return Err(GraphError { node: name.to_string(), op: op.name(), message });
         }
         let outputs = self.infer(&name, &op, operands, &declared)?;
-        self.insert(name, op, operands, outputs.into())
+        let outputs = self.shared_outputs(operands, outputs);
+        self.insert(name, op, operands, outputs)
+    }
+
+    /// `outputs` as an operand's producer holds them, where it has one
+    /// output of the same type (an elementwise op, a copy, an all-reduce),
+    /// or else in a table of their own: a tiled 100T step adds a million
+    /// nodes after it is first built, and a type of its own (the table and
+    /// the shape's dimensions) is a third of the fresh memory a new node
+    /// takes.
+    fn shared_outputs(&self, operands: &[Value], outputs: Vec<TensorType>) -> Arc<[TensorType]> {
+        if let [only] = outputs.as_slice() {
+            let same = |v: &Value| {
+                let producer = &self.nodes.get(v.node.index())?.outputs;
+                (producer.len() == 1 && producer[0] == *only).then(|| producer.clone())
+            };
+            if let Some(shared) = operands.iter().find_map(same) {
+                return shared;
+            }
+        }
+        outputs.into()
     }
 
     /// Adds a copy of a node of another graph: the same `op`, over
@@ -257,7 +277,12 @@ impl Graph {
         // address says so before the shapes are compared.
         let same = |v: &Value, was: &TensorType| self.try_type(*v).is_some_and(|t| std::ptr::eq(t, was) || t == was);
         let unchanged = operands.len() == was.len() && operands.iter().zip(was).all(|(v, &ty)| same(v, ty));
-        let outputs = if unchanged { outputs.clone() } else { self.infer(&name, &op, operands, &[])?.into() };
+        let outputs = if unchanged {
+            outputs.clone()
+        } else {
+            let inferred = self.infer(&name, &op, operands, &[])?;
+            self.shared_outputs(operands, inferred)
+        };
         self.insert(name, op, operands, outputs)
     }
 
@@ -614,5 +639,22 @@ mod tests {
         assert_eq!(error.message, "a node of this name already exists");
         assert!(g.rename(y.node, "x").is_err());
         assert_eq!(g.node_count(), 3);
+    }
+
+    #[test]
+    fn a_node_of_its_operands_type_shares_its_producers_outputs() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", vector(4)).unwrap();
+        let sum = g.add("sum", Op::Add, &[x, x]).unwrap();
+        let halves = g.add_multi("halves", Op::Split { axis: 0, sizes: vec![2, 2] }, &[x]).unwrap();
+        let half = g.add("half", Op::Scale { factor: 0.5 }, &[halves[0]]).unwrap();
+        let wide = g.add("wide", Op::Concat { axis: 0 }, &[x, sum]).unwrap();
+        let outputs = |v: Value| g.node(v.node).outputs.clone();
+        assert!(Arc::ptr_eq(&outputs(sum), &outputs(x)));
+        // A producer of several outputs holds them together: not shared.
+        assert_eq!(outputs(half)[..], [vector(2)]);
+        assert!(!Arc::ptr_eq(&outputs(half), &outputs(halves[0])));
+        assert_eq!(outputs(wide)[..], [vector(8)]);
+        assert!(!Arc::ptr_eq(&outputs(wide), &outputs(x)));
     }
 }
