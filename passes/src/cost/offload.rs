@@ -114,6 +114,13 @@ impl Machine {
             _ => cpu_tier_seconds,
         }
     }
+
+    /// Whether offloaded states stream from the drives, so that what an
+    /// instruction moves of them can change its time
+    /// ([`Machine::tiered_seconds`]).
+    pub fn streams_states_from_nvme(&self) -> bool {
+        self.offload_to == OffloadTo::Nvme && self.nvme_share().is_some()
+    }
 }
 
 /// What fetching one whole offloaded parameter tensor onto the GPUs costs.

@@ -63,10 +63,12 @@ fn play(
     // play in order: sizing every tensor of a million-node step was most
     // of the simulation. Collected in place by index: collecting into an
     // `Option<Vec>` gathers per-thread lists and copies them into one,
-    // both held at once (100 MB at the planner's peak).
+    // both held at once (100 MB at the planner's peak). The states each
+    // instruction moves matter only on the NVMe tier: sizing them on the
+    // CPU tier was a sixth of a tiled 100T step's simulation.
     let mut works: Vec<Option<Work>> = Vec::new();
     let (states, ()) = rayon::join(
-        || super::offload::state_traffic(graph, bindings),
+        || machine.streams_states_from_nvme().then(|| super::offload::state_traffic(graph, bindings)),
         || order.par_iter().map(|&n| work(graph, n, bindings)).collect_into_vec(&mut works),
     );
     if works.iter().any(Option::is_none) {
@@ -80,7 +82,7 @@ fn play(
             None => (inputs_ready, inputs_ready),
             Some(stream) => {
                 let mut seconds = machine.seconds(&node.op, &w, tensor_parallel);
-                if let Some(&moved) = states.get(&n) {
+                if let Some(&moved) = states.as_ref().and_then(|states| states.get(&n)) {
                     seconds = machine.tiered_seconds(seconds, moved);
                 }
                 let start = inputs_ready.max(free.get(&stream).copied().unwrap_or(0.0));
