@@ -39,4 +39,4 @@ pub use op::{FlatMember, GeluApproximation, Init, Op};
 pub use serial::GraphFileError;
 pub use shape::{Bindings, Dim, Shape, TensorType};
 pub use tensor::{Tensor, TensorData, TensorError, to_bf16, to_f16};
-pub use verify::VerifyError;
+pub use verify::{NodeChecks, VerifyError};

@@ -18,6 +18,21 @@ pub struct VerifyError {
     pub message: String,
 }
 
+/// The per-node part of [`Graph::verify`] over a graph's first nodes: the
+/// first node whose own checks failed, if any. A caller with a core to
+/// spare runs it ahead ([`Graph::check_nodes_while`]) and hands it to
+/// [`Graph::verify_checked`].
+#[derive(Debug, Clone)]
+pub struct NodeChecks {
+    /// The nodes checked: `0..checked`.
+    checked: usize,
+    first_failure: Option<(NodeIndex, VerifyError)>,
+}
+
+/// Nodes checked between two questions whether to go on: a few
+/// milliseconds.
+const CHECK_CHUNK: usize = 16_384;
+
 impl Graph {
     /// Checks the whole graph; returns the first problem found, in
     /// topological order.
@@ -26,7 +41,39 @@ impl Graph {
     /// a caller may build it on another thread meanwhile
     /// ([`Graph::index_names`]).
     pub fn verify(&self) -> Result<(), VerifyError> {
-        let first = self.node_indices().find_map(|n| self.verify_node(n).err().map(|e| (n, e)));
+        self.verify_checked(NodeChecks { checked: 0, first_failure: None })
+    }
+
+    /// The per-node checks of [`Graph::verify`], a chunk of nodes at a
+    /// time, asking `go_on` before each: `None` once it says stop. A
+    /// planner checks a step this way while its memory plan finishes on
+    /// another core, and stops when that is done rather than hold it up.
+    pub fn check_nodes_while(&self, go_on: &dyn Fn() -> bool) -> Option<NodeChecks> {
+        let mut checks = NodeChecks { checked: 0, first_failure: None };
+        while checks.checked < self.nodes.len() {
+            if !go_on() {
+                return None;
+            }
+            let chunk = checks.checked..(checks.checked + CHECK_CHUNK).min(self.nodes.len());
+            checks.checked = chunk.end;
+            let failure = chunk.map(NodeIndex::new).find_map(|n| self.verify_node(n).err().map(|e| (n, e)));
+            if failure.is_some() {
+                checks.first_failure = failure;
+                break;
+            }
+        }
+        Some(checks)
+    }
+
+    /// [`Graph::verify`], the nodes `checks` covers taken as it found them:
+    /// `checks` must come from this graph, unchanged since but for nodes
+    /// added after (those are checked here).
+    pub fn verify_checked(&self, checks: NodeChecks) -> Result<(), VerifyError> {
+        let first = checks.first_failure.or_else(|| {
+            (checks.checked..self.nodes.len())
+                .map(NodeIndex::new)
+                .find_map(|n| self.verify_node(n).err().map(|e| (n, e)))
+        });
         match (first, self.duplicate_name()) {
             // Of two problems the earlier node's; at one node, its name's.
             (first, Some(d)) if first.as_ref().is_none_or(|(n, _)| d <= *n) => {
@@ -141,5 +188,40 @@ impl Graph {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Dim, Graph, Op, Shape, TensorType};
+
+    fn vector(n: u64) -> TensorType {
+        TensorType::new(Shape::new([Dim::constant(n)]), DType::F32)
+    }
+
+    #[test]
+    fn node_checks_made_ahead_give_verify_its_answer() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", vector(4)).unwrap();
+        let y = g.add("y", Op::Add, &[x, x]).unwrap();
+        g.add("z", Op::Mul, &[y, y]).unwrap();
+        // Clean: checks made ahead, then the rest of the check, pass.
+        let ahead = g.check_nodes_while(&|| true).expect("never told to stop");
+        g.verify_checked(ahead.clone()).unwrap();
+        // Told to stop before the first chunk: nothing to hand on.
+        assert!(g.check_nodes_while(&|| false).is_none());
+        // A node added after the checks were made is checked by verify_checked.
+        let w = g.add("w", Op::Add, &[y, y]).unwrap();
+        g.nodes[w.node.index()].outputs = vec![vector(5)].into();
+        let late = g.verify_checked(ahead).unwrap_err();
+        assert_eq!(late, g.verify().unwrap_err());
+        assert_eq!(late.node, "w");
+        // A stored type that is not the inferred one, found ahead, is verify's error.
+        g.nodes[y.node.index()].outputs = vec![vector(5)].into();
+        let found = g.check_nodes_while(&|| true).unwrap();
+        let error = g.verify_checked(found).unwrap_err();
+        assert_eq!(error, g.verify().unwrap_err());
+        assert_eq!(error.node, "y");
+        assert!(error.message.contains("differs from the inferred type"), "{}", error.message);
     }
 }

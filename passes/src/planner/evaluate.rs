@@ -8,7 +8,7 @@ use zeroplan_ir::plan::{
     offload_label,
 };
 use zeroplan_ir::spec::{ModelSpec, TrainingSpec};
-use zeroplan_ir::{Bindings, Graph, NodeIndex, Op, Phase, Value};
+use zeroplan_ir::{Bindings, Graph, NodeChecks, NodeIndex, Op, Phase, Value, VerifyError};
 
 use super::search::fits;
 use super::shared::SHARED_THROUGH;
@@ -19,7 +19,7 @@ use crate::memory::{self, Category, MemoryPlan};
 use crate::pipeline::{Resume, Target, compile_between};
 use crate::recompute::Policy;
 use crate::recompute::optimal::Weighed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A strategy less its micro-batch: what `--tp`, `--zero`, `--offload`,
 /// `--offload-to`, `--recompute` and `--tiles` pin, and what the runner-up
@@ -92,6 +92,13 @@ pub struct Step {
     pub order: Vec<NodeIndex>,
     /// Where its host-placed model states live.
     pub offload_to: OffloadTo,
+    /// The whole model's step, which may become the plan (not a short
+    /// stack the search extrapolates from).
+    whole: bool,
+    /// Its nodes' checks, made on a spare core while its memory plan was
+    /// being finished ([`Step::evaluate`]): the plan's step is verified
+    /// once chosen ([`Step::verify`]), and these are most of that.
+    checked: OnceLock<NodeChecks>,
 }
 
 impl Step {
@@ -119,7 +126,7 @@ impl Step {
         } else {
             Resume::Build
         };
-        Step::resume(model, choice, &train, options, from)
+        Step::resume(model, choice, &train, options, from, model.layers == req.model.layers)
     }
 
     /// The whole model's step for `choice` through [`SHARED_THROUGH`], the
@@ -153,7 +160,7 @@ impl Step {
         let (train, options) = Step::options(req, choice, ranks, hint_batch, micro_batches);
         let options = PassOptions { weighed, ..options };
         let from = Resume::After { graph: Box::new(graph), after: SHARED_THROUGH };
-        Step::resume(req.model, choice, &train, options, from)
+        Step::resume(req.model, choice, &train, options, from, true)
     }
 
     /// The passes from `from` to the last, in schedule order.
@@ -163,12 +170,22 @@ impl Step {
         train: &TrainingSpec,
         options: PassOptions,
         from: Resume,
+        whole: bool,
     ) -> Result<Step, PlanError> {
         let graph = compile_between(model, &Target::Training(train), options, from, None)
             .map_err(|e| PlanError::Compile(format!("{choice}: {e}")))?
             .graph;
         let order = graph.topo_order();
-        Ok(Step { graph, order, offload_to: choice.offload_to })
+        Ok(Step { graph, order, offload_to: choice.offload_to, whole, checked: OnceLock::new() })
+    }
+
+    /// The checks a plan's step must pass ([`Graph::verify`]), with those
+    /// of its nodes already made taken as found.
+    pub fn verify(&self) -> Result<(), VerifyError> {
+        match self.checked.get() {
+            Some(checks) => self.graph.verify_checked(checks.clone()),
+            None => self.graph.verify(),
+        }
     }
 
     /// The training spec and pass options [`Step::compile`] compiles with.
@@ -268,6 +285,10 @@ impl Step {
     /// the memory plan on the same core (rayon's `join`), and is skipped
     /// when the plan does not fit: an `optimal` probe's tries that overshoot
     /// the budget (bert-1t: five of nine whole steps) simulate nothing.
+    /// A whole step that fits is then checked on the time's core until
+    /// the memory plan is done: its placement, a million buffers for a
+    /// tiled 100T step, takes longer than its time, and the checks would
+    /// otherwise wait until the step is chosen.
     pub fn evaluate(
         &self,
         req: &Request,
@@ -275,16 +296,26 @@ impl Step {
         strategy: Strategy,
     ) -> Result<(MemoryPlan, Result<Evaluation, MemorySummary>), PlanError> {
         let (b, micro_batches) = (strategy.micro_batch, strategy.micro_batches);
-        let unfit = AtomicBool::new(false);
+        let (unfit, placed) = (AtomicBool::new(false), AtomicBool::new(false));
         let (planned, timed) = rayon::join(
             || {
                 let planned = self.memory(req, b);
                 if planned.as_ref().is_ok_and(|(_, memory)| !fits(req, memory)) {
                     unfit.store(true, Ordering::Relaxed);
                 }
+                placed.store(true, Ordering::Relaxed);
                 planned
             },
-            || (!unfit.load(Ordering::Relaxed)).then(|| self.predict(req, machine, b, micro_batches)),
+            || {
+                let timed = (!unfit.load(Ordering::Relaxed)).then(|| self.predict(req, machine, b, micro_batches));
+                if self.whole && timed.is_some() && self.checked.get().is_none() {
+                    let go_on = || !placed.load(Ordering::Relaxed);
+                    if let Some(checks) = self.graph.check_nodes_while(&go_on) {
+                        let _ = self.checked.set(checks);
+                    }
+                }
+                timed
+            },
         );
         let (plan, memory) = planned?;
         if !fits(req, &memory) {

@@ -1,6 +1,7 @@
 //! The executable part of a plan: the graph in schedule order and a buffer
 //! for every tensor.
 
+use rayon::prelude::*;
 use zeroplan_ir::Graph;
 use zeroplan_ir::plan::{Buffer, Program};
 
@@ -33,20 +34,22 @@ pub fn buffers(graph: &Graph, memory: &MemoryPlan) -> Vec<Buffer> {
         for (i, interval) in intervals.iter().enumerate() {
             index_of.insert(interval.value, i);
         }
-        for (i, interval) in intervals.iter().enumerate() {
+        // On every core: each buffer names its value, a string apiece.
+        buffers.par_extend((0..intervals.len()).into_par_iter().map(|i| {
             // An alias shares the offset of the buffer at the end of its chain.
             let mut root = i;
             while let Some(&target) = intervals[root].alias_of.and_then(|v| index_of.get(&v)) {
                 root = target;
             }
-            buffers.push(Buffer {
+            let interval = &intervals[i];
+            Buffer {
                 value: graph.value_ref(interval.value),
                 place: interval.place,
                 offset: offset_of[root].unwrap_or(0),
                 bytes: interval.bytes,
                 alias_of: interval.alias_of.map(|v| graph.value_ref(v)),
-            });
-        }
+            }
+        }));
     }
     buffers
 }
