@@ -56,7 +56,7 @@ impl Graph {
             }
             let chunk = checks.checked..(checks.checked + CHECK_CHUNK).min(self.nodes.len());
             checks.checked = chunk.end;
-            let failure = chunk.map(NodeIndex::new).find_map(|n| self.verify_node(n).err().map(|e| (n, e)));
+            let failure = self.first_failure(chunk);
             if failure.is_some() {
                 checks.first_failure = failure;
                 break;
@@ -69,11 +69,7 @@ impl Graph {
     /// `checks` must come from this graph, unchanged since but for nodes
     /// added after (those are checked here).
     pub fn verify_checked(&self, checks: NodeChecks) -> Result<(), VerifyError> {
-        let first = checks.first_failure.or_else(|| {
-            (checks.checked..self.nodes.len())
-                .map(NodeIndex::new)
-                .find_map(|n| self.verify_node(n).err().map(|e| (n, e)))
-        });
+        let first = checks.first_failure.or_else(|| self.first_failure(checks.checked..self.nodes.len()));
         match (first, self.duplicate_name()) {
             // Of two problems the earlier node's; at one node, its name's.
             (first, Some(d)) if first.as_ref().is_none_or(|(n, _)| d <= *n) => {
@@ -109,6 +105,11 @@ impl Graph {
             }
         }
         Ok(())
+    }
+
+    /// The first of `nodes` whose own checks fail, with its error.
+    fn first_failure(&self, nodes: std::ops::Range<usize>) -> Option<(NodeIndex, VerifyError)> {
+        nodes.map(NodeIndex::new).find_map(|n| self.verify_node(n).err().map(|e| (n, e)))
     }
 
     /// The checks of one node: its name is not empty, its operands are
