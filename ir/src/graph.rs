@@ -642,6 +642,32 @@ mod tests {
     }
 
     #[test]
+    fn node_checks_made_ahead_give_verify_its_answer() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", vector(4)).unwrap();
+        let y = g.add("y", Op::Add, &[x, x]).unwrap();
+        g.add("z", Op::Mul, &[y, y]).unwrap();
+        // Clean: checks made ahead, then the rest of the check, pass.
+        let ahead = g.check_nodes_while(&|| true).expect("never told to stop");
+        g.verify_checked(ahead.clone()).unwrap();
+        // Told to stop before the first chunk: nothing to hand on.
+        assert!(g.check_nodes_while(&|| false).is_none());
+        // A node added after the checks were made is checked by verify_checked.
+        let w = g.add("w", Op::Add, &[y, y]).unwrap();
+        g.nodes[w.node.index()].outputs = vec![vector(5)].into();
+        let late = g.verify_checked(ahead).unwrap_err();
+        assert_eq!(late, g.verify().unwrap_err());
+        assert_eq!(late.node, "w");
+        // A stored type that is not the inferred one, found ahead, is verify's error.
+        g.nodes[y.node.index()].outputs = vec![vector(5)].into();
+        let found = g.check_nodes_while(&|| true).unwrap();
+        let error = g.verify_checked(found).unwrap_err();
+        assert_eq!(error, g.verify().unwrap_err());
+        assert_eq!(error.node, "y");
+        assert!(error.message.contains("differs from the inferred type"), "{}", error.message);
+    }
+
+    #[test]
     fn a_node_of_its_operands_type_shares_its_producers_outputs() {
         let mut g = Graph::new("g");
         let x = g.input("x", vector(4)).unwrap();
