@@ -107,11 +107,9 @@ impl Machine {
     /// work overlap the drives' chunks, so the slower of the two sets the
     /// time; reads and writes share the drives, so theirs add.
     pub fn tiered_seconds(&self, cpu_tier_seconds: f64, states: StateTraffic) -> f64 {
-        match self.nvme_share() {
-            Some((read, write)) if self.offload_to == OffloadTo::Nvme => {
-                cpu_tier_seconds.max(states.read / read + states.written / write)
-            }
-            _ => cpu_tier_seconds,
+        match self.streaming_share() {
+            Some((read, write)) => cpu_tier_seconds.max(states.read / read + states.written / write),
+            None => cpu_tier_seconds,
         }
     }
 
@@ -119,7 +117,13 @@ impl Machine {
     /// instruction moves of them can change its time
     /// ([`Machine::tiered_seconds`]).
     pub fn streams_states_from_nvme(&self) -> bool {
-        self.offload_to == OffloadTo::Nvme && self.nvme_share().is_some()
+        self.streaming_share().is_some()
+    }
+
+    /// [`Machine::nvme_share`] where the offloaded states live on the
+    /// drives: the one condition both of the above ask.
+    fn streaming_share(&self) -> Option<(f64, f64)> {
+        self.nvme_share().filter(|_| self.offload_to == OffloadTo::Nvme)
     }
 }
 
